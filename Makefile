@@ -1,0 +1,41 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Spark needs Java 17; Debian's openjdk-17 is the supported JDK.
+export JAVA_HOME ?= $(firstword $(wildcard /usr/lib/jvm/java-17-openjdk-amd64 /usr/lib/jvm/java-17-openjdk-arm64 /usr/lib/jvm/java-17-openjdk))
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-quick chaos bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,bench,metrics,spark]'
+	@sh scripts/ensure-jdbc.sh || true
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/bus demo
+
+# The whole suite, chaos and Spark included (what CI runs).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The quick subset: everything but the slow multi-process, chaos and Spark tests.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m 'not slow' $(PYTEST_ARGS)
+
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -q tests/chaos $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/bus bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check bus actors storage
+	$(BIN)/mypy bus actors storage
+
+clean:
+	rm -rf $(VENV) .bus

@@ -1,0 +1,52 @@
+"""An asyncio, actor-based message bus backed by PostgreSQL.
+
+    import bus
+
+    async with bus.connect() as b:
+        await b.create_topic("orders", partitions=8)
+        await b.publish("orders", {"id": 1}, key="cust-1")
+"""
+
+from bus.client import Bus, connect
+from bus.config import Config
+from bus.errors import (
+    BusError,
+    ConcurrentAppendError,
+    GroupHasMembersError,
+    GroupNotFoundError,
+    GroupStoppedError,
+    LeaseLostError,
+    OffsetOutOfRangeError,
+    RebalanceInProgressError,
+    StaleGenerationError,
+    StorageUnavailableError,
+    TopicConflictError,
+    TopicNotFoundError,
+    ValidationError,
+)
+from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "ConcurrentAppendError",
+    "Config",
+    "GroupHasMembersError",
+    "GroupNotFoundError",
+    "GroupStoppedError",
+    "LeaseLostError",
+    "Message",
+    "OffsetOutOfRangeError",
+    "Outgoing",
+    "PartitionStats",
+    "RebalanceInProgressError",
+    "Record",
+    "StaleGenerationError",
+    "StorageUnavailableError",
+    "TopicConflictError",
+    "TopicInfo",
+    "TopicNotFoundError",
+    "TopicPartition",
+    "ValidationError",
+    "connect",
+]

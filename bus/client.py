@@ -1,0 +1,468 @@
+"""`connect()` and the Bus: the object a service holds."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import zlib
+from collections.abc import Generator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from bus.codec import decode_headers, encode_headers, encode_payload, validate_key
+from bus.config import Config
+from bus.types import Message, Outgoing, Record, TopicInfo
+from storage import db
+from storage import messages as log_sql
+from storage import topics as topic_sql
+from storage.errors import (
+    OffsetOutOfRangeError,
+    TopicConflictError,
+    TopicNotFoundError,
+    ValidationError,
+)
+from storage.logs import get_logger
+from storage.names import validate_name, validate_offset, validate_partition
+
+log = get_logger(__name__)
+
+_SEMANTICS = ("pubsub", "queue")
+_CLEANUP = ("delete", "compact")
+
+
+def _seconds(value: timedelta | float | int | None, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ValidationError(f"{what} must be a timedelta, a number of seconds, or None")
+    if seconds <= 0:
+        raise ValidationError(f"{what} must be positive (or None to keep forever)")
+    return seconds
+
+
+def _topic_info(row: asyncpg.Record) -> TopicInfo:
+    return TopicInfo(
+        name=row["name"],
+        partitions=row["partitions"],
+        semantics=row["semantics"],
+        cleanup=row["cleanup"],
+        retention=None if row["retention_seconds"] is None else timedelta(seconds=row["retention_seconds"]),
+        tombstone_retention=None
+        if row["tombstone_retention_seconds"] is None
+        else timedelta(seconds=row["tombstone_retention_seconds"]),
+        namespace=row["namespace"],
+        task=row["task"],
+        max_message_bytes=row["max_message_bytes"],
+        created_at=row["created_at"],
+    )
+
+
+def key_partition(key: str, count: int) -> str:
+    """The fixed partition a key maps to: a stable hash (CRC-32), the same in every process."""
+    return str(zlib.crc32(key.encode("utf-8")) % count)
+
+
+class Bus:
+    """A connection to the bus: topics, publishing, reading, and the consumers built on them."""
+
+    def __init__(self, dsn: str, config: Config, pool: asyncpg.Pool, embedded: Any = None) -> None:
+        self.dsn = dsn
+        self.config = config
+        self.pool = pool
+        self.embedded = embedded
+        self.channels = Channels(config.schema)
+        self._topics: dict[str, TopicInfo] = {}
+        self._partition_ids: dict[tuple[str, str], int] = {}
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._closed = False
+        self._system: Any = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop every actor gracefully (members leave, offsets commit, leases release), then the pool."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._system is not None:
+            await self._system.stop()
+        await self.pool.close()
+
+    async def _start(self) -> None:
+        """Start the per-Bus system actors (the HeartbeatMonitor and, for groups, the rest)."""
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- topics --------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int | None = 1,
+        *,
+        semantics: str = "pubsub",
+        cleanup: str = "delete",
+        retention: timedelta | float | None = None,
+        tombstone_retention: timedelta | float | None = None,
+        namespace: str | None = None,
+        task: str | None = None,
+        max_message_bytes: int | None = None,
+    ) -> TopicInfo:
+        """Create a topic; an identical one already there is a no-op, a different one raises TopicConflictError."""
+        validate_name(name, "topic name")
+        if partitions is not None and (
+            isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 100_000
+        ):
+            raise ValidationError(
+                f"partitions must be an integer from 1 to 100000, or None for dynamic named partitions; got {partitions!r}"
+            )
+        if semantics not in _SEMANTICS:
+            raise ValidationError(f"semantics must be one of {_SEMANTICS}, not {semantics!r}")
+        if cleanup not in _CLEANUP:
+            raise ValidationError(f"cleanup must be one of {_CLEANUP}, not {cleanup!r}")
+        if namespace is not None:
+            validate_name(namespace, "namespace")
+        if task is not None:
+            validate_name(task, "task")
+        limit = self.config.max_message_bytes if max_message_bytes is None else max_message_bytes
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ValidationError("max_message_bytes must be a positive integer")
+        wanted = TopicInfo(
+            name=name,
+            partitions=partitions,
+            semantics=semantics,
+            cleanup=cleanup,
+            retention=None if retention is None else timedelta(seconds=_seconds(retention, "retention") or 0),
+            tombstone_retention=None
+            if tombstone_retention is None
+            else timedelta(seconds=_seconds(tombstone_retention, "tombstone_retention") or 0),
+            namespace=namespace,
+            task=task,
+            max_message_bytes=limit,
+        )
+        values = (
+            name,
+            partitions,
+            semantics,
+            cleanup,
+            _seconds(retention, "retention"),
+            _seconds(tombstone_retention, "tombstone_retention"),
+            namespace,
+            task,
+            limit,
+        )
+        with db.translate_errors():
+            async with self.pool.acquire() as conn:
+                await topic_sql.create_topic(conn, values, partitions, self.channels.topics)
+                row = await topic_sql.get_topic(conn, name)
+        if row is None:  # deleted between the two statements by someone else
+            raise TopicConflictError(f"topic {name!r} was deleted while being created; create it again")
+        existing = _topic_info(row)
+        if msgspec_replace_created(existing) != wanted:
+            raise TopicConflictError(
+                f"topic {name!r} already exists with a different configuration ({_describe_diff(existing, wanted)}); "
+                "use another name, or delete the topic first"
+            )
+        self._topics[name] = existing
+        return existing
+
+    async def list_topics(self, namespace: str | None = None, task: str | None = None) -> list[TopicInfo]:
+        """Every topic, optionally only those with the given namespace and/or task label."""
+        if namespace is not None:
+            validate_name(namespace, "namespace")
+        if task is not None:
+            validate_name(task, "task")
+        with db.translate_errors():
+            rows = await topic_sql.list_topics(self.pool, namespace, task)
+        return [_topic_info(r) for r in rows]
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic, its partitions and messages (and every group's positions on it)."""
+        validate_name(name, "topic name")
+        with db.translate_errors():
+            async with self.pool.acquire() as conn:
+                deleted = await topic_sql.delete_topic(conn, name)
+        self._forget_topic(name)
+        if not deleted:
+            raise TopicNotFoundError(f"topic {name!r} does not exist; list them with `bus topics`")
+
+    async def topic(self, name: str) -> TopicInfo:
+        """The topic's configuration (cached: topic configuration never changes in place)."""
+        validate_name(name, "topic name")
+        info = self._topics.get(name)
+        if info is None:
+            with db.translate_errors():
+                row = await topic_sql.get_topic(self.pool, name)
+            if row is None:
+                raise TopicNotFoundError(
+                    f"topic {name!r} does not exist; create it with create_topic({name!r}, ...)"
+                )
+            info = self._topics[name] = _topic_info(row)
+        return info
+
+    def _forget_topic(self, name: str) -> None:
+        self._topics.pop(name, None)
+        for key in [k for k in self._partition_ids if k[0] == name]:
+            del self._partition_ids[key]
+
+    async def partition_id(self, topic: TopicInfo, partition: str, *, create: bool) -> int | None:
+        """The internal id of a partition; dynamic partitions are created when `create`."""
+        cache_key = (topic.name, partition)
+        pid = self._partition_ids.get(cache_key)
+        if pid is None:
+            with db.translate_errors():
+                if topic.dynamic and create:
+                    pid = await topic_sql.ensure_partition(self.pool, topic.name, partition)
+                else:
+                    pid = await topic_sql.partition_id(self.pool, topic.name, partition)
+            if pid is None:
+                return None
+            self._partition_ids[cache_key] = pid
+        return pid
+
+    def _choose_partition(self, topic: TopicInfo, partition: Any, key: str | None) -> str:
+        if partition is not None:
+            if isinstance(partition, int) and not isinstance(partition, bool):
+                partition = str(partition)
+            name = validate_partition(partition)
+            if not topic.dynamic and not (name.isdigit() and int(name) < (topic.partitions or 0) and str(int(name)) == name):
+                raise ValidationError(
+                    f"topic {topic.name!r} has {topic.partitions} fixed partitions named '0'..'{(topic.partitions or 1) - 1}'; "
+                    f"{name!r} is not one of them"
+                )
+            return name
+        if topic.dynamic:
+            return key if key is not None and _is_partition_name(key) else "default"
+        assert topic.partitions is not None
+        if key is not None:
+            return key_partition(key, topic.partitions)
+        counter = self._round_robin.setdefault(topic.name, itertools.count())
+        return str(next(counter) % topic.partitions)
+
+    # -- publishing ----------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        partition: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        connection: asyncpg.Connection | None = None,
+    ) -> Record:
+        """Append one message. With `connection`, inside the caller's transaction (outbox)."""
+        info = await self.topic(topic)
+        key = validate_key(key)
+        data = encode_payload(payload, allow_tombstone=info.cleanup == "compact", limit=info.max_message_bytes)
+        head = encode_headers(headers)
+        name = self._choose_partition(info, partition, key)
+        for attempt in range(2):
+            pid = await self.partition_id(info, name, create=True)
+            if pid is None:
+                break
+            with db.translate_errors():
+                done = await log_sql.publish_one(
+                    connection if connection is not None else self.pool, pid, key, head, data, self.channels.messages
+                )
+            if done is not None:
+                return Record(topic, name, done[0], done[1])
+            # The partition vanished (topic deleted elsewhere): forget and look again once.
+            self._forget_topic(topic)
+            if attempt == 0:
+                info = await self.topic(topic)
+        raise TopicNotFoundError(f"topic {topic!r} (partition {name!r}) no longer exists")
+
+    async def publish_many(
+        self, topic: str, messages: Sequence[Outgoing | Any], *, connection: asyncpg.Connection | None = None
+    ) -> list[Record]:
+        """Append many messages atomically (all or none); records come back in input order."""
+        info = await self.topic(topic)
+        if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
+            raise ValidationError("publish_many takes a list of bus.Outgoing (or plain payloads)")
+        by_partition: dict[str, list[int]] = {}
+        encoded: list[tuple[str | None, str | None, bytes | None]] = []
+        for index, item in enumerate(messages):
+            out = item if isinstance(item, Outgoing) else Outgoing(item)
+            key = validate_key(out.key)
+            data = encode_payload(out.payload, allow_tombstone=info.cleanup == "compact", limit=info.max_message_bytes)
+            encoded.append((key, encode_headers(out.headers), data))
+            by_partition.setdefault(self._choose_partition(info, out.partition, key), []).append(index)
+        if not encoded:
+            return []
+        ids = {}
+        for name in by_partition:
+            pid = await self.partition_id(info, name, create=True)
+            if pid is None:
+                self._forget_topic(topic)
+                raise TopicNotFoundError(f"topic {topic!r} (partition {name!r}) no longer exists")
+            ids[name] = pid
+        results: list[Record | None] = [None] * len(encoded)
+
+        async def run(conn: asyncpg.Connection) -> None:
+            # Lock partitions in id order so two batches never deadlock.
+            for name in sorted(by_partition, key=ids.__getitem__):
+                indexes = by_partition[name]
+                rows = await log_sql.publish_batch(
+                    conn,
+                    ids[name],
+                    [encoded[i][0] for i in indexes],
+                    [encoded[i][1] for i in indexes],
+                    [encoded[i][2] for i in indexes],
+                    self.channels.messages,
+                )
+                if len(rows) != len(indexes):
+                    self._forget_topic(topic)
+                    raise TopicNotFoundError(f"topic {topic!r} (partition {name!r}) no longer exists")
+                for i, (offset, created) in zip(indexes, rows, strict=True):
+                    results[i] = Record(topic, name, offset, created)
+
+        with db.translate_errors():
+            if connection is not None:
+                async with connection.transaction():  # a savepoint inside the caller's transaction
+                    await run(connection)
+            else:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await run(conn)
+        return [r for r in results if r is not None]
+
+    # -- reading -------------------------------------------------------------------
+
+    async def read(
+        self, topic: str, partition: str | int = "0", offset: int = 0, max_messages: int = 500
+    ) -> list[Message]:
+        """Read a partition from `offset` (the reader mode: no group, no position kept)."""
+        info = await self.topic(topic)
+        validate_offset(offset)
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or not 1 <= max_messages <= 100_000:
+            raise ValidationError("max_messages must be an integer from 1 to 100000")
+        name = validate_partition(str(partition) if isinstance(partition, int) else partition)
+        pid = await self.partition_id(info, name, create=False)
+        if pid is None:
+            if info.dynamic:
+                return []
+            raise ValidationError(f"topic {topic!r} has no partition {name!r}")
+        with db.translate_errors():
+            rows = await log_sql.read(self.pool, pid, offset, max_messages)
+            if not rows or rows[0]["offset"] != offset:
+                bounds = await log_sql.bounds(self.pool, pid)
+                if bounds is not None and offset < bounds[0]:
+                    raise OffsetOutOfRangeError(
+                        f"offset {offset} of {topic}/{name} is below the log start {bounds[0]}: earlier history "
+                        f"was removed by retention or compaction (see the archive); read from {bounds[0]}",
+                        log_start=bounds[0],
+                    )
+        return [to_message(topic, name, r) for r in rows]
+
+
+def to_message(topic: str, partition: str, row: asyncpg.Record, attempt: int = 1) -> Message:
+    return Message(
+        topic=topic,
+        partition=partition,
+        offset=row["offset"],
+        key=row["key"],
+        headers=decode_headers(row["headers"]),
+        payload=row["payload"],
+        created_at=row["created_at"],
+        attempt=attempt,
+    )
+
+
+def _is_partition_name(value: str) -> bool:
+    try:
+        validate_partition(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def msgspec_replace_created(info: TopicInfo) -> TopicInfo:
+    import msgspec
+
+    return msgspec.structs.replace(info, created_at=None)
+
+
+def _describe_diff(existing: TopicInfo, wanted: TopicInfo) -> str:
+    diffs = []
+    for field in TopicInfo.__struct_fields__:
+        if field == "created_at":
+            continue
+        a, b = getattr(existing, field), getattr(wanted, field)
+        if a != b:
+            diffs.append(f"{field}: existing {a!r}, requested {b!r}")
+    return "; ".join(diffs)
+
+
+class Channels:
+    """LISTEN/NOTIFY channel names of one schema (passed as parameters, never interpolated)."""
+
+    def __init__(self, schema: str) -> None:
+        self.messages = f"{schema}.messages"
+        self.topics = f"{schema}.topics"
+        self.groups = f"{schema}.groups"
+
+
+class _Connector:
+    """What `connect()` returns: `async with connect() as b` or `b = await connect()`."""
+
+    def __init__(self, dsn: str | None, overrides: dict[str, Any]) -> None:
+        self._dsn = dsn
+        self._overrides = overrides
+        self._bus: Bus | None = None
+
+    def __await__(self) -> Generator[Any, None, Bus]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Bus:
+        self._bus = await self._open()
+        return self._bus
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._bus is not None:
+            await self._bus.close()
+
+    async def _open(self) -> Bus:
+        config = Config.load(self._overrides)
+        dsn = self._dsn or os.environ.get("BUS_DSN") or None
+        embedded = None
+        if dsn is None:
+            from storage.embedded import ensure_server
+
+            embedded = await asyncio.to_thread(ensure_server)
+            dsn = embedded.dsn
+        with db.translate_errors():
+            conn = await db.connect(dsn, config.schema)
+            try:
+                await db.migrate(conn, config.schema)
+            finally:
+                await conn.close()
+        pool = await db.create_pool(dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size)
+        b = Bus(dsn, config, pool, embedded)
+        try:
+            await b._start()
+        except BaseException:
+            await b.close()
+            raise
+        log.debug("bus_connected", schema=config.schema)
+        return b
+
+
+def connect(dsn: str | None = None, **config: Any) -> _Connector:
+    """Connect to the bus: `dsn`, else `$BUS_DSN`, else the embedded PostgreSQL under `$BUS_HOME`.
+
+    Applies migrations (safe when many processes start at once) and starts the
+    HeartbeatMonitor. Use as `async with bus.connect() as b:` (or `b = await bus.connect()`
+    and `await b.close()`).
+    """
+    return _Connector(dsn, config)

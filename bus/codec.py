@@ -1,0 +1,69 @@
+"""Payload and header encoding, with errors that say what to pass instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from storage.errors import ValidationError
+
+_encoder = msgspec.json.Encoder()
+_headers_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+def encode_payload(payload: Any, *, allow_tombstone: bool, limit: int) -> bytes | None:
+    """bytes stay bytes; anything msgspec can encode becomes JSON; None is a tombstone where allowed."""
+    if payload is None:
+        if allow_tombstone:
+            return None
+        raise ValidationError(
+            "payload None is a tombstone and only allowed on cleanup='compact' topics; "
+            "publish bytes or a JSON-encodable value"
+        )
+    if isinstance(payload, bytes):
+        data = payload
+    elif isinstance(payload, (bytearray, memoryview)):
+        data = bytes(payload)
+    else:
+        try:
+            data = _encoder.encode(payload)
+        except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+            raise ValidationError(
+                f"payload of type {type(payload).__name__} cannot be encoded as JSON ({exc}); "
+                "pass bytes, a msgspec.Struct, or dict/list/str/number values"
+            ) from exc
+    if len(data) > limit:
+        raise ValidationError(
+            f"message of {len(data)} bytes is larger than max_message_bytes={limit}; "
+            "split it, store it elsewhere and publish a reference, or raise the topic's limit"
+        )
+    return data
+
+
+def encode_headers(headers: Any) -> str | None:
+    if headers is None:
+        return None
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise ValidationError("headers must be a dict of str to str")
+    if any("\x00" in k or "\x00" in v for k, v in headers.items()):
+        raise ValidationError("headers may not contain NUL characters")
+    return _encoder.encode(headers).decode()
+
+
+def decode_headers(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    return _headers_decoder.decode(text)
+
+
+def validate_key(key: Any) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise ValidationError(f"key must be a str or None, not {type(key).__name__}")
+    if "\x00" in key:
+        raise ValidationError("key may not contain NUL characters")
+    return key

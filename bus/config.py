@@ -1,0 +1,69 @@
+"""Bus configuration: keyword arguments of `connect()`, else `BUS_*` environment variables, else defaults."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+
+from storage.errors import ValidationError
+from storage.names import validate_schema
+
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    """Every tunable of a Bus. Times are seconds."""
+
+    schema: str = "bus"
+    heartbeat_interval: float = 3.0
+    session_timeout: float = 10.0
+    rebalance_delay: float = 0.5
+    lease_time: float = 30.0
+    max_poll_interval: float = 2.0
+    default_start: str = "earliest"
+    new_lookback: float | None = None
+    group_heartbeat_timeout: float = 300.0
+    claim_ttl: float = 120.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    pool_min_size: int = 2
+    pool_max_size: int = 20
+    cleaner_interval: float = 5.0
+
+    @property
+    def lookback(self) -> float:
+        """How far before a `latest` group's start it still reads (default 2 × max_poll_interval)."""
+        return self.new_lookback if self.new_lookback is not None else 2 * self.max_poll_interval
+
+    @classmethod
+    def load(cls, overrides: dict[str, Any], environ: dict[str, str] | None = None) -> Config:
+        """Build a Config from `overrides` over `BUS_*` variables; a ValidationError names the bad key."""
+        env = os.environ if environ is None else environ
+        fields = set(cls.__struct_fields__)
+        unknown = set(overrides) - fields
+        if unknown:
+            raise ValidationError(
+                f"unknown configuration key(s) {sorted(unknown)}; valid keys are {sorted(fields)}"
+            )
+        values: dict[str, Any] = {}
+        for name in fields:
+            var = f"BUS_{name.upper()}"
+            if var in env and env[var] != "":
+                values[name] = env[var]
+        values.update({k: v for k, v in overrides.items() if v is not None or k == "new_lookback"})
+        try:
+            config = msgspec.convert(values, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ValidationError(f"invalid configuration: {exc}") from exc
+        validate_schema(config.schema)
+        for name in ("heartbeat_interval", "session_timeout", "lease_time", "max_poll_interval"):
+            if getattr(config, name) <= 0:
+                raise ValidationError(f"invalid configuration: {name} must be > 0")
+        if config.heartbeat_interval >= config.session_timeout:
+            raise ValidationError("invalid configuration: heartbeat_interval must be shorter than session_timeout")
+        if config.default_start not in ("earliest", "latest"):
+            raise ValidationError("invalid configuration: default_start must be 'earliest' or 'latest'")
+        if config.max_message_bytes <= 0:
+            raise ValidationError("invalid configuration: max_message_bytes must be > 0")
+        return config

@@ -1,0 +1,89 @@
+"""The public value types: what goes in and comes out of the bus."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+
+class TopicPartition(msgspec.Struct, frozen=True, order=True):
+    """Names one partition of one topic (partition names are strings; fixed ones are "0", "1", …)."""
+
+    topic: str
+    partition: str
+
+
+class TopicInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A topic's configuration."""
+
+    name: str
+    partitions: int | None
+    semantics: str = "pubsub"
+    cleanup: str = "delete"
+    retention: timedelta | None = None
+    tombstone_retention: timedelta | None = None
+    namespace: str | None = None
+    task: str | None = None
+    max_message_bytes: int = 1024 * 1024
+    created_at: datetime | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        """True when publishers name the partitions (created on first publish)."""
+        return self.partitions is None
+
+
+class Record(msgspec.Struct, frozen=True):
+    """Where a published message landed."""
+
+    topic: str
+    partition: str
+    offset: int
+    created_at: datetime
+
+
+class Outgoing(msgspec.Struct, frozen=True):
+    """One message for `publish_many`."""
+
+    payload: Any
+    key: str | None = None
+    partition: str | None = None
+    headers: dict[str, str] | None = None
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """A message read from the log. `payload` is always the stored bytes (JSON text for structured payloads)."""
+
+    topic: str
+    partition: str
+    offset: int
+    key: str | None
+    headers: dict[str, str]
+    payload: bytes | None
+    created_at: datetime
+    attempt: int = 1
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    def value(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+        """Decode the JSON payload into `type` (any msgspec-supported type)."""
+        if self.payload is None:
+            raise ValueError(f"message {self.topic}/{self.partition}@{self.offset} is a tombstone (no payload)")
+        return msgspec.json.decode(self.payload, type=type)
+
+
+class PartitionStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Size and bounds of one partition (`admin.topic_stats`)."""
+
+    partition: str
+    log_start: int
+    end_offset: int
+    size: int
+    oldest: datetime | None
+    newest: datetime | None

@@ -1,0 +1,124 @@
+"""Connections and migrations.
+
+Every connection the bus opens has `search_path` set to the bus schema, so
+every statement in `storage/` is a constant string with unqualified names.
+Migrations are the numbered `.sql` files beside this module, applied in order
+under an advisory lock (many processes may connect to a new database at once)
+and recorded in `bus_migrations`.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from storage.errors import StorageUnavailableError
+from storage.logs import get_logger
+from storage.names import validate_schema
+
+log = get_logger(__name__)
+
+_MIGRATION_FILE = re.compile(r"(\d{3})_([a-z0-9_]+)\.sql")
+# A fixed key for pg_advisory_xact_lock (any int8); the schema name is mixed in
+# with hashtext() so two schemas in one database migrate independently.
+_MIGRATION_LOCK = 0x6275_735F
+
+
+def server_settings(schema: str, application_name: str = "bus") -> dict[str, str]:
+    validate_schema(schema)
+    return {"search_path": schema, "application_name": application_name}
+
+
+async def create_pool(
+    dsn: str, schema: str, *, min_size: int = 1, max_size: int = 20, **kwargs: Any
+) -> asyncpg.Pool:
+    """An asyncpg pool whose connections use `schema` as their search_path."""
+    try:
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            server_settings=server_settings(schema),
+            **kwargs,
+        )
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise StorageUnavailableError(f"cannot connect to PostgreSQL ({exc}); check the DSN and that the server runs") from exc
+    assert pool is not None
+    return pool
+
+
+async def connect(dsn: str, schema: str, **kwargs: Any) -> asyncpg.Connection:
+    """One connection with the bus's search_path (listeners, migrations)."""
+    try:
+        return await asyncpg.connect(dsn, server_settings=server_settings(schema), **kwargs)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise StorageUnavailableError(f"cannot connect to PostgreSQL ({exc}); check the DSN and that the server runs") from exc
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every migration file, in order."""
+    found = []
+    for entry in resources.files("storage.migrations").iterdir():
+        match = _MIGRATION_FILE.fullmatch(entry.name)
+        if match:
+            found.append((int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
+    found.sort()
+    versions = [v for v, _, _ in found]
+    if len(versions) != len(set(versions)):
+        raise RuntimeError(f"two migration files share a version number: {versions}")
+    return found
+
+
+async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
+    """Apply the pending migrations into `schema`; returns the versions applied."""
+    validate_schema(schema)
+    applied_now: list[int] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _MIGRATION_LOCK, schema)
+        # The one identifier interpolated anywhere: validated just above.
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        await conn.execute(f'SET LOCAL search_path TO "{schema}"')
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS bus_migrations (
+                   version integer PRIMARY KEY,
+                   name text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM bus_migrations")}
+        for version, name, sql in migrations():
+            if version in done:
+                continue
+            await conn.execute(sql)
+            await conn.execute("INSERT INTO bus_migrations (version, name) VALUES ($1, $2)", version, name)
+            applied_now.append(version)
+            log.info("migration_applied", schema=schema, version=version, name=name)
+    return applied_now
+
+
+class translate_errors:
+    """Turn lost connections and server shutdowns into StorageUnavailableError (a context manager)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            return False
+        if isinstance(
+            exc,
+            (
+                OSError,
+                asyncpg.PostgresConnectionError,
+                asyncpg.CannotConnectNowError,
+                asyncpg.AdminShutdownError,
+                asyncpg.ConnectionDoesNotExistError,
+                asyncpg.InterfaceError,
+            ),
+        ):
+            raise StorageUnavailableError(
+                f"PostgreSQL is unavailable ({type(exc).__name__}: {exc}); the operation did not complete, retry it"
+            ) from exc
+        return False

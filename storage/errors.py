@@ -1,0 +1,63 @@
+"""Every error the bus raises.
+
+They live at the bottom layer so storage, actors and the public API raise the
+same classes; `bus.errors` re-exports them. Each message says what to do.
+"""
+
+from __future__ import annotations
+
+
+class BusError(Exception):
+    """Base of every error raised by the bus."""
+
+
+class ValidationError(BusError, ValueError):
+    """Bad input (a name, a size, a type): nothing was written."""
+
+
+class TopicNotFoundError(BusError, LookupError):
+    """The topic does not exist."""
+
+
+class TopicConflictError(BusError):
+    """A topic with this name exists with a different configuration."""
+
+
+class GroupNotFoundError(BusError, LookupError):
+    """The consumer group does not exist."""
+
+
+class StaleGenerationError(BusError):
+    """The group moved on (new generation or lease epoch): the commit was refused and nothing applied."""
+
+
+class LeaseLostError(BusError):
+    """The lease expired and another worker holds it now."""
+
+
+class RebalanceInProgressError(BusError):
+    """The group is rebalancing; retry after the new assignment is known."""
+
+
+class ConcurrentAppendError(BusError):
+    """An event matching the guard was appended after the guard's position."""
+
+
+class GroupStoppedError(BusError):
+    """The group is stopped (or dead/cancelled) and cannot be used until started again."""
+
+
+class StorageUnavailableError(BusError):
+    """PostgreSQL cannot be reached or refused the operation; the operation did not complete."""
+
+
+class OffsetOutOfRangeError(BusError, IndexError):
+    """The requested offset is below the partition's log start (history was archived or compacted)."""
+
+    def __init__(self, message: str, *, log_start: int = 0) -> None:
+        super().__init__(message)
+        self.log_start = log_start
+
+
+class GroupHasMembersError(BusError):
+    """An admin operation needs the group to have no live members."""

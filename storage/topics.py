@@ -1,0 +1,111 @@
+"""Topics and their partitions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+TOPIC_COLUMNS = (
+    "name, partitions, semantics, cleanup, retention_seconds, tombstone_retention_seconds, "
+    "namespace, task, max_message_bytes, created_at"
+)
+
+INSERT_TOPIC = """
+INSERT INTO topics (name, partitions, semantics, cleanup, retention_seconds,
+                    tombstone_retention_seconds, namespace, task, max_message_bytes)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+"""
+
+INSERT_FIXED_PARTITIONS = """
+INSERT INTO partitions (topic, name)
+SELECT $1, g::text FROM generate_series(0, $2 - 1) AS g
+ON CONFLICT (topic, name) DO NOTHING
+"""
+
+SELECT_TOPIC = """
+SELECT name, partitions, semantics, cleanup, retention_seconds, tombstone_retention_seconds,
+       namespace, task, max_message_bytes, created_at
+FROM topics WHERE name = $1
+"""
+
+SELECT_TOPICS = """
+SELECT name, partitions, semantics, cleanup, retention_seconds, tombstone_retention_seconds,
+       namespace, task, max_message_bytes, created_at
+FROM topics
+WHERE ($1::text IS NULL OR namespace = $1) AND ($2::text IS NULL OR task = $2)
+ORDER BY name
+"""
+
+DELETE_TOPIC_MESSAGES = """
+DELETE FROM messages WHERE partition_id IN (SELECT id FROM partitions WHERE topic = $1)
+"""
+
+DELETE_TOPIC = "DELETE FROM topics WHERE name = $1 RETURNING name"
+
+ENSURE_PARTITION = """
+WITH ins AS (
+    INSERT INTO partitions (topic, name) VALUES ($1, $2)
+    ON CONFLICT (topic, name) DO NOTHING
+    RETURNING id
+)
+SELECT id FROM ins
+UNION ALL
+SELECT id FROM partitions WHERE topic = $1 AND name = $2
+LIMIT 1
+"""
+
+SELECT_PARTITION_ID = "SELECT id FROM partitions WHERE topic = $1 AND name = $2"
+
+SELECT_PARTITIONS = """
+SELECT id, name, log_start, next_offset, created_at FROM partitions WHERE topic = $1 ORDER BY id
+"""
+
+NOTIFY = "SELECT pg_notify($1, $2)"
+
+
+async def create_topic(conn: asyncpg.Connection, values: tuple[Any, ...], fixed: int | None, channel: str) -> bool:
+    """Insert the topic (and its fixed partitions); False if the name was taken."""
+    async with conn.transaction():
+        created = await conn.fetchval(INSERT_TOPIC, *values)
+        if created is None:
+            return False
+        if fixed:
+            await conn.execute(INSERT_FIXED_PARTITIONS, values[0], fixed)
+        # Wildcard subscribers (namespace/task) learn of new topics from this.
+        await conn.execute(NOTIFY, channel, values[0])
+    return True
+
+
+async def get_topic(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(SELECT_TOPIC, name)
+
+
+async def list_topics(
+    conn: asyncpg.Connection | asyncpg.Pool, namespace: str | None, task: str | None
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(SELECT_TOPICS, namespace, task))
+
+
+async def delete_topic(conn: asyncpg.Connection, name: str) -> bool:
+    async with conn.transaction():
+        await conn.execute(DELETE_TOPIC_MESSAGES, name)
+        return await conn.fetchval(DELETE_TOPIC, name) is not None
+
+
+async def ensure_partition(conn: asyncpg.Connection | asyncpg.Pool, topic: str, name: str) -> int:
+    """The id of partition `name` of a dynamic topic, created on first use."""
+    pid = await conn.fetchval(ENSURE_PARTITION, topic, name)
+    assert pid is not None
+    return int(pid)
+
+
+async def partition_id(conn: asyncpg.Connection | asyncpg.Pool, topic: str, name: str) -> int | None:
+    pid = await conn.fetchval(SELECT_PARTITION_ID, topic, name)
+    return None if pid is None else int(pid)
+
+
+async def partitions(conn: asyncpg.Connection | asyncpg.Pool, topic: str) -> list[asyncpg.Record]:
+    return list(await conn.fetch(SELECT_PARTITIONS, topic))

@@ -1,0 +1,67 @@
+"""Tests talk to a real PostgreSQL: the embedded server, or BUS_TEST_DSN when set.
+
+Every test gets a schema of its own, so tests never see each other's data
+and the database can be shared (also with a PostgreSQL 15 server: see README).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+import bus
+
+
+@pytest.fixture(scope="session")
+def dsn() -> str:
+    explicit = os.environ.get("BUS_TEST_DSN")
+    if explicit:
+        return explicit
+    from storage.embedded import ensure_server
+
+    return ensure_server().dsn
+
+
+@pytest.fixture
+def schema() -> str:
+    return "t_" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+async def drop_schema(dsn: str, schema: str) -> AsyncIterator[None]:
+    yield
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+Connect = Callable[..., Any]
+
+
+@pytest.fixture
+async def connect(dsn: str, schema: str, drop_schema: None) -> AsyncIterator[Connect]:
+    """Open extra Buses on the test's schema (several members in one test)."""
+    opened: list[bus.Bus] = []
+
+    async def open_bus(**config: Any) -> bus.Bus:
+        config.setdefault("schema", schema)
+        b = await bus.connect(dsn, **config)
+        opened.append(b)
+        return b
+
+    yield open_bus
+    for b in reversed(opened):
+        await b.close()
+
+
+@pytest.fixture
+async def b(connect: Connect) -> bus.Bus:
+    """A Bus on a fresh schema."""
+    return await connect()
