@@ -46,7 +46,11 @@ N = TypeVar("N", bound=msgspec.Struct)
 
 
 class Message(msgspec.Struct, frozen=True, tag=True):
-    """Convenience base for actor messages: frozen (safe to share) and tagged (safe to encode)."""
+    """Convenience base for actor messages: frozen (safe to share) and tagged (safe to encode).
+
+    Subclass as ``class Ping(Message, frozen=True)``: msgspec inherits
+    ``frozen`` at runtime, but mypy rejects a subclass that does not repeat it.
+    """
 
 
 class ActorStoppedError(RuntimeError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import msgspec
@@ -190,6 +191,17 @@ async def test_ask_raises_ask_timeout_error_when_no_answer_comes_in_time() -> No
     await ref.stop()
 
 
+async def test_timeout_raised_inside_receive_is_not_mistaken_for_an_ask_timeout() -> None:
+    class TimesOut(Actor[Note]):
+        async def receive(self, message: Note) -> None:
+            raise TimeoutError("database did not answer")
+
+    ref = spawn(TimesOut, name="db-client")
+    with pytest.raises(TimeoutError, match="database did not answer") as caught:
+        await ref.ask(Note(1))
+    assert not isinstance(caught.value, AskTimeoutError)
+
+
 async def test_ask_raises_the_exception_receive_raised() -> None:
     ref = spawn(lambda: Recorder(), name="raiser")
     with pytest.raises(ValueError, match="bad input"):
@@ -325,7 +337,9 @@ async def test_one_for_one_restart_keeps_the_mailbox_and_leaves_siblings_alone()
     gate.set()
     assert await child.ask(Echo(3)) == 6
 
-    assert numbers(failing_journal) == [1, 2, 3], "messages queued behind the failure are kept, Boom not retried"
+    assert numbers(failing_journal) == [1, 2, 3], (
+        "messages queued behind the failure are kept, Boom not retried"
+    )
     starts = [entry[1] for entry in failing_journal if isinstance(entry, tuple) and entry[0] == "start"]
     assert len(starts) == 2 and starts[0] != starts[1], "a fresh instance comes from the factory"
     failure = next(entry for entry in failing_journal if isinstance(entry, tuple) and entry[0] == "failure")
@@ -370,7 +384,9 @@ async def test_too_many_failures_escalate_once_with_child_name_and_exception() -
     async def on_escalate(name: str, exc: BaseException) -> None:
         escalations.append((name, exc))
 
-    sup = Supervisor(on_escalate=on_escalate, clock=clock, strategy=RestartStrategy(max_restarts=2, within=10.0))
+    sup = Supervisor(
+        on_escalate=on_escalate, clock=clock, strategy=RestartStrategy(max_restarts=2, within=10.0)
+    )
     ref = sup.spawn(lambda: Recorder(), name="doomed")
     sibling = sup.spawn(lambda: Recorder(), name="survivor")
     for i in range(3):
@@ -453,7 +469,7 @@ async def test_supervisor_stop_stops_every_child_newest_first_and_is_idempotent(
             order.append(self.name)
 
     sup = Supervisor()
-    refs = [sup.spawn(lambda n=n: Named(n), name=n) for n in ("a", "b", "c")]  # type: ignore[misc]
+    refs = [sup.spawn(functools.partial(Named, n), name=n) for n in ("a", "b", "c")]
     await sup.stop()
     await sup.stop()
     assert order == ["c", "b", "a"]
