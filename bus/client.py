@@ -337,6 +337,62 @@ class Bus:
                     await run(conn)
         return [r for r in results if r is not None]
 
+    # -- the other delivery modes (each in its own module) ------------------------------
+
+    def event_store(self, name: str) -> Any:
+        """The event store `name`: one globally ordered log with attribute partitions (see bus.eventstore)."""
+        from bus.eventstore import EventStore
+
+        return EventStore(self, validate_name(name, "event store name"))
+
+    async def claim(
+        self,
+        group: str,
+        topic: str | None = None,
+        *,
+        namespace: str | None = None,
+        task: str | None = None,
+        worker_id: str,
+        max_messages: int = 100,
+        lease_time: float | None = None,
+        start: Any = None,
+    ) -> Any:
+        """Lease the free partition with the earliest pending message (see bus.claims); None when nothing is pending."""
+        from bus.claims import claim
+
+        return await claim(
+            self,
+            group,
+            topic=topic,
+            namespace=namespace,
+            task=task,
+            worker_id=worker_id,
+            max_messages=max_messages,
+            lease_time=lease_time,
+            start=start,
+        )
+
+    def queue_consumer(
+        self,
+        topic: str,
+        *,
+        visibility_timeout: float = 30.0,
+        max_attempts: int = 5,
+        dead_letter: str | None = None,
+        ordered_by_key: bool = False,
+    ) -> Any:
+        """Competing consumers on a `semantics="queue"` topic (see bus.queues)."""
+        from bus.queues import QueueConsumer
+
+        return QueueConsumer(
+            self,
+            topic,
+            visibility_timeout=visibility_timeout,
+            max_attempts=max_attempts,
+            dead_letter=dead_letter,
+            ordered_by_key=ordered_by_key,
+        )
+
     # -- reading -------------------------------------------------------------------
 
     async def read(

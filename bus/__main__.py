@@ -1,0 +1,5 @@
+"""`python -m bus`: the command line."""
+
+from bus.cli import main
+
+main()

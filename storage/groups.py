@@ -1,0 +1,139 @@
+"""Consumer groups: the group row, its subscription start, topics and cursors.
+
+The start is recorded once, when the group row is first inserted (invariant 6);
+every cursor the group later materializes, on any partition of any topic,
+is computed from that record, never from "now".
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+Conn = asyncpg.Connection | asyncpg.Pool
+
+# $1 name, $2 start_mode, $3 start_time (timestamp mode), $4 start_offsets json,
+# $5 lookback seconds (latest mode), $6 assignor, $7 namespace, $8 task
+RECORD_GROUP = """
+INSERT INTO groups (name, start_mode, start_time, start_offsets, assignor, namespace, task)
+VALUES ($1, $2,
+        CASE WHEN $2 = 'latest' THEN clock_timestamp() - make_interval(secs => $5) ELSE $3 END,
+        $4::jsonb, $6, $7, $8)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+"""
+
+SELECT_GROUP = """
+SELECT name, generation, state, status, leader, assignor, start_mode, start_time,
+       start_offsets::text AS start_offsets, recorded_at, namespace, task,
+       rebalance_due_at, last_active_at
+FROM groups WHERE name = $1
+"""
+
+# A dead or cancelled group that comes back resumes (from its cursors, or the log start).
+REVIVE_GROUP = """
+UPDATE groups SET status = 'active', last_active_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE name = $1 AND status IN ('dead', 'cancelled')
+RETURNING name
+"""
+
+ADD_GROUP_TOPICS = """
+INSERT INTO group_topics (group_name, topic)
+SELECT $1, t FROM unnest($2::text[]) AS t
+ON CONFLICT DO NOTHING
+"""
+
+# Topics matched by the group's labels (wildcard subscriptions), added to group_topics.
+ADD_MATCHING_TOPICS = """
+INSERT INTO group_topics (group_name, topic)
+SELECT g.name, t.name FROM groups g JOIN topics t
+  ON (g.namespace IS NULL OR t.namespace = g.namespace)
+ AND (g.task IS NULL OR t.task = g.task)
+ AND (g.namespace IS NOT NULL OR g.task IS NOT NULL)
+WHERE g.name = $1
+ON CONFLICT DO NOTHING
+"""
+
+SELECT_GROUP_TOPICS = "SELECT topic FROM group_topics WHERE group_name = $1 ORDER BY topic"
+
+# Create the group's cursor on each partition, at the position its recorded
+# start gives: 'earliest' the log start; 'latest'/'timestamp' the first message
+# created at or after start_time (or the end when there is none); 'offsets' the
+# given offset. Never below the log start. Existing cursors are left alone.
+MATERIALIZE_OFFSETS = """
+INSERT INTO offsets (group_name, partition_id, committed)
+SELECT g.name, p.id,
+       GREATEST(p.log_start, CASE g.start_mode
+           WHEN 'earliest' THEN p.log_start
+           WHEN 'offsets' THEN COALESCE((g.start_offsets -> p.topic ->> p.name)::bigint, p.log_start)
+           ELSE COALESCE((SELECT m."offset" FROM messages m
+                          WHERE m.partition_id = p.id AND m.created_at >= g.start_time
+                          ORDER BY m.created_at, m."offset" LIMIT 1),
+                         p.next_offset)
+       END)
+FROM groups g JOIN partitions p ON p.id = ANY($2::bigint[])
+WHERE g.name = $1
+ON CONFLICT (group_name, partition_id) DO NOTHING
+"""
+
+# Every partition of every topic the group reads, with its cursor (if any).
+SELECT_GROUP_PARTITIONS = """
+SELECT p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.next_offset,
+       o.committed, o.owner, o.owner_generation, o.lease_epoch, o.lease_expires_at, o.committed_at
+FROM group_topics gt
+JOIN partitions p ON p.topic = gt.topic
+LEFT JOIN offsets o ON o.group_name = gt.group_name AND o.partition_id = p.id
+WHERE gt.group_name = $1
+ORDER BY p.topic, p.id
+"""
+
+
+async def record_group(
+    conn: Conn,
+    name: str,
+    *,
+    start_mode: str,
+    start_time: datetime | None,
+    start_offsets_json: str | None,
+    lookback_seconds: float,
+    assignor: str = "range",
+    namespace: str | None = None,
+    task: str | None = None,
+) -> bool:
+    """Record the group and its start if it is new (first subscriber wins); True if it was new."""
+    created = await conn.fetchval(
+        RECORD_GROUP, name, start_mode, start_time, start_offsets_json, lookback_seconds, assignor, namespace, task
+    )
+    if created is None:
+        await conn.execute(REVIVE_GROUP, name)
+    return created is not None
+
+
+async def get_group(conn: Conn, name: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(SELECT_GROUP, name)
+
+
+async def add_group_topics(conn: Conn, name: str, topics: list[str]) -> None:
+    await conn.execute(ADD_GROUP_TOPICS, name, topics)
+
+
+async def add_matching_topics(conn: Conn, name: str) -> None:
+    await conn.execute(ADD_MATCHING_TOPICS, name)
+
+
+async def group_topics(conn: Conn, name: str) -> list[str]:
+    return [r[0] for r in await conn.fetch(SELECT_GROUP_TOPICS, name)]
+
+
+async def materialize_offsets(conn: Conn, name: str, partition_ids: list[int]) -> None:
+    """Create missing cursors at the group's recorded start."""
+    if partition_ids:
+        await conn.execute(MATERIALIZE_OFFSETS, name, partition_ids)
+
+
+async def group_partitions(conn: Conn, name: str) -> list[asyncpg.Record]:
+    return list(await conn.fetch(SELECT_GROUP_PARTITIONS, name))
+
+
