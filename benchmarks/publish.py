@@ -1,0 +1,370 @@
+"""Publish throughput of the bus next to raw asyncpg inserts, and RSS while publishing a million messages.
+
+Measurements (each one bus and raw, interleaved bus, raw, bus, raw; the
+better of the two rounds is reported, to tame noise):
+
+* `b.publish`, one message per transaction, 1 and 8 concurrent publishers,
+  against single-row `INSERT ... RETURNING` into `raw_messages`
+  (see `benchmarks.rawpeers`), same pool size, same concurrency;
+* `b.publish_many` with 100 and 1000 messages per call, against one
+  `INSERT ... SELECT FROM unnest(...)` per call.
+
+Both sides publish the same ~100-byte JSON payloads (encoded with msgspec per
+message on both sides), the same keys (1000 customers) and the same header,
+to a pubsub topic of 8 partitions (raw: the same CRC-32 of the key picks the
+partition number). Each run uses a fresh schema `bench_<random>`, dropped
+afterwards.
+
+Run it alone with `bus bench publish` (or `python -m benchmarks.publish`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import sys
+import time
+import uuid
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import msgspec
+import psutil
+
+import bus
+from benchmarks import rawpeers
+from benchmarks.result import Result
+from bus.config import Config
+from storage.logs import get_logger
+
+log = get_logger(__name__, scenario="publish")
+
+SCENARIO = "publish"
+TOPIC = "bench.publish"
+PARTITIONS = 8
+CUSTOMERS = 1000
+HEADERS = {"source": "bench"}
+BASELINE = "raw asyncpg"
+SINGLE_TARGET = 0.8
+BATCH_TARGET = 0.7
+MEMORY_BATCH = 1000
+# A process that keeps memory flat may still grow a little while caches
+# (prepared statements, codec tables, the allocator's arenas) fill up.
+MEMORY_GROWTH_LIMIT_MIB = 32.0
+MIB = 1024 * 1024
+
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How many messages each measurement publishes."""
+
+    single: int          # per single-publish measurement (split over the publishers)
+    batched: int         # per publish_many measurement
+    memory: int          # for the RSS run, in batches of MEMORY_BATCH
+    rounds: int = 2      # bus, raw, bus, raw: the better round counts
+    warmup: int = 200    # messages published (not timed) before each measurement
+
+
+FULL = Sizes(single=20_000, batched=200_000, memory=1_000_000)
+QUICK = Sizes(single=2_000, batched=20_000, memory=100_000)
+
+
+def payload(i: int) -> dict[str, Any]:
+    """The i-th message: about 100 bytes of JSON, like a small domain event."""
+    return {
+        "order_id": i,
+        "customer": f"cust-{i % CUSTOMERS:05d}",
+        "amount": 1234.5,
+        "currency": "EUR",
+        "status": "created",
+        "items": 3,
+    }
+
+
+def key(i: int) -> str:
+    """The i-th message's key (1000 customers, so every partition gets traffic)."""
+    return f"cust-{i % CUSTOMERS:05d}"
+
+
+def raw_partition(k: str) -> int:
+    """The partition the raw side writes to: the same CRC-32 of the key the bus uses."""
+    return zlib.crc32(k.encode("utf-8")) % PARTITIONS
+
+
+@dataclass
+class Timing:
+    """One timed run: elapsed seconds, messages, and per-call latencies in seconds."""
+
+    seconds: float
+    messages: int
+    latencies: list[float]
+
+    @property
+    def rate(self) -> float:
+        """Messages per second."""
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of `values` by the nearest-rank method."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def _concurrently(count: int, publishers: int, one: Callable[[int], Awaitable[Any]]) -> Timing:
+    """Publish messages 0..count-1 with `publishers` tasks, one awaited call per message."""
+    latencies: list[float] = []
+
+    async def worker(first: int) -> None:
+        clock = time.perf_counter
+        for i in range(first, count, publishers):
+            started = clock()
+            await one(i)
+            latencies.append(clock() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(publishers)))
+    return Timing(time.perf_counter() - started, count, latencies)
+
+
+async def _batched(count: int, size: int, one_batch: Callable[[range], Awaitable[Any]]) -> Timing:
+    """Publish messages 0..count-1 in calls of `size`, one after the other."""
+    latencies: list[float] = []
+    clock = time.perf_counter
+    started = clock()
+    for first in range(0, count, size):
+        call = clock()
+        await one_batch(range(first, min(count, first + size)))
+        latencies.append(clock() - call)
+    return Timing(clock() - started, count, latencies)
+
+
+class Publishers:
+    """The two sides of every measurement: the bus and the raw asyncpg baseline."""
+
+    def __init__(self, b: bus.Bus, raw: rawpeers.RawLog) -> None:
+        self.b = b
+        self.raw = raw
+
+    async def bus_single(self, count: int, publishers: int) -> Timing:
+        """`b.publish`, one message per call (and per transaction)."""
+        b = self.b
+
+        async def one(i: int) -> None:
+            await b.publish(TOPIC, payload(i), key=key(i), headers=HEADERS)
+
+        return await _concurrently(count, publishers, one)
+
+    async def raw_single(self, count: int, publishers: int) -> Timing:
+        """One autocommitted single-row INSERT per message."""
+        raw = self.raw
+
+        async def one(i: int) -> None:
+            k = key(i)
+            await raw.insert_one(raw_partition(k), k, _encoder.encode(HEADERS).decode(), _encoder.encode(payload(i)))
+
+        return await _concurrently(count, publishers, one)
+
+    async def bus_batch(self, count: int, size: int) -> Timing:
+        """`b.publish_many` with `size` messages per call."""
+        b = self.b
+
+        async def one_batch(ids: range) -> None:
+            await b.publish_many(TOPIC, [bus.Outgoing(payload(i), key=key(i), headers=HEADERS) for i in ids])
+
+        return await _batched(count, size, one_batch)
+
+    async def raw_batch(self, count: int, size: int) -> Timing:
+        """One `INSERT ... SELECT FROM unnest(...)` with `size` rows per call."""
+        raw = self.raw
+
+        async def one_batch(ids: range) -> None:
+            keys = [key(i) for i in ids]
+            await raw.insert_batch(
+                [raw_partition(k) for k in keys],
+                list(keys),
+                [_encoder.encode(HEADERS).decode() for _ in ids],
+                [_encoder.encode(payload(i)) for i in ids],
+            )
+
+        return await _batched(count, size, one_batch)
+
+
+async def _interleaved(
+    name: str,
+    rounds: int,
+    warmup: Callable[[], Awaitable[Any]],
+    bus_run: Callable[[], Awaitable[Timing]],
+    raw_run: Callable[[], Awaitable[Timing]],
+) -> tuple[Timing, Timing]:
+    """Warm both sides up, then bus, raw, bus, raw...; the better round of each side."""
+    await warmup()
+    best_bus: Timing | None = None
+    best_raw: Timing | None = None
+    for round_no in range(rounds):
+        t_bus = await bus_run()
+        t_raw = await raw_run()
+        log.info("publish_round", measurement=name, round=round_no, bus=round(t_bus.rate), raw=round(t_raw.rate))
+        if best_bus is None or t_bus.rate > best_bus.rate:
+            best_bus = t_bus
+        if best_raw is None or t_raw.rate > best_raw.rate:
+            best_raw = t_raw
+    assert best_bus is not None and best_raw is not None
+    return best_bus, best_raw
+
+
+async def _warm(
+    bus_run: Callable[[int, int], Awaitable[Timing]],
+    raw_run: Callable[[int, int], Awaitable[Timing]],
+    count: int,
+    arg: int,
+) -> None:
+    # Untimed: fills both pools, prepares both statements, caches the topic and partition ids.
+    await bus_run(count, arg)
+    await raw_run(count, arg)
+
+
+def _row(name: str, bus_t: Timing, raw_t: Timing, target: float, **extra: Any) -> Result:
+    ms = 1000.0
+    return Result(
+        scenario=SCENARIO,
+        name=name,
+        value=round(bus_t.rate, 1),
+        unit="msg/s",
+        baseline=round(raw_t.rate, 1),
+        baseline_name=BASELINE,
+        higher_is_better=True,
+        target=f"≥ {target}× raw",
+        extra={
+            "messages": bus_t.messages,
+            "p50": round(percentile(bus_t.latencies, 0.50) * ms, 3),
+            "p99": round(percentile(bus_t.latencies, 0.99) * ms, 3),
+            "baseline_p50": round(percentile(raw_t.latencies, 0.50) * ms, 3),
+            "baseline_p99": round(percentile(raw_t.latencies, 0.99) * ms, 3),
+            "latency_unit": "ms per call",
+            **extra,
+        },
+    )
+
+
+def _rss() -> int:
+    return int(psutil.Process(os.getpid()).memory_info().rss)
+
+
+async def memory_run(b: bus.Bus, total: int) -> list[Result]:
+    """Publish `total` messages in batches of 1000 and report RSS at start, peak and end (flat = no leak)."""
+    gc.collect()
+    start = peak = _rss()
+    tenth = start
+    batches = max(1, total // MEMORY_BATCH)
+    started = time.perf_counter()
+    for n in range(batches):
+        first = n * MEMORY_BATCH
+        # Each batch is built here and dropped after the call: the process holds
+        # one batch at a time, so any growth is the bus's.
+        await b.publish_many(
+            TOPIC,
+            [bus.Outgoing(payload(i), key=key(i), headers=HEADERS) for i in range(first, first + MEMORY_BATCH)],
+        )
+        peak = max(peak, _rss())
+        if n + 1 == max(1, batches // 10):
+            tenth = _rss()
+    elapsed = time.perf_counter() - started
+    gc.collect()
+    end = _rss()
+    messages = batches * MEMORY_BATCH
+    info = {
+        "messages": messages,
+        "batch": MEMORY_BATCH,
+        "start_mib": round(start / MIB, 1),
+        "after_10pct_mib": round(tenth / MIB, 1),
+        "peak_mib": round(peak / MIB, 1),
+        "end_mib": round(end / MIB, 1),
+        "rate_msg_s": round(messages / elapsed, 1),
+    }
+    log.info("publish_memory", **info)
+    label = f"{messages:,} msgs in batches of {MEMORY_BATCH}"
+    return [
+        Result(SCENARIO, f"RSS at start ({label})", info["start_mib"], "MiB", higher_is_better=False, extra=info),
+        Result(SCENARIO, f"RSS peak ({label})", info["peak_mib"], "MiB", higher_is_better=False, extra=info),
+        Result(SCENARIO, f"RSS at end ({label})", info["end_mib"], "MiB", higher_is_better=False, extra=info),
+        Result(
+            SCENARIO,
+            f"RSS growth, peak − start ({label})",
+            round((peak - start) / MIB, 1),
+            "MiB",
+            higher_is_better=False,
+            target=f"≤ {MEMORY_GROWTH_LIMIT_MIB:g} MiB",
+            extra=info,
+        ),
+    ]
+
+
+async def run(dsn: str, quick: bool) -> list[Result]:
+    """The publish scenario: four throughput rows next to raw asyncpg, then the RSS rows."""
+    sizes = QUICK if quick else FULL
+    schema = "bench_" + uuid.uuid4().hex[:12]
+    defaults = Config()
+    results: list[Result] = []
+    b = await bus.connect(dsn, schema=schema)
+    try:
+        # The same pool bounds on both sides: the comparison is per connection, not per pool.
+        pool = await rawpeers.create_pool(
+            dsn, schema, min_size=defaults.pool_min_size, max_size=defaults.pool_max_size
+        )
+        try:
+            raw = rawpeers.RawLog(pool)
+            await raw.create()
+            await b.create_topic(TOPIC, partitions=PARTITIONS)
+            sides = Publishers(b, raw)
+
+            for publishers in (1, 8):
+                name = f"publish, 1 per tx, {publishers} publisher{'s' if publishers > 1 else ''}"
+                count = sizes.single
+
+                bus_t, raw_t = await _interleaved(
+                    name,
+                    sizes.rounds,
+                    partial(_warm, sides.bus_single, sides.raw_single, sizes.warmup, publishers),
+                    partial(sides.bus_single, count, publishers),
+                    partial(sides.raw_single, count, publishers),
+                )
+                results.append(_row(name, bus_t, raw_t, SINGLE_TARGET, publishers=publishers))
+
+            for size in (100, 1000):
+                name = f"publish_many, {size} per call"
+                count = max(size, sizes.batched - sizes.batched % size)
+
+                bus_t, raw_t = await _interleaved(
+                    name,
+                    sizes.rounds,
+                    partial(_warm, sides.bus_batch, sides.raw_batch, size * 2, size),
+                    partial(sides.bus_batch, count, size),
+                    partial(sides.raw_batch, count, size),
+                )
+                results.append(_row(name, bus_t, raw_t, BATCH_TARGET, per_call=size))
+
+            results.extend(await memory_run(b, sizes.memory))
+        finally:
+            await pool.close()
+    finally:
+        await b.close()
+        await rawpeers.drop_schema(dsn, schema)
+    return results
+
+
+if __name__ == "__main__":
+    from rich.console import Console
+
+    from benchmarks.harness import main
+
+    raise SystemExit(main(SCENARIO, quick="--quick" in sys.argv, console=Console()))
