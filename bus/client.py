@@ -273,9 +273,11 @@ class Bus:
             if pid is None:
                 break
             with db.translate_errors():
-                done = await log_sql.publish_one(
-                    connection if connection is not None else self.pool, pid, key, head, data, self.channels.messages
-                )
+                if connection is None:
+                    done = await log_sql.publish_one(self.pool, pid, key, head, data, self.channels.messages)
+                else:
+                    async with db.on_schema(connection, self.config.schema):
+                        done = await log_sql.publish_one(connection, pid, key, head, data, self.channels.messages)
             if done is not None:
                 return Record(topic, name, done[0], done[1])
             # The partition vanished (topic deleted elsewhere): forget and look again once.
@@ -330,7 +332,7 @@ class Bus:
 
         with db.translate_errors():
             if connection is not None:
-                async with connection.transaction():  # a savepoint inside the caller's transaction
+                async with db.on_schema(connection, self.config.schema):  # a savepoint inside the caller's transaction
                     await run(connection)
             else:
                 async with self.pool.acquire() as conn, conn.transaction():

@@ -10,6 +10,8 @@ and recorded in `bus_migrations`.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
@@ -27,9 +29,37 @@ _MIGRATION_FILE = re.compile(r"(\d{3})_([a-z0-9_]+)\.sql")
 _MIGRATION_LOCK = 0x6275_735F
 
 
+SHOW_SEARCH_PATH = "SELECT current_setting('search_path')"
+SET_LOCAL_SEARCH_PATH = "SELECT set_config('search_path', $1, true)"
+
+
+def search_path(schema: str) -> str:
+    """The search_path value naming `schema`, quoted so that a mixed-case schema is not folded to lower case."""
+    return '"' + validate_schema(schema) + '"'
+
+
 def server_settings(schema: str, application_name: str = "bus") -> dict[str, str]:
-    validate_schema(schema)
-    return {"search_path": schema, "application_name": application_name}
+    """Session settings of every bus connection: the bus schema first on the search_path."""
+    return {"search_path": search_path(schema), "application_name": application_name}
+
+
+@asynccontextmanager
+async def on_schema(conn: asyncpg.Connection, schema: str) -> AsyncIterator[None]:
+    """Run bus statements on a caller's connection (the outbox), whatever its own search_path.
+
+    Inside a transaction (a savepoint when the caller already has one) the
+    bus schema becomes the search_path, and the caller's own is put back
+    before the block ends; on an error the savepoint's rollback restores it.
+    """
+    wanted = search_path(schema)
+    async with conn.transaction():
+        previous = await conn.fetchval(SHOW_SEARCH_PATH)
+        if previous == wanted:
+            yield
+            return
+        await conn.execute(SET_LOCAL_SEARCH_PATH, wanted)
+        yield
+        await conn.execute(SET_LOCAL_SEARCH_PATH, previous)
 
 
 async def create_pool(
