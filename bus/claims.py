@@ -1,0 +1,323 @@
+"""Claims: lease-based consumption of many (or dynamic) partitions, Queen's pop.
+
+    claim = await b.claim("billing", topic="orders", worker_id="w-1")
+    if claim is not None:
+        for m in claim.messages: ...
+        await claim.ack()
+
+A claim leases the free partition whose first pending message is the oldest,
+returns up to `max_messages` of it, and holds the lease for `lease_time`
+seconds. `ack()` advances the group's cursor and releases; an expired lease
+lets another worker take the partition (and the same messages) again.
+
+Fencing: every lease bumps the cursor's `lease_epoch`; `ack`, `extend` and
+`release` apply only if owner and epoch still match, in the statement that
+applies them. So a worker whose lease expired and was taken by someone else
+gets `LeaseLostError` and changes nothing. A lease that expired but that
+nobody took yet still matches: that late ack succeeds (no one else has seen
+those messages as ours, so nothing is delivered twice by accepting it).
+
+The group's subscription start (`start=`, else the Bus's `default_start`) is
+recorded by the first claim of the group and applies to every partition it
+discovers later, including partitions and labelled topics created afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from bus.client import to_message
+from bus.start import StartSpec, parse_start
+from bus.types import Message
+from storage import claims as sql
+from storage import db
+from storage import groups as groups_sql
+from storage.errors import GroupStoppedError, LeaseLostError, TopicNotFoundError, ValidationError
+from storage.logs import get_logger
+from storage.names import validate_name, validate_offset
+
+if TYPE_CHECKING:
+    from bus.client import Bus
+
+__all__ = ["Claim", "claim"]
+
+log = get_logger(__name__)
+
+#: How often (seconds) a Bus re-checks a group's topics, status and every
+#: partition for missing cursors. In between, only partitions with ids above
+#: the last seen one are looked at (one index probe per claim).
+FULL_SYNC_INTERVAL = 1.0
+
+# Candidates found caught up (pending_since stale) are fixed and skipped; this
+# bounds one call's work when many are stale at once.
+_MAX_STALE_SKIPS = 64
+
+
+@dataclass
+class _Discovery:
+    topics: list[str]
+    mark: int
+    synced_at: float
+
+
+@dataclass
+class _BusState:
+    discovery: dict[tuple[str, str | None, str | None, str | None], _Discovery] = field(default_factory=dict)
+
+
+_states: weakref.WeakKeyDictionary[Bus, _BusState] = weakref.WeakKeyDictionary()
+
+
+class Claim:
+    """A leased partition: `messages` to process, then `ack()` (or `release()`).
+
+    `topic`, `partition`, `messages` (list of bus.Message) and
+    `lease_expires_at` (server time) are the public fields.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        group: str,
+        worker_id: str,
+        partition_id: int,
+        epoch: int,
+        topic: str,
+        partition: str,
+        messages: list[Message],
+        lease_expires_at: datetime,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.messages = messages
+        self.lease_expires_at = lease_expires_at
+        self.group = group
+        self.worker_id = worker_id
+        self._bus = bus
+        self._partition_id = partition_id
+        self._epoch = epoch
+        self._finished = False
+        self._log = log.bind(group=group, topic=topic, partition=partition, worker=worker_id, epoch=epoch)
+
+    def __repr__(self) -> str:
+        span = f"{self.messages[0].offset}..{self.messages[-1].offset}" if self.messages else "-"
+        return f"<Claim {self.group} {self.topic}/{self.partition} offsets {span} epoch {self._epoch}>"
+
+    @property
+    def lease_epoch(self) -> int:
+        """The fencing epoch of this lease."""
+        return self._epoch
+
+    async def ack(self, offset: int | None = None) -> None:
+        """Advance the group's cursor past `offset` (default: the last message) and release the lease.
+
+        Raises LeaseLostError, applying nothing, if the lease expired and
+        another worker took the partition. Acking a finished claim again is a no-op.
+        """
+        if self._finished:
+            return
+        first, last = self.messages[0].offset, self.messages[-1].offset
+        if offset is None:
+            offset = last
+        validate_offset(offset, "ack offset")
+        if not first <= offset <= last:
+            raise ValidationError(
+                f"ack offset {offset} is outside this claim's messages ({first}..{last}); "
+                "ack one of the claimed offsets, or ack() for all of them"
+            )
+        with db.translate_errors():
+            async with self._bus.pool.acquire() as conn:
+                done = await sql.ack(conn, self.group, self._partition_id, self.worker_id, self._epoch, offset + 1)
+                if done is None:
+                    await self._lost(conn, "ack")
+        self._finished = True
+        self._log.debug("claim_acked", committed=offset + 1)
+
+    async def release(self) -> bool:
+        """Give the partition back without advancing (the same messages come back).
+
+        Returns False if the lease was already lost (nothing to release).
+        """
+        if self._finished:
+            return True
+        with db.translate_errors():
+            released = await sql.release(self._bus.pool, self.group, self._partition_id, self.worker_id, self._epoch)
+        self._finished = True
+        if not released:
+            self._log.info("claim_release_after_lease_lost")
+        return released
+
+    async def extend(self, seconds: float) -> None:
+        """Keep the lease `seconds` more from now; LeaseLostError if someone else took it meanwhile."""
+        seconds = _positive(seconds, "extend seconds")
+        if self._finished:
+            raise LeaseLostError(
+                f"claim on {self.topic}/{self.partition} for group {self.group!r} was already acked or released; "
+                "claim again"
+            )
+        with db.translate_errors():
+            async with self._bus.pool.acquire() as conn:
+                expires = await sql.extend(conn, self.group, self._partition_id, self.worker_id, self._epoch, seconds)
+                if expires is None:
+                    await self._lost(conn, "extend")
+        self.lease_expires_at = expires  # type: ignore[assignment]
+
+    async def _lost(self, conn: Any, what: str) -> None:
+        self._finished = True
+        state = await sql.lease_state(conn, self.group, self._partition_id)
+        holder = "nobody" if state is None or state["owner"] is None else repr(state["owner"])
+        self._log.warning("claim_lease_lost", action=what, holder=holder)
+        raise LeaseLostError(
+            f"{what} refused: the lease of group {self.group!r} on {self.topic}/{self.partition} expired and "
+            f"was taken again (now held by {holder}); nothing was applied. Claim again, and use a longer "
+            "lease_time or extend() for slow work"
+        )
+
+
+def _positive(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValidationError(f"{what} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+async def claim(
+    bus: Bus,
+    group: str,
+    topic: str | None = None,
+    *,
+    namespace: str | None = None,
+    task: str | None = None,
+    worker_id: str,
+    max_messages: int = 100,
+    lease_time: float | None = None,
+    start: Any = None,
+) -> Claim | None:
+    """Lease the free partition with the earliest pending message of `topic` (or of the
+    topics labelled `namespace`/`task`, including ones created later) for `group`.
+
+    Returns None when nothing is pending. The group's start is recorded by
+    its first claim (`start`, else the Bus's `default_start`) and never changes.
+    """
+    validate_name(group, "group name")
+    validate_name(worker_id, "worker id")
+    if topic is None and namespace is None and task is None:
+        raise ValidationError("claim needs a topic, or a namespace and/or task to match topics by label")
+    if topic is not None and (namespace is not None or task is not None):
+        raise ValidationError("claim takes either a topic or namespace/task labels, not both")
+    if namespace is not None:
+        validate_name(namespace, "namespace")
+    if task is not None:
+        validate_name(task, "task")
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or not 1 <= max_messages <= 100_000:
+        raise ValidationError(f"max_messages must be an integer from 1 to 100000, got {max_messages!r}")
+    seconds = bus.config.lease_time if lease_time is None else _positive(lease_time, "lease_time")
+    spec = parse_start(start, bus.config.default_start)
+    if topic is not None:
+        await bus.topic(topic)  # TopicNotFoundError before anything is written
+
+    with db.translate_errors():
+        async with bus.pool.acquire() as conn:
+            topics = await _discover(bus, conn, group, topic, namespace, task, spec)
+            if not topics:
+                return None
+            for _ in range(_MAX_STALE_SKIPS):
+                async with conn.transaction():
+                    cand = await sql.pick_candidate(conn, group, topics)
+                    if cand is None:
+                        return None
+                    pid = cand["partition_id"]
+                    log_start = cand["log_start"]
+                    rows = await sql.read_from(conn, pid, max(cand["committed"], log_start), max_messages)
+                    if not rows:
+                        # pending_since was stale (e.g. another reader advanced the cursor).
+                        await sql.refresh_pending(conn, group, pid)
+                        continue
+                    lease = await sql.take_lease(conn, group, pid, worker_id, seconds, log_start)
+                await sql.touch_group(conn, group)
+                messages = [to_message(cand["topic"], cand["partition"], r) for r in rows]
+                log.debug(
+                    "claimed",
+                    group=group,
+                    topic=cand["topic"],
+                    partition=cand["partition"],
+                    worker=worker_id,
+                    epoch=lease["lease_epoch"],
+                    count=len(messages),
+                )
+                return Claim(
+                    bus,
+                    group,
+                    worker_id,
+                    pid,
+                    lease["lease_epoch"],
+                    cand["topic"],
+                    cand["partition"],
+                    messages,
+                    lease["lease_expires_at"],
+                )
+    return None
+
+
+async def _discover(
+    bus: Bus,
+    conn: Any,
+    group: str,
+    topic: str | None,
+    namespace: str | None,
+    task: str | None,
+    spec: StartSpec,
+) -> list[str]:
+    """Make sure the group exists and has a cursor on every targeted partition; the targeted topics.
+
+    The full check (group row, topics, every partition) runs at most every
+    FULL_SYNC_INTERVAL per Bus; in between only partitions newer than the
+    last seen id are materialized, so a claim stays O(1) in the partition count.
+    """
+    state = _states.setdefault(bus, _BusState())
+    key = (group, topic, namespace, task)
+    found = state.discovery.get(key)
+    now = time.monotonic()
+    if found is None or now - found.synced_at >= FULL_SYNC_INTERVAL:
+        mark = await sql.max_partition_id(conn)
+        async with conn.transaction():
+            created = await groups_sql.record_group(
+                conn,
+                group,
+                start_mode=spec.start_mode,
+                start_time=spec.start_time,
+                start_offsets_json=spec.start_offsets_json,
+                lookback_seconds=bus.config.lookback,
+                namespace=namespace,
+                task=task,
+            )
+            status = await sql.group_status(conn, group)
+            if status == "stopped":
+                raise GroupStoppedError(f"group {group!r} is stopped; start it again before claiming")
+            topics = [topic] if topic is not None else await sql.labelled_topics(conn, namespace, task)
+            if topics:
+                await groups_sql.add_group_topics(conn, group, topics)
+        if created:
+            log.info("group_recorded", group=group, start=spec.describe())
+        if topic is not None and not topics:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        await _materialize(conn, group, await sql.untracked_partitions(conn, group, topics, 0))
+        state.discovery[key] = _Discovery(topics, mark, now)
+        return topics
+    latest = await sql.max_partition_id(conn)
+    if latest != found.mark:
+        await _materialize(conn, group, await sql.untracked_partitions(conn, group, found.topics, found.mark))
+        found.mark = latest
+    return found.topics
+
+
+async def _materialize(conn: Any, group: str, partition_ids: list[int]) -> None:
+    if not partition_ids:
+        return
+    async with conn.transaction():
+        await sql.lock_partitions_shared(conn, partition_ids)
+        await groups_sql.materialize_offsets(conn, group, partition_ids)
+        await sql.mark_new_cursors_pending(conn, group, partition_ids)

@@ -1,0 +1,217 @@
+"""Claims: lease the free partition with the earliest pending message (Queen's pop).
+
+A claim lives on the group's cursor row in `offsets` (the same row a
+consumer-group member would own): `owner` is the worker, `lease_epoch` is
+bumped on every new lease, and every ack/extend/release is a compare-and-set
+on (owner, lease_epoch) (invariants 3 and 4).
+
+Finding the candidate never scans all partitions: `offsets.pending_since`
+(the creation time of the cursor's first unread message, NULL when caught
+up) is kept by the acks here and by the publish trigger of migration 003,
+and the partial index `offsets_pending` orders the pending cursors.
+
+Every statement that recomputes `pending_since` first locks the partition
+row FOR SHARE: a publisher holds that row's lock until it commits, so the
+recomputation either sees the new message or the publisher's trigger sees
+the cursor already caught up. No wake-up is lost.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+Conn = asyncpg.Connection | asyncpg.Pool
+
+# Topics a wildcard claim targets (labels, like add_matching_topics).
+SELECT_LABELLED_TOPICS = """
+SELECT name FROM topics
+WHERE ($1::text IS NULL OR namespace = $1) AND ($2::text IS NULL OR task = $2)
+ORDER BY name
+"""
+
+SELECT_GROUP_STATUS = "SELECT status FROM groups WHERE name = $1"
+
+# Partitions of the targeted topics the group has no cursor on yet. `$3` is a
+# partition id mark: only ids above it (the cheap incremental discovery of new
+# dynamic partitions); 0 means all (the periodic full reconciliation).
+SELECT_UNTRACKED_PARTITIONS = """
+SELECT p.id FROM partitions p
+WHERE p.topic = ANY($2::text[]) AND p.id > $3
+  AND NOT EXISTS (SELECT 1 FROM offsets o WHERE o.group_name = $1 AND o.partition_id = p.id)
+ORDER BY p.id
+"""
+
+MAX_PARTITION_ID = "SELECT COALESCE(MAX(id), 0) FROM partitions"
+
+LOCK_PARTITIONS_SHARED = "SELECT id FROM partitions WHERE id = ANY($1::bigint[]) ORDER BY id FOR SHARE"
+
+# After materialize_offsets: mark the new cursors that have something to read.
+# The caller holds the partitions FOR SHARE (see the module docstring).
+SET_PENDING_FOR_NEW = """
+UPDATE offsets o
+SET pending_since = (SELECT m.created_at FROM messages m JOIN partitions p ON p.id = m.partition_id
+                     WHERE m.partition_id = o.partition_id AND m."offset" >= GREATEST(o.committed, p.log_start)
+                     ORDER BY m."offset" LIMIT 1)
+WHERE o.group_name = $1 AND o.partition_id = ANY($2::bigint[]) AND o.pending_since IS NULL
+"""
+
+# The free cursor with the earliest pending message, locked (SKIP LOCKED: two
+# workers claiming at once take two different partitions).
+PICK_CANDIDATE = """
+SELECT o.partition_id, o.committed, p.topic, p.name AS partition, p.log_start, p.next_offset
+FROM offsets o JOIN partitions p ON p.id = o.partition_id
+WHERE o.group_name = $1 AND o.pending_since IS NOT NULL
+  AND (o.lease_expires_at IS NULL OR o.lease_expires_at < clock_timestamp())
+  AND p.topic = ANY($2::text[])
+ORDER BY o.pending_since
+LIMIT 1
+FOR UPDATE OF o SKIP LOCKED
+"""
+
+READ_FROM = """
+SELECT "offset", key, headers::text AS headers, payload, created_at
+FROM messages
+WHERE partition_id = $1 AND "offset" >= $2
+ORDER BY "offset"
+LIMIT $3
+"""
+
+# Recompute pending_since from the cursor (a stale candidate: nothing to read).
+REFRESH_PENDING = """
+WITH p AS (SELECT id, log_start FROM partitions WHERE id = $2 FOR SHARE)
+UPDATE offsets o
+SET pending_since = (SELECT m.created_at FROM messages m
+                     WHERE m.partition_id = p.id AND m."offset" >= GREATEST(o.committed, p.log_start)
+                     ORDER BY m."offset" LIMIT 1)
+FROM p
+WHERE o.group_name = $1 AND o.partition_id = p.id
+"""
+
+# Take the lease: new epoch; a cursor below the log start (a dead group that
+# came back after retention) is lifted to it.
+TAKE_LEASE = """
+UPDATE offsets o
+SET owner = $3, owner_generation = NULL, lease_epoch = o.lease_epoch + 1,
+    lease_expires_at = clock_timestamp() + make_interval(secs => $4),
+    committed = GREATEST(o.committed, $5)
+WHERE o.group_name = $1 AND o.partition_id = $2
+RETURNING o.lease_epoch, o.lease_expires_at
+"""
+
+# Group liveness, at most once a second per group (one row every worker would
+# otherwise write on each claim).
+TOUCH_GROUP = """
+UPDATE groups SET last_active_at = clock_timestamp()
+WHERE name = $1 AND last_active_at < clock_timestamp() - interval '1 second'
+"""
+
+# Ack: advance (never backwards), release, recompute pending_since. Fenced on owner+epoch.
+ACK = """
+WITH p AS (SELECT id, log_start FROM partitions WHERE id = $2 FOR SHARE)
+UPDATE offsets o
+SET committed = GREATEST(o.committed, $5), committed_at = clock_timestamp(),
+    owner = NULL, lease_expires_at = NULL,
+    pending_since = (SELECT m.created_at FROM messages m
+                     WHERE m.partition_id = p.id AND m."offset" >= GREATEST(o.committed, $5, p.log_start)
+                     ORDER BY m."offset" LIMIT 1)
+FROM p
+WHERE o.group_name = $1 AND o.partition_id = p.id AND o.owner = $3 AND o.lease_epoch = $4
+RETURNING o.committed
+"""
+
+RELEASE = """
+UPDATE offsets SET owner = NULL, lease_expires_at = NULL
+WHERE group_name = $1 AND partition_id = $2 AND owner = $3 AND lease_epoch = $4
+RETURNING partition_id
+"""
+
+EXTEND = """
+UPDATE offsets SET lease_expires_at = clock_timestamp() + make_interval(secs => $5)
+WHERE group_name = $1 AND partition_id = $2 AND owner = $3 AND lease_epoch = $4
+RETURNING lease_expires_at
+"""
+
+LEASE_STATE = """
+SELECT owner, lease_epoch, lease_expires_at FROM offsets WHERE group_name = $1 AND partition_id = $2
+"""
+
+
+async def labelled_topics(conn: Conn, namespace: str | None, task: str | None) -> list[str]:
+    """Names of the topics carrying these labels."""
+    return [r[0] for r in await conn.fetch(SELECT_LABELLED_TOPICS, namespace, task)]
+
+
+async def group_status(conn: Conn, group: str) -> str | None:
+    """The group's status, or None if it does not exist."""
+    value = await conn.fetchval(SELECT_GROUP_STATUS, group)
+    return None if value is None else str(value)
+
+
+async def untracked_partitions(conn: Conn, group: str, topics: list[str], above_id: int) -> list[int]:
+    """Partition ids of `topics` above `above_id` the group has no cursor on."""
+    return [int(r[0]) for r in await conn.fetch(SELECT_UNTRACKED_PARTITIONS, group, topics, above_id)]
+
+
+async def max_partition_id(conn: Conn) -> int:
+    """The highest partition id so far (the mark for incremental discovery)."""
+    return int(await conn.fetchval(MAX_PARTITION_ID))
+
+
+async def lock_partitions_shared(conn: asyncpg.Connection, partition_ids: list[int]) -> None:
+    """Lock partition rows FOR SHARE (waits for their in-flight publishers) until the transaction ends."""
+    await conn.execute(LOCK_PARTITIONS_SHARED, partition_ids)
+
+
+async def mark_new_cursors_pending(conn: asyncpg.Connection, group: str, partition_ids: list[int]) -> None:
+    """Set pending_since on freshly materialized cursors; call under lock_partitions_shared."""
+    await conn.execute(SET_PENDING_FOR_NEW, group, partition_ids)
+
+
+async def pick_candidate(conn: asyncpg.Connection, group: str, topics: list[str]) -> asyncpg.Record | None:
+    """The free cursor with the earliest pending message, row-locked; None if there is none."""
+    return await conn.fetchrow(PICK_CANDIDATE, group, topics)
+
+
+async def read_from(conn: asyncpg.Connection, partition_id: int, offset: int, limit: int) -> list[asyncpg.Record]:
+    """Up to `limit` messages of the partition from `offset` on."""
+    return list(await conn.fetch(READ_FROM, partition_id, offset, limit))
+
+
+async def refresh_pending(conn: asyncpg.Connection, group: str, partition_id: int) -> None:
+    """Recompute the cursor's pending_since (after finding nothing to read)."""
+    await conn.execute(REFRESH_PENDING, group, partition_id)
+
+
+async def take_lease(
+    conn: asyncpg.Connection, group: str, partition_id: int, worker: str, seconds: float, log_start: int
+) -> asyncpg.Record:
+    """Lease the (locked) cursor to `worker` with a new epoch."""
+    row = await conn.fetchrow(TAKE_LEASE, group, partition_id, worker, seconds, log_start)
+    assert row is not None
+    return row
+
+
+async def touch_group(conn: Conn, group: str) -> None:
+    """Record that the group is alive (rate-limited in SQL)."""
+    await conn.execute(TOUCH_GROUP, group)
+
+
+async def ack(conn: Conn, group: str, partition_id: int, worker: str, epoch: int, next_offset: int) -> int | None:
+    """Commit `next_offset` and release, if the lease is still ours; the committed offset or None."""
+    value = await conn.fetchval(ACK, group, partition_id, worker, epoch, next_offset)
+    return None if value is None else int(value)
+
+
+async def release(conn: Conn, group: str, partition_id: int, worker: str, epoch: int) -> bool:
+    """Release without advancing, if the lease is still ours."""
+    return await conn.fetchval(RELEASE, group, partition_id, worker, epoch) is not None
+
+
+async def extend(conn: Conn, group: str, partition_id: int, worker: str, epoch: int, seconds: float) -> asyncpg.Record | None:
+    """Push the lease's expiry to now + seconds, if it is still ours; the new expiry or None."""
+    return await conn.fetchval(EXTEND, group, partition_id, worker, epoch, seconds)
+
+
+async def lease_state(conn: Conn, group: str, partition_id: int) -> asyncpg.Record | None:
+    """Who holds the cursor now (for error messages)."""
+    return await conn.fetchrow(LEASE_STATE, group, partition_id)

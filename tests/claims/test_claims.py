@@ -1,0 +1,190 @@
+"""Claims (Queen's pop): fenced leases, earliest pending partition first, labels."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import bus
+from tests.conftest import Connect
+
+
+async def test_claim_returns_pending_messages_and_ack_advances_the_cursor(b: bus.Bus) -> None:
+    await b.create_topic("orders", partitions=None)
+    for i in range(3):
+        await b.publish("orders", {"i": i}, partition="cust-1")
+    c = await b.claim("billing", topic="orders", worker_id="w1", max_messages=2)
+    assert c is not None and (c.topic, c.partition) == ("orders", "cust-1")
+    assert [m.offset for m in c.messages] == [0, 1]
+    await c.ack()
+    c2 = await b.claim("billing", topic="orders", worker_id="w1")
+    assert c2 is not None and [m.offset for m in c2.messages] == [2]
+    await c2.ack()
+    assert await b.claim("billing", topic="orders", worker_id="w1") is None
+
+
+async def test_claim_returns_none_when_nothing_is_pending(b: bus.Bus) -> None:
+    await b.create_topic("empty", partitions=4)
+    assert await b.claim("g", topic="empty", worker_id="w") is None
+
+
+async def test_claim_picks_partition_with_earliest_pending_message(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=None)
+    await b.publish("t", b"old", partition="b")
+    await b.publish("t", b"newer", partition="a")
+    c = await b.claim("g", topic="t", worker_id="w")
+    assert c is not None and c.partition == "b"
+
+
+async def test_a_held_partition_is_not_claimed_by_another_worker(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=None)
+    await b.publish("t", b"x", partition="p1")
+    await b.publish("t", b"y", partition="p2")
+    c1 = await b.claim("g", topic="t", worker_id="w1")
+    c2 = await b.claim("g", topic="t", worker_id="w2")
+    assert c1 is not None and c2 is not None
+    assert {c1.partition, c2.partition} == {"p1", "p2"}
+    assert await b.claim("g", topic="t", worker_id="w3") is None
+
+
+async def test_concurrent_claims_never_share_a_partition(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=None)
+    await b.publish_many("t", [bus.Outgoing(b"m", partition=f"p{i}") for i in range(20)])
+    claims = await asyncio.gather(*(b.claim("g", topic="t", worker_id=f"w{i}") for i in range(30)))
+    got = [c.partition for c in claims if c is not None]
+    assert len(got) == 20 and len(set(got)) == 20
+
+
+async def test_release_gives_the_same_messages_back(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"a")
+    c = await b.claim("g", topic="t", worker_id="w1")
+    assert c is not None
+    assert await c.release() is True
+    again = await b.claim("g", topic="t", worker_id="w2")
+    assert again is not None and [m.payload for m in again.messages] == [b"a"]
+    assert again.lease_epoch == c.lease_epoch + 1
+
+
+async def test_expired_lease_lets_another_worker_take_it_and_fences_the_old_one(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"a")
+    old = await b.claim("g", topic="t", worker_id="slow", lease_time=0.05)
+    assert old is not None
+    await asyncio.sleep(0.1)  # the lease must really expire on the server's clock
+    new = await b.claim("g", topic="t", worker_id="fast")
+    assert new is not None and new.messages[0].offset == 0
+    with pytest.raises(bus.LeaseLostError):
+        await old.ack()
+    with pytest.raises(bus.LeaseLostError):
+        await old.extend(10)
+    await new.ack()
+    assert await b.claim("g", topic="t", worker_id="fast") is None
+
+
+async def test_ack_of_expired_but_not_retaken_lease_succeeds(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"a")
+    c = await b.claim("g", topic="t", worker_id="w", lease_time=0.05)
+    assert c is not None
+    await asyncio.sleep(0.1)
+    await c.ack()
+    assert await b.claim("g", topic="t", worker_id="w") is None
+
+
+async def test_extend_keeps_the_lease_from_others(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"a")
+    c = await b.claim("g", topic="t", worker_id="w", lease_time=0.2)
+    assert c is not None
+    before = c.lease_expires_at
+    await c.extend(30)
+    assert c.lease_expires_at > before
+    await asyncio.sleep(0.3)
+    assert await b.claim("g", topic="t", worker_id="other") is None
+
+
+async def test_partial_ack_advances_up_to_and_including_the_offset(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish_many("t", [b"0", b"1", b"2"])
+    c = await b.claim("g", topic="t", worker_id="w")
+    assert c is not None
+    await c.ack(1)
+    c2 = await b.claim("g", topic="t", worker_id="w")
+    assert c2 is not None and [m.offset for m in c2.messages] == [2]
+
+
+async def test_ack_outside_the_claimed_range_is_refused(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish_many("t", [b"0", b"1"])
+    c = await b.claim("g", topic="t", worker_id="w")
+    assert c is not None
+    with pytest.raises(bus.ValidationError):
+        await c.ack(7)
+    await c.release()
+    again = await b.claim("g", topic="t", worker_id="w")
+    assert again is not None and again.messages[0].offset == 0
+
+
+async def test_publish_wakes_a_caught_up_partition(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=None)
+    await b.publish("t", b"a", partition="p")
+    c = await b.claim("g", topic="t", worker_id="w")
+    assert c is not None
+    await c.ack()
+    assert await b.claim("g", topic="t", worker_id="w") is None
+    await b.publish("t", b"b", partition="p")
+    c = await b.claim("g", topic="t", worker_id="w")
+    assert c is not None and [m.payload for m in c.messages] == [b"b"]
+
+
+async def test_claim_by_namespace_includes_topics_created_later(connect: Connect) -> None:
+    b = await connect()
+    await b.create_topic("q1", partitions=None, namespace="ns1")
+    await b.publish("q1", b"m1", partition="p")
+    c = await b.claim("g", namespace="ns1", worker_id="w")
+    assert c is not None and c.topic == "q1"
+    await c.ack()
+    await b.create_topic("q2", partitions=None, namespace="ns1")
+    await b.create_topic("other", partitions=None, namespace="ns2")
+    await b.publish("other", b"no", partition="p")
+    await b.publish("q2", b"m2", partition="p")
+    # a second Bus has no cached discovery: it sees the new topic at once
+    b2 = await connect()
+    c = await b2.claim("g", namespace="ns1", worker_id="w")
+    assert c is not None and (c.topic, [m.payload for m in c.messages]) == ("q2", [b"m2"])
+
+
+async def test_a_successful_claim_marks_the_group_active(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish_many("t", [b"a", b"b"])
+    c = await b.claim("g", topic="t", worker_id="w", max_messages=1)
+    assert c is not None
+    await c.ack()
+    await b.pool.execute("UPDATE groups SET last_active_at = now() - interval '1 hour'")
+    assert await b.claim("g", topic="t", worker_id="w") is not None
+    assert await b.pool.fetchval("SELECT last_active_at > now() - interval '1 minute' FROM groups WHERE name = 'g'")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"topic": "t", "worker_id": "bad name"},
+        {"topic": "t", "worker_id": "w", "max_messages": 0},
+        {"topic": "t", "worker_id": "w", "lease_time": -1},
+        {"topic": "t", "worker_id": "w", "start": "sometime"},
+        {"worker_id": "w"},
+        {"topic": "t", "namespace": "x", "worker_id": "w"},
+    ],
+)
+async def test_bad_claim_arguments_raise_validation_error_and_write_nothing(b: bus.Bus, kwargs: dict) -> None:
+    await b.create_topic("t", partitions=1)
+    with pytest.raises(bus.ValidationError):
+        await b.claim("g", **kwargs)
+    assert await b.pool.fetchval("SELECT count(*) FROM groups") == 0
+
+
+async def test_claim_on_missing_topic_raises_topic_not_found(b: bus.Bus) -> None:
+    with pytest.raises(bus.TopicNotFoundError):
+        await b.claim("g", topic="nope", worker_id="w")
