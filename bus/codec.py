@@ -26,6 +26,12 @@ def encode_payload(payload: Any, *, allow_tombstone: bool, limit: int) -> bytes 
     elif isinstance(payload, (bytearray, memoryview)):
         data = bytes(payload)
     else:
+        if _holds_a_set(payload):
+            raise ValidationError(
+                "payload contains a set, which has no JSON form (msgspec would write an array in arbitrary "
+                "order and value() would not give a set back); pass bytes, a msgspec.Struct, or "
+                "dict/list/str/number values (a sorted list instead of the set)"
+            )
         try:
             data = _encoder.encode(payload)
         except (TypeError, msgspec.EncodeError, OverflowError) as exc:
@@ -39,6 +45,17 @@ def encode_payload(payload: Any, *, allow_tombstone: bool, limit: int) -> bytes 
             "split it, store it elsewhere and publish a reference, or raise the topic's limit"
         )
     return data
+
+
+def _holds_a_set(value: Any) -> bool:
+    """True when a set hides in `value` or its plain containers (Structs declare their own field types)."""
+    if isinstance(value, (set, frozenset)):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_a_set(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_a_set(v) for v in value)
+    return False
 
 
 def encode_headers(headers: Any) -> str | None:
