@@ -1,0 +1,109 @@
+"""Invariant 8: only parameters reach SQL.
+
+Every statement the bus runs is a constant string; values travel as $n
+parameters. The only identifier ever interpolated is the validated schema
+name in storage/db.py (CREATE SCHEMA / SET search_path during migrations).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("storage", "bus", "actors")
+SQL_METHODS = {
+    "execute",
+    "executemany",
+    "fetch",
+    "fetchrow",
+    "fetchval",
+    "fetchmany",
+    "prepare",
+    "cursor",
+    "copy_records_to_table",
+    "copy_to_table",
+    "copy_from_query",
+}
+SQL_WORDS = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|WITH|SET|TRUNCATE|LOCK|LISTEN|NOTIFY)\b", re.I)
+# (file, snippet of the interpolated statement): the validated-schema identifier spots.
+ALLOWED = {
+    ("storage/db.py", 'CREATE SCHEMA IF NOT EXISTS "{schema}"'),
+    ("storage/db.py", 'SET LOCAL search_path TO "{schema}"'),
+}
+
+
+def _is_dynamic_string(node: ast.AST) -> bool:
+    """An f-string, `%` formatting, `.format()`, or `+` concatenation involving a non-literal."""
+    if isinstance(node, ast.JoinedStr):
+        return any(isinstance(v, ast.FormattedValue) for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.Add)):
+        sides = (node.left, node.right)
+        stringy = any(isinstance(s, (ast.Constant, ast.JoinedStr)) and not isinstance(getattr(s, "value", ""), (int, float)) for s in sides)
+        literal = all(isinstance(s, ast.Constant) for s in sides)
+        return stringy and not literal
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+        return isinstance(node.func.value, (ast.Constant, ast.JoinedStr, ast.Name))
+    return False
+
+
+def _text(node: ast.AST) -> str:
+    if isinstance(node, ast.JoinedStr):
+        return "".join(
+            v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}" for v in node.values
+        )
+    return ast.unparse(node)
+
+
+def _violations(source: str, rel: str) -> list[str]:
+    tree = ast.parse(source, filename=rel)
+    found: list[str] = []
+
+    def flag(node: ast.AST, why: str) -> None:
+        text = _text(node)
+        if not any(rel == f and snippet in text for f, snippet in ALLOWED):
+            found.append(f"{rel}:{node.lineno}: {why}: {text[:100]}")  # type: ignore[attr-defined]
+
+    for node in ast.walk(tree):
+        # conn.execute(f"..."), pool.fetch("..." % x), conn.fetchval("...".format(x)), "..." + x
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SQL_METHODS:
+            if node.args and _is_dynamic_string(node.args[0]):
+                flag(node.args[0], f"{node.func.attr}() with a built statement")
+        # A statement built into a variable first: X = f"SELECT ... {value}"
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_dynamic_string(node.value):
+            text = _text(node.value)
+            if SQL_WORDS.search(text.strip("'\"")) or SQL_WORDS.search(text.lstrip("f'\"")):
+                flag(node.value, "SQL text built from values")
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_no_value_is_formatted_into_sql_outside_the_validated_schema_spots() -> None:
+    sources = _sources()
+    assert any(p.name == "db.py" for p in sources)  # the scan really looks at the code
+    problems = [v for p in sources for v in _violations(p.read_text(encoding="utf-8"), p.relative_to(ROOT).as_posix())]
+    assert problems == [], "build SQL only from constants and pass values as $n parameters:\n" + "\n".join(problems)
+
+
+def test_the_checker_catches_formatted_statements() -> None:
+    # The scanner itself must notice the usual ways of building SQL from values.
+    cases = {
+        'await conn.execute(f"DELETE FROM topics WHERE name = \'{name}\'")': True,
+        'await conn.fetch("SELECT * FROM t WHERE a = %s" % value)': True,
+        'await pool.fetchval("SELECT {}".format(value))': True,
+        'await conn.execute("SELECT " + value)': True,
+        'Q = f"SELECT * FROM t WHERE a = {value}"': True,
+        'await conn.execute("SELECT * FROM t WHERE a = $1", value)': False,
+        'await conn.execute(QUERY, value)': False,
+        'log.info(f"published {n}")': False,
+    }
+    for line, bad in cases.items():
+        assert bool(_violations(line + "\n", "storage/probe.py")) is bad, line
+    # The allowed spots are allowed only in storage/db.py.
+    spot = 'await conn.execute(f\'CREATE SCHEMA IF NOT EXISTS "{schema}"\')\n'
+    assert _violations(spot, "storage/db.py") == []
+    assert _violations(spot, "storage/topics.py") != []
