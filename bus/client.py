@@ -17,6 +17,7 @@ from bus.config import Config
 from bus.types import Message, Outgoing, Record, TopicInfo
 from storage import db
 from storage import messages as log_sql
+from storage import queues as queue_sql
 from storage import topics as topic_sql
 from storage.errors import (
     OffsetOutOfRangeError,
@@ -96,7 +97,53 @@ class Bus:
         await self.pool.close()
 
     async def _start(self) -> None:
-        """Start the per-Bus system actors (the HeartbeatMonitor and, for groups, the rest)."""
+        """Start the per-Bus system actors: the Notifier and the HeartbeatMonitor."""
+        await self._group_system()
+
+    async def _group_system(self) -> Any:
+        if self._system is None:
+            from actors.heartbeat import MonitorConfig
+            from actors.system import GroupSystem
+
+            c = self.config
+            system = GroupSystem(
+                self.pool,
+                lambda: db.connect(self.dsn, c.schema),
+                MonitorConfig(
+                    heartbeat_interval=c.heartbeat_interval,
+                    lease_time=c.lease_time,
+                    rebalance_delay=c.rebalance_delay,
+                    group_heartbeat_timeout=c.group_heartbeat_timeout,
+                    max_poll_interval=c.max_poll_interval,
+                    groups_channel=self.channels.groups,
+                    topics_channel=self.channels.topics,
+                ),
+                self.channels.messages,
+            )
+            await system.start()
+            self._system = system
+        return self._system
+
+    # -- consumer groups -------------------------------------------------------------
+
+    def consumer(self, group: str, **options: Any) -> Any:
+        """A poll-style consumer group member (see bus.consumer.Consumer); use `async with`."""
+        from bus.consumer import Consumer
+
+        return Consumer(self, group, **options)
+
+    async def subscribe(self, group: str, handler: Any, **options: Any) -> Any:
+        """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it."""
+        from bus.consumer import Subscription
+
+        return await Subscription(self, group, handler, **options).start()
+
+    @property
+    def admin(self) -> Any:
+        """Group and topic administration (see bus.admin.Admin)."""
+        from bus.admin import Admin
+
+        return Admin(self)
 
     async def __aenter__(self) -> Bus:
         return self
@@ -272,12 +319,14 @@ class Bus:
             pid = await self.partition_id(info, name, create=True)
             if pid is None:
                 break
+            # Queue topics also insert the message's job row, in the same statement.
+            sink = queue_sql if info.semantics == "queue" else log_sql
             with db.translate_errors():
                 if connection is None:
-                    done = await log_sql.publish_one(self.pool, pid, key, head, data, self.channels.messages)
+                    done = await sink.publish_one(self.pool, pid, key, head, data, self.channels.messages)
                 else:
                     async with db.on_schema(connection, self.config.schema):
-                        done = await log_sql.publish_one(connection, pid, key, head, data, self.channels.messages)
+                        done = await sink.publish_one(connection, pid, key, head, data, self.channels.messages)
             if done is not None:
                 return Record(topic, name, done[0], done[1])
             # The partition vanished (topic deleted elsewhere): forget and look again once.
@@ -316,7 +365,7 @@ class Bus:
             # Lock partitions in id order so two batches never deadlock.
             for name in sorted(by_partition, key=ids.__getitem__):
                 indexes = by_partition[name]
-                rows = await log_sql.publish_batch(
+                rows = await (queue_sql if info.semantics == "queue" else log_sql).publish_batch(
                     conn,
                     ids[name],
                     [encoded[i][0] for i in indexes],

@@ -8,7 +8,6 @@ is computed from that record, never from "now".
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 
@@ -137,3 +136,35 @@ async def group_partitions(conn: Conn, name: str) -> list[asyncpg.Record]:
     return list(await conn.fetch(SELECT_GROUP_PARTITIONS, name))
 
 
+
+
+# A group with no live member and no activity (heartbeats, claims) for the
+# timeout is dead: it stops holding retention back until it returns.
+MARK_DEAD_GROUPS = """
+UPDATE groups g SET status = 'dead', state = 'empty', updated_at = clock_timestamp()
+WHERE g.status = 'active'
+  AND g.last_active_at < clock_timestamp() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = g.name
+                  AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout))
+RETURNING g.name
+"""
+
+
+async def mark_dead_groups(conn: Conn, after_seconds: float) -> list[str]:
+    """Mark groups dead after `after_seconds` without a live member or any activity."""
+    return [r[0] for r in await conn.fetch(MARK_DEAD_GROUPS, after_seconds)]
+
+
+# close(cancel=True): the group stops holding retention, unless someone else still reads.
+CANCEL_GROUP = """
+UPDATE groups g SET status = 'cancelled', updated_at = clock_timestamp()
+WHERE g.name = $1 AND NOT EXISTS (
+    SELECT 1 FROM members m WHERE m.group_name = g.name
+      AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout))
+RETURNING g.name
+"""
+
+
+async def cancel_group(conn: Conn, name: str) -> bool:
+    """Mark the group cancelled if no member is live; True if it was."""
+    return await conn.fetchval(CANCEL_GROUP, name) is not None

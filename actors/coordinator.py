@@ -1,0 +1,218 @@
+"""The Coordinator: one per local group member.
+
+It joins the group, learns generation and assignment (from the batched
+heartbeat's read-back or a NOTIFY on the group), and makes the local
+PartitionWorkers match the assignment: partitions that stay keep their
+worker (incremental rebalancing: they never stop), partitions that leave are
+revoked (the user's on_revoke, then the worker commits and releases),
+partitions that arrive get a new worker. On stop it revokes everything and
+leaves the group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import asyncpg
+
+from actors.messages import (
+    GroupChanged,
+    HeartbeatReply,
+    LeaderSeen,
+    LeaseLost,
+    MemberFenced,
+    RegisterMember,
+    Subscribe,
+    Sync,
+    UnregisterMember,
+    Unsubscribe,
+    WorkerFailed,
+)
+from actors.runtime import Actor, ActorRef, RestartStrategy, Supervisor
+from actors.worker import PartitionWorker, Sink, WorkerSpec
+from storage import membership
+from storage.logs import get_logger
+
+CoordinatorMessage = HeartbeatReply | MemberFenced | GroupChanged | Sync | WorkerFailed | LeaseLost
+
+
+class MemberSink(Sink, Protocol):
+    """A Sink that also hears about assignment changes (the consumer or subscription)."""
+
+    async def on_assign(self, partitions: set[tuple[str, str]]) -> None: ...
+
+    async def on_revoke(self, partitions: set[tuple[str, str]]) -> None: ...
+
+    def on_member(self, member_id: str, generation: int) -> None: ...
+
+    def on_error(self, error: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class MemberSpec:
+    """Who this member is and how it behaves."""
+
+    group: str
+    topics: tuple[str, ...]          # empty: every topic of the group (wildcard)
+    instance_id: str | None
+    client_id: str
+    session_timeout: float
+    rebalance_delay: float
+    lease_time: float
+    poll_interval: float
+    fetch_size: int
+    groups_channel: str
+    messages_channel: str
+
+
+class Coordinator(Actor[CoordinatorMessage]):
+    """Owns one member's membership and its PartitionWorkers."""
+
+    mailbox_size = 256
+
+    def __init__(
+        self,
+        spec: MemberSpec,
+        pool: asyncpg.Pool,
+        sink: MemberSink,
+        notifier: ActorRef[Any],
+        monitor: ActorRef[Any],
+        rejoin: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._pool = pool
+        self._sink = sink
+        self._notifier = notifier
+        self._monitor = monitor
+        self.member_id = ""
+        self.generation = -1
+        self._workers: dict[int, tuple[tuple[str, str], ActorRef[Any]]] = {}
+        self._failed: set[int] = set()
+        self._names = itertools.count()
+        self._supervisor: Supervisor | None = None
+        self._log = get_logger(__name__, group=spec.group)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        self._supervisor = Supervisor(
+            f"workers-{self.spec.group}",
+            on_escalate=self._worker_gave_up,
+            strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
+        )
+        await self._join()
+        await self._notifier.tell(Subscribe(self.spec.groups_channel, self.spec.group, self.self_ref, GroupChanged()))
+        self.self_ref.try_tell(Sync())
+
+    async def on_stop(self) -> None:
+        self._notifier.try_tell(Unsubscribe(self.self_ref))
+        await self._revoke(set(self._workers))
+        if self._supervisor is not None:
+            await self._supervisor.stop()
+        self._monitor.try_tell(UnregisterMember(self.spec.group, self.member_id))
+        if self.spec.instance_id is None:
+            async with self._pool.acquire() as conn:
+                await membership.leave(conn, self.spec.group, self.member_id, self.spec.rebalance_delay, self.spec.groups_channel)
+        self._log.info("member_left", member=self.member_id)
+
+    async def _join(self) -> None:
+        # A static member keeps its id across restarts: same row, same partitions.
+        self.member_id = (
+            f"static-{self.spec.instance_id}" if self.spec.instance_id else f"m-{uuid.uuid4().hex[:12]}"
+        )
+        row = await membership.join(
+            self._pool, self.spec.group, self.member_id, self.spec.instance_id, self.spec.client_id,
+            socket.gethostname(), os.getpid(), list(self.spec.topics), self.spec.session_timeout,
+            self.spec.rebalance_delay,
+        )
+        self._log = get_logger(__name__, group=self.spec.group, member=self.member_id)
+        self._log.info("member_joined", rejoined=row["rejoined"], leader=row["leader"])
+        await self._monitor.tell(RegisterMember(self.spec.group, self.member_id, self.self_ref))
+        self._monitor.try_tell(LeaderSeen(self.spec.group, row["leader"]))
+
+    def _worker_gave_up(self, name: str, exc: BaseException) -> None:
+        pid = int(name.split("-")[1])
+        self.self_ref.try_tell(WorkerFailed(pid, repr(exc)))
+
+    # -- messages ------------------------------------------------------------------
+
+    async def receive(self, message: CoordinatorMessage) -> None:
+        match message:
+            case HeartbeatReply(member_generation=gen):
+                if gen != self.generation:
+                    await self._sync()
+            case GroupChanged() | Sync():
+                await self._sync()
+            case LeaseLost(partition_id=pid):
+                await self._stop_workers({pid}, revoke_callback=False)
+                await self._sync()
+            case WorkerFailed(partition_id=pid, error=error):
+                self._failed.add(pid)
+                self._sink.on_error(error)
+            case MemberFenced():
+                self._log.warning("member_fenced")
+                await self._stop_workers(set(self._workers), revoke_callback=True)
+                self._monitor.try_tell(UnregisterMember(self.spec.group, self.member_id))
+                self.generation = -1
+                await self._join()
+                await self._sync()
+
+    async def _sync(self) -> None:
+        row = await membership.assignment(self._pool, self.spec.group, self.member_id)
+        if row is None:
+            self.self_ref.try_tell(MemberFenced())
+            return
+        self._monitor.try_tell(LeaderSeen(self.spec.group, row["leader"]))
+        generation = int(row["generation"])
+        wanted = set(row["assignment"])
+        current = set(self._workers)
+        leaving = current - wanted
+        arriving = wanted - current - self._failed
+        if leaving:
+            await self._revoke(leaving)
+        if generation != self.generation:
+            self.generation = generation
+            self._sink.on_member(self.member_id, generation)
+            self._log.info("assignment", generation=generation, partitions=len(wanted))
+        if arriving:
+            names = await membership.partition_names(self._pool, sorted(arriving))
+            for pid in sorted(arriving):
+                if pid in names:
+                    self._start_worker(pid, names[pid])
+            await self._sink.on_assign({names[p] for p in arriving if p in names})
+        self._failed &= wanted
+
+    def _start_worker(self, pid: int, tp: tuple[str, str]) -> None:
+        assert self._supervisor is not None
+        spec = WorkerSpec(
+            group=self.spec.group, member_id=self.member_id, generation=self.generation,
+            topic=tp[0], partition=tp[1], partition_id=pid, lease_time=self.spec.lease_time,
+            poll_interval=self.spec.poll_interval, fetch_size=self.spec.fetch_size,
+            messages_channel=self.spec.messages_channel,
+        )
+        ref = self._supervisor.spawn(
+            lambda: PartitionWorker(spec, self._pool, self._sink, self._notifier, self.self_ref),
+            f"worker-{pid}-{next(self._names)}",
+        )
+        self._workers[pid] = (tp, ref)
+
+    async def _revoke(self, pids: set[int]) -> None:
+        await self._stop_workers(pids, revoke_callback=True)
+
+    async def _stop_workers(self, pids: set[int], *, revoke_callback: bool) -> None:
+        pids = pids & set(self._workers)
+        if not pids:
+            return
+        if revoke_callback:
+            # The user's on_revoke runs while the leases are still held, so a
+            # manual commit inside it still applies.
+            await self._sink.on_revoke({self._workers[p][0] for p in pids})
+        for pid in sorted(pids):
+            _, ref = self._workers.pop(pid)
+            await ref.stop(drain=False)

@@ -1,0 +1,156 @@
+"""The HeartbeatMonitor: one per Bus.
+
+Every `heartbeat_interval` it writes ONE statement for all local members of
+all groups (their heartbeats, their leases, their groups' liveness) and reads
+back each group's generation and leader: a newer generation tells the
+member's Coordinator to resync; a member missing from the answer was removed
+(its session expired while the process was paused) and must join again.
+It then sweeps members whose session expired in any process, and marks
+groups with no live member for `group_heartbeat_timeout` as dead.
+
+It also owns the Rebalancers: one for each group whose leader is a local
+member, started and stopped as leadership moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from actors.messages import (
+    Beat,
+    HeartbeatReply,
+    LeaderSeen,
+    MemberFenced,
+    RegisterMember,
+    SetLeader,
+    SweepNow,
+    UnregisterMember,
+)
+from actors.rebalancer import Rebalancer
+from actors.runtime import Actor, ActorRef, Supervisor
+from storage import groups as group_sql
+from storage import membership
+from storage.logs import get_logger
+
+MonitorMessage = RegisterMember | UnregisterMember | Beat | SweepNow | LeaderSeen
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    heartbeat_interval: float
+    lease_time: float
+    rebalance_delay: float
+    group_heartbeat_timeout: float
+    max_poll_interval: float
+    groups_channel: str
+    topics_channel: str
+
+
+class HeartbeatMonitor(Actor[MonitorMessage]):
+    """Batched heartbeats, session sweeps, dead groups, and the local Rebalancers."""
+
+    mailbox_size = 1024
+
+    def __init__(self, config: MonitorConfig, pool: asyncpg.Pool, notifier: ActorRef[Any]) -> None:
+        self.config = config
+        self._pool = pool
+        self._notifier = notifier
+        self._members: dict[tuple[str, str], ActorRef[Any]] = {}
+        self._rebalancers: dict[str, tuple[str, ActorRef[Any]]] = {}
+        self._supervisor: Supervisor | None = None
+        self._log = get_logger(__name__, actor="heartbeat")
+
+    async def on_start(self) -> None:
+        self._supervisor = Supervisor("rebalancers")
+        self.self_ref.schedule_every(self.config.heartbeat_interval, Beat())
+
+    async def on_stop(self) -> None:
+        if self._supervisor is not None:
+            await self._supervisor.stop()
+
+    async def receive(self, message: MonitorMessage) -> Any:
+        match message:
+            case RegisterMember(group=group, member_id=member_id, coordinator=ref):
+                self._members[(group, member_id)] = ref
+            case UnregisterMember(group=group, member_id=member_id):
+                self._members.pop((group, member_id), None)
+                await self._leadership(group, None)
+            case LeaderSeen(group=group, leader=leader):
+                await self._leadership(group, leader)
+            case Beat():
+                await self._beat()
+                await self._sweep()
+            case SweepNow():
+                return await self._sweep()
+        return None
+
+    async def _beat(self) -> None:
+        if not self._members:
+            return
+        keys = list(self._members)
+        try:
+            rows = await membership.heartbeat(
+                self._pool, [g for g, _ in keys], [m for _, m in keys], self.config.lease_time
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            # Missing a beat is survivable (the session is longer); the next one retries.
+            self._log.warning("heartbeat_failed", error=str(exc))
+            return
+        seen = set()
+        for row in rows:
+            key = (row["group_name"], row["member_id"])
+            seen.add(key)
+            ref = self._members.get(key)
+            if ref is not None:
+                ref.try_tell(HeartbeatReply(row["member_generation"], row["group_generation"], row["leader"], row["state"]))
+            await self._leadership(row["group_name"], row["leader"])
+        for key in keys:
+            if key not in seen and key in self._members:
+                self._members[key].try_tell(MemberFenced())
+
+    async def _sweep(self) -> int:
+        try:
+            async with self._pool.acquire() as conn:
+                gone = await membership.sweep(conn, self.config.rebalance_delay, self.config.groups_channel)
+                dead = await group_sql.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            self._log.warning("sweep_failed", error=str(exc))
+            return 0
+        for group, member in gone:
+            self._log.info("member_expired", group=group, member=member)
+        for group in dead:
+            self._log.info("group_dead", group=group)
+        if gone:
+            # Leadership may have moved to one of ours: look now, not a beat later.
+            await self._beat()
+        return len(gone)
+
+    async def _leadership(self, group: str, leader: str | None) -> None:
+        local = leader is not None and (group, leader) in self._members
+        current = self._rebalancers.get(group)
+        if local and leader is not None:
+            if current is None:
+                self._start_rebalancer(group, leader)
+            elif current[0] != leader:
+                self._rebalancers[group] = (leader, current[1])
+                current[1].try_tell(SetLeader(leader))
+        elif current is not None and (leader is not None or not any(g == group for g, _ in self._members)):
+            del self._rebalancers[group]
+            await current[1].stop(drain=False)
+
+    def _start_rebalancer(self, group: str, leader: str) -> None:
+        assert self._supervisor is not None
+        check = max(0.05, min(self.config.rebalance_delay / 2, 0.25))
+        ref = self._supervisor.spawn(
+            lambda: Rebalancer(
+                group, leader, self._pool, self._notifier,
+                groups_channel=self.config.groups_channel, topics_channel=self.config.topics_channel,
+                check_interval=check,
+            ),
+            f"rebalancer-{group}-{id(object())}",
+        )
+        self._rebalancers[group] = (leader, ref)
+

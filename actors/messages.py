@@ -1,0 +1,141 @@
+"""Typed messages of the group actors (Coordinator, HeartbeatMonitor, Rebalancer, PartitionWorker, Notifier).
+
+In-process only: fields that carry an ActorRef or a sink are typed `Any`
+because those are never encoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.runtime import Message
+
+# --- Notifier -------------------------------------------------------------------
+
+
+class Subscribe(Message, frozen=True):
+    """Tell `ref` `message` whenever `channel` is notified with `key` (None: any payload)."""
+
+    channel: str
+    key: str | None
+    ref: Any
+    message: Any
+
+
+class Unsubscribe(Message, frozen=True):
+    """Forget every subscription of `ref`."""
+
+    ref: Any
+
+
+class Notified(Message, frozen=True):
+    """A NOTIFY arrived on the listening connection."""
+
+    channel: str
+    payload: str
+
+
+class CheckConnection(Message, frozen=True):
+    """Periodic: reconnect the listening connection if it was lost."""
+
+
+# --- HeartbeatMonitor ------------------------------------------------------------
+
+
+class RegisterMember(Message, frozen=True):
+    """A local member to include in the batched heartbeat."""
+
+    group: str
+    member_id: str
+    coordinator: Any
+
+
+class UnregisterMember(Message, frozen=True):
+    group: str
+    member_id: str
+
+
+class Beat(Message, frozen=True):
+    """Periodic: heartbeat every local member, sweep expired sessions, mark dead groups."""
+
+
+class SweepNow(Message, frozen=True):
+    """Run the dead-member and dead-group sweep now (admin.sweep)."""
+
+
+class LeaderSeen(Message, frozen=True):
+    """A coordinator read the group's leader; start or stop the local Rebalancer."""
+
+    group: str
+    leader: str | None
+
+
+# --- Coordinator -----------------------------------------------------------------
+
+
+class HeartbeatReply(Message, frozen=True):
+    """What the batched heartbeat read back for this member."""
+
+    member_generation: int
+    group_generation: int
+    leader: str | None
+    state: str
+
+
+class MemberFenced(Message, frozen=True):
+    """The member's row is gone (session expired while paused): stop everything, join again."""
+
+
+class GroupChanged(Message, frozen=True):
+    """A NOTIFY on the group's channel: the assignment may have changed."""
+
+
+class Sync(Message, frozen=True):
+    """Read this member's assignment and start/stop workers to match it."""
+
+
+class WorkerFailed(Message, frozen=True):
+    """A PartitionWorker gave up (supervision escalated)."""
+
+    partition_id: int
+    error: str
+
+
+class LeaseLost(Message, frozen=True):
+    """A PartitionWorker found its lease taken: resync."""
+
+    partition_id: int
+
+
+# --- Rebalancer ------------------------------------------------------------------
+
+
+class RebalanceCheck(Message, frozen=True):
+    """Run a rebalance if one is due; look for new partitions and settled handovers."""
+
+    discover: bool = False  # look for new topics/partitions now (a topic was created)
+
+
+class SetLeader(Message, frozen=True):
+    """The local member that leads the group (the Rebalancer writes as it)."""
+
+    member_id: str
+
+
+# --- PartitionWorker -------------------------------------------------------------
+
+
+class Wake(Message, frozen=True):
+    """New messages may be there (NOTIFY, poll fallback, or more to fetch)."""
+
+
+class Seek(Message, frozen=True):
+    """Continue from `offset` (buffered messages of the partition are dropped)."""
+
+    offset: int
+
+
+class CommitPosition(Message, frozen=True):
+    """Commit `offset` now with this worker's lease (fenced); replies with bool."""
+
+    offset: int

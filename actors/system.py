@@ -1,0 +1,79 @@
+"""The actor system of one Bus: a root supervisor with the Notifier, the
+HeartbeatMonitor (which owns the Rebalancers) and one Coordinator per local
+group member (each owning its PartitionWorkers).
+
+Stopping goes newest first: members leave (committing and releasing) while
+the monitor and the notifier still run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from actors.coordinator import Coordinator, MemberSink, MemberSpec
+from actors.heartbeat import HeartbeatMonitor, MonitorConfig
+from actors.messages import SweepNow
+from actors.notifier import Notifier
+from actors.runtime import ActorRef, RestartStrategy, Supervisor
+from storage.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class GroupSystem:
+    """Starts and stops the system actors of one Bus; spawns members."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        listen: Callable[[], Awaitable[asyncpg.Connection]],
+        monitor_config: MonitorConfig,
+        messages_channel: str,
+    ) -> None:
+        self._pool = pool
+        self._listen = listen
+        self.monitor_config = monitor_config
+        self.messages_channel = messages_channel
+        self._names = itertools.count()
+        self._errors: list[tuple[str, BaseException]] = []
+        self.root = Supervisor(
+            "bus",
+            on_escalate=self._escalated,
+            strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
+        )
+        self.notifier: ActorRef[Any] | None = None
+        self.monitor: ActorRef[Any] | None = None
+
+    def _escalated(self, child: str, exc: BaseException) -> None:
+        self._errors.append((child, exc))
+        log.error("system_actor_failed", actor=child, error=repr(exc))
+
+    async def start(self) -> None:
+        cfg = self.monitor_config
+        self.notifier = self.root.spawn(
+            lambda: Notifier(self._listen, [self.messages_channel, cfg.groups_channel, cfg.topics_channel]),
+            "notifier",
+        )
+        notifier = self.notifier
+        self.monitor = self.root.spawn(lambda: HeartbeatMonitor(cfg, self._pool, notifier), "heartbeat")
+
+    def spawn_member(self, spec: MemberSpec, sink: MemberSink) -> ActorRef[Any]:
+        """Start a Coordinator for a new local member of `spec.group`."""
+        assert self.notifier is not None and self.monitor is not None
+        notifier, monitor = self.notifier, self.monitor
+        return self.root.spawn(
+            lambda: Coordinator(spec, self._pool, sink, notifier, monitor),
+            f"coordinator-{spec.group}-{next(self._names)}",
+        )
+
+    async def sweep(self) -> int:
+        """Run the dead-member and dead-group sweep now; the number of members removed."""
+        assert self.monitor is not None
+        return int(await self.monitor.ask(SweepNow(), timeout=30.0))
+
+    async def stop(self) -> None:
+        await self.root.stop()

@@ -1,0 +1,245 @@
+"""The PartitionWorker: one per owned partition.
+
+It takes the partition's lease (fencing epoch), fetches batches when woken
+(NOTIFY, a poll fallback every `max_poll_interval`, or "there is more"),
+hands them on with backpressure, commits fenced by its epoch, and on stop
+commits first and releases the lease second, so the next owner starts
+exactly where this one ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import asyncpg
+
+from actors.messages import CommitPosition, LeaseLost, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
+from actors.runtime import Actor, ActorRef
+from storage import leases
+from storage.logs import get_logger
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Fetched rows of one partition, tagged with the lease epoch they were read under."""
+
+    topic: str
+    partition: str
+    partition_id: int
+    epoch: int
+    rows: list[asyncpg.Record]
+    worker: ActorRef[Any]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a handler failure is retried: `max_attempts` in all, backoff doubling from `backoff` seconds."""
+
+    max_attempts: int = 3
+    backoff: float = 0.5
+    max_backoff: float = 30.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
+
+
+class Sink(Protocol):
+    """Where a worker's messages go: the consumer's buffer (poll) or the user's handler (subscribe)."""
+
+    handler_mode: bool
+    retry: RetryPolicy
+
+    def offer(self, batch: Batch) -> bool:
+        """Poll mode: buffer the batch; False when the buffer is full (try again later)."""
+
+    def consumed(self, partition_id: int, epoch: int) -> int | None:
+        """Poll mode, auto-commit: the position the user has polled through (None: nothing to commit)."""
+
+    def revoked(self, partition_id: int, epoch: int) -> None:
+        """Drop whatever is buffered from this lease."""
+
+    async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
+        """Handler mode: process one message (raise to retry)."""
+
+    async def dead_letter(self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int) -> bool:
+        """Handler mode: send to the dead-letter topic; False when there is none."""
+
+    def failed(self, topic: str, partition: str, error: BaseException) -> None:
+        """Handler mode: the partition stopped on an error it could not get past."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a PartitionWorker needs to know, fixed for its life."""
+
+    group: str
+    member_id: str
+    generation: int
+    topic: str
+    partition: str
+    partition_id: int
+    lease_time: float
+    poll_interval: float
+    fetch_size: int
+    messages_channel: str
+
+
+class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
+    """Owns one partition for one member: lease, fetch, hand on, commit, release."""
+
+    mailbox_size = 64
+
+    def __init__(self, spec: WorkerSpec, pool: asyncpg.Pool, sink: Sink, notifier: ActorRef[Any], coordinator: ActorRef[Any]) -> None:
+        self.spec = spec
+        self._pool = pool
+        self._sink = sink
+        self._notifier = notifier
+        self._coordinator = coordinator
+        self._epoch: int | None = None
+        self._position = 0          # next offset to fetch
+        self._committed = 0         # last committed position (handler mode)
+        self._pending: Batch | None = None
+        self._stopped_on_error = False
+        self._log = get_logger(
+            __name__, group=spec.group, member=spec.member_id, generation=spec.generation,
+            topic=spec.topic, partition=spec.partition,
+        )
+
+    async def on_start(self) -> None:
+        ref = self.self_ref
+        await self._notifier.tell(Subscribe(self.spec.messages_channel, str(self.spec.partition_id), ref, Wake()))
+        ref.schedule_every(self.spec.poll_interval, Wake())
+        ref.try_tell(Wake())
+
+    async def on_stop(self) -> None:
+        self._notifier.try_tell(Unsubscribe(self.self_ref))
+        if self._epoch is None:
+            return
+        epoch, self._epoch = self._epoch, None
+        try:
+            if self._sink.handler_mode:
+                position: int | None = self._committed
+            else:
+                position = self._sink.consumed(self.spec.partition_id, epoch)
+                self._sink.revoked(self.spec.partition_id, epoch)
+            async with self._pool.acquire() as conn:
+                if position is not None:
+                    await leases.commit(conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, position, epoch)])
+                await leases.release(
+                    conn, self.spec.group, self.spec.partition_id, self.spec.member_id, epoch, self.spec.messages_channel
+                )
+            self._log.debug("partition_released", epoch=epoch, position=position)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            # The lease expires by itself; the next owner re-reads from the last commit.
+            self._log.warning("release_failed", error=str(exc))
+
+    async def receive(self, message: Wake | Seek | CommitPosition) -> Any:
+        match message:
+            case Wake():
+                await self._work()
+            case Seek(offset=offset):
+                if self._epoch is not None and not self._sink.handler_mode:
+                    self._sink.revoked(self.spec.partition_id, self._epoch)
+                self._pending = None
+                self._position = offset
+                self.self_ref.try_tell(Wake())
+            case CommitPosition(offset=offset):
+                if self._epoch is None:
+                    return False
+                async with self._pool.acquire() as conn:
+                    done = await leases.commit(conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, offset, self._epoch)])
+                return bool(done)
+        return None
+
+    async def _acquire(self) -> bool:
+        got = await leases.acquire(
+            self._pool, self.spec.group, self.spec.partition_id, self.spec.member_id,
+            self.spec.generation, self.spec.lease_time,
+        )
+        if got is None:
+            return False
+        self._epoch, self._position = got
+        self._committed = self._position
+        self._log.debug("partition_acquired", epoch=self._epoch, position=self._position)
+        return True
+
+    async def _work(self) -> None:
+        if self._stopped_on_error:
+            return
+        if self._epoch is None and not await self._acquire():
+            # The previous owner is still revoking (it commits, then releases);
+            # its release NOTIFY or the next poll tick brings us back.
+            return
+        assert self._epoch is not None
+        if self._pending is not None:
+            if not self._sink.offer(self._pending):
+                return
+            self._pending = None
+        rows = await leases.fetch(
+            self._pool, self.spec.group, self.spec.partition_id, self.spec.member_id,
+            self._epoch, self._position, self.spec.fetch_size,
+        )
+        if not rows:
+            await self._check_lease()
+            return
+        self._position = rows[-1]["offset"] + 1
+        if self._sink.handler_mode:
+            await self._run_handler(rows)
+        else:
+            batch = Batch(self.spec.topic, self.spec.partition, self.spec.partition_id, self._epoch, rows, self.self_ref)
+            if not self._sink.offer(batch):
+                self._pending = batch
+                return
+        if len(rows) == self.spec.fetch_size:
+            self.self_ref.try_tell(Wake())
+
+    async def _check_lease(self) -> None:
+        row = await leases.state(self._pool, self.spec.group, self.spec.partition_id)
+        if row is None or row["owner"] != self.spec.member_id or row["lease_epoch"] != self._epoch or not row["live"]:
+            self._log.info("lease_lost", epoch=self._epoch)
+            if not self._sink.handler_mode and self._epoch is not None:
+                self._sink.revoked(self.spec.partition_id, self._epoch)
+            self._epoch = None
+            self._pending = None
+            self._coordinator.try_tell(LeaseLost(self.spec.partition_id))
+
+    async def _run_handler(self, rows: list[asyncpg.Record]) -> None:
+        assert self._epoch is not None
+        done = self._committed
+        for row in rows:
+            attempt = 1
+            while True:
+                try:
+                    await self._sink.handle(self.spec.topic, self.spec.partition, row, attempt)
+                    break
+                except Exception as exc:  # the user's handler: anything may come out
+                    if attempt < self._sink.retry.max_attempts:
+                        self._log.info("handler_retry", offset=row["offset"], attempt=attempt, error=repr(exc))
+                        await asyncio.sleep(self._sink.retry.delay(attempt))
+                        attempt += 1
+                        continue
+                    if await self._sink.dead_letter(self.spec.topic, self.spec.partition, row, exc, attempt):
+                        self._log.warning("dead_lettered", offset=row["offset"], attempts=attempt, error=repr(exc))
+                        break
+                    # No dead-letter topic: stop this partition where it is; the
+                    # failed message stays uncommitted for whoever fixes and resumes.
+                    self._log.error("partition_stopped", offset=row["offset"], attempts=attempt, error=repr(exc))
+                    await self._commit(done)
+                    self._stopped_on_error = True
+                    self._sink.failed(self.spec.topic, self.spec.partition, exc)
+                    self._coordinator.try_tell(WorkerFailed(self.spec.partition_id, repr(exc)))
+                    return
+            done = row["offset"] + 1
+        await self._commit(done)
+
+    async def _commit(self, position: int) -> None:
+        if self._epoch is None or position <= self._committed:
+            return
+        async with self._pool.acquire() as conn:
+            applied = await leases.commit(conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, position, self._epoch)])
+        if applied:
+            self._committed = position
+        else:
+            await self._check_lease()

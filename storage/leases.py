@@ -1,0 +1,109 @@
+"""Partition leases and fenced commits (invariants 2, 3 and 4).
+
+A PartitionWorker (or a claim) owns a partition of a group by holding the
+lease on the group's cursor row: `owner`, a `lease_epoch` bumped on every new
+lease, and an expiry. The epoch is the fencing token: every commit, renewal,
+fetch-for-commit and release compares owner and epoch in the same statement
+that applies it, so a zombie whose lease moved on changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+Conn = asyncpg.Connection | asyncpg.Pool
+
+# Take the lease if it is free, expired, or already ours (a restarted static
+# member), and only while the partition is assigned to this member.
+ACQUIRE = """
+UPDATE offsets o
+   SET owner = $3, owner_generation = $4, lease_epoch = o.lease_epoch + 1,
+       lease_expires_at = clock_timestamp() + make_interval(secs => $5),
+       committed = GREATEST(o.committed, p.log_start)
+  FROM partitions p
+ WHERE o.group_name = $1 AND o.partition_id = $2 AND p.id = o.partition_id
+   AND (o.owner IS NULL OR o.owner = $3 OR o.lease_expires_at <= clock_timestamp())
+   AND EXISTS (SELECT 1 FROM members m WHERE m.group_name = $1 AND m.member_id = $3
+               AND $2 = ANY(m.assignment))
+RETURNING o.lease_epoch, o.committed
+"""
+
+# Releasing wakes the partition's next owner (its worker listens on the partition).
+RELEASE = """
+WITH r AS (
+    UPDATE offsets SET owner = NULL, owner_generation = NULL, lease_expires_at = NULL
+    WHERE group_name = $1 AND partition_id = $2 AND owner = $3 AND lease_epoch = $4
+    RETURNING partition_id
+)
+SELECT r.partition_id, pg_notify($5, $2::text) FROM r
+"""
+
+# A batch of commits for one member; each (partition, offset, epoch) is a
+# compare-and-set on owner and epoch with a live lease. Committed offsets only
+# move forward (invariant 2); only an admin reset moves them back.
+COMMIT_FENCED = """
+WITH c AS (SELECT * FROM unnest($3::bigint[], $4::bigint[], $5::bigint[]) AS u(pid, off, epoch))
+UPDATE offsets o SET committed = GREATEST(o.committed, c.off), committed_at = clock_timestamp()
+FROM c
+WHERE o.group_name = $1 AND o.partition_id = c.pid AND o.owner = $2 AND o.lease_epoch = c.epoch
+  AND o.lease_expires_at > clock_timestamp()
+RETURNING o.partition_id
+"""
+
+# Fetch only while the lease is ours: a zombie reads nothing it could commit.
+FETCH_FENCED = """
+SELECT m."offset", m.key, m.headers::text AS headers, m.payload, m.created_at
+FROM messages m
+WHERE m.partition_id = $2 AND m."offset" >= $5
+  AND EXISTS (SELECT 1 FROM offsets o WHERE o.group_name = $1 AND o.partition_id = $2
+              AND o.owner = $3 AND o.lease_epoch = $4 AND o.lease_expires_at > clock_timestamp())
+ORDER BY m."offset"
+LIMIT $6
+"""
+
+LEASE_STATE = """
+SELECT o.owner, o.lease_epoch, o.lease_expires_at > clock_timestamp() AS live, o.committed, p.log_start, p.next_offset
+FROM offsets o JOIN partitions p ON p.id = o.partition_id
+WHERE o.group_name = $1 AND o.partition_id = $2
+"""
+
+
+async def acquire(
+    conn: Conn, group: str, partition_id: int, member_id: str, generation: int, lease_time: float
+) -> tuple[int, int] | None:
+    """(epoch, committed) if the lease is now ours; None if someone else still holds it."""
+    row = await conn.fetchrow(ACQUIRE, group, partition_id, member_id, generation, lease_time)
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+async def release(conn: Conn, group: str, partition_id: int, member_id: str, epoch: int, channel: str) -> bool:
+    return await conn.fetchval(RELEASE, group, partition_id, member_id, epoch, channel) is not None
+
+
+async def commit(
+    conn: asyncpg.Connection, group: str, member_id: str, entries: list[tuple[int, int, int]]
+) -> set[int]:
+    """Apply (partition_id, offset, epoch) commits; the set of partition ids that applied."""
+    if not entries:
+        return set()
+    rows = await conn.fetch(
+        COMMIT_FENCED,
+        group,
+        member_id,
+        [e[0] for e in entries],
+        [e[1] for e in entries],
+        [e[2] for e in entries],
+    )
+    return {r[0] for r in rows}
+
+
+async def fetch(
+    conn: Conn, group: str, partition_id: int, member_id: str, epoch: int, offset: int, limit: int
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(FETCH_FENCED, group, partition_id, member_id, epoch, offset, limit))
+
+
+async def state(conn: Conn, group: str, partition_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow(LEASE_STATE, group, partition_id)
+
+

@@ -1,0 +1,311 @@
+"""Group membership: members, heartbeats, session sweeps, leadership, assignments.
+
+Membership changes never rebalance on the spot: they set `rebalance_due_at`
+(kept if already set), so a burst of joins and leaves inside
+`rebalance_delay` becomes one rebalance, run by the leader's Rebalancer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+Conn = asyncpg.Connection | asyncpg.Pool
+
+# $1 group, $2 member_id, $3 instance_id, $4 client_id, $5 host, $6 pid, $7 topics,
+# $8 session_timeout, $9 rebalance_delay. A static member (instance_id) that comes
+# back before its session expired takes its row over: same member id, same
+# assignment, no rebalance.
+JOIN = """
+WITH prev AS (
+    SELECT member_id FROM members
+    WHERE group_name = $1 AND member_id = $2
+      AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)
+), up AS (
+    INSERT INTO members (group_name, member_id, instance_id, client_id, host, pid, topics, session_timeout)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (group_name, member_id) DO UPDATE
+       SET client_id = EXCLUDED.client_id, host = EXCLUDED.host, pid = EXCLUDED.pid,
+           topics = EXCLUDED.topics, session_timeout = EXCLUDED.session_timeout,
+           last_heartbeat = clock_timestamp()
+    RETURNING member_id, generation
+), g AS (
+    UPDATE groups
+       SET leader = CASE WHEN leader IS NULL
+                          OR NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = $1 AND m.member_id = groups.leader)
+                         THEN $2 ELSE leader END,
+           rebalance_due_at = CASE WHEN EXISTS (SELECT 1 FROM prev) THEN rebalance_due_at
+                                   ELSE COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $9)) END,
+           state = CASE WHEN EXISTS (SELECT 1 FROM prev) THEN state ELSE 'preparing_rebalance' END,
+           status = 'active',
+           last_active_at = clock_timestamp(),
+           updated_at = clock_timestamp()
+     WHERE name = $1
+    RETURNING generation, leader
+)
+SELECT up.member_id, g.generation, g.leader, EXISTS (SELECT 1 FROM prev) AS rejoined FROM up, g
+"""
+
+# Leaving: release the member's leases, drop it, schedule a rebalance, hand leadership on.
+LEAVE = """
+WITH rel AS (
+    UPDATE offsets SET owner = NULL, owner_generation = NULL, lease_expires_at = NULL
+    WHERE group_name = $1 AND owner = $2
+), del AS (
+    DELETE FROM members WHERE group_name = $1 AND member_id = $2 RETURNING member_id
+)
+UPDATE groups
+   SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $3)),
+       state = 'preparing_rebalance',
+       leader = CASE WHEN leader = $2 THEN
+                    (SELECT m.member_id FROM members m WHERE m.group_name = $1 AND m.member_id <> $2
+                     ORDER BY m.joined_at, m.member_id LIMIT 1)
+                ELSE leader END,
+       updated_at = clock_timestamp()
+ WHERE name = $1 AND EXISTS (SELECT 1 FROM del)
+RETURNING name
+"""
+
+# One statement for every local member of every group: their heartbeat, the
+# group's liveness, and back come the generation and leader of each.
+HEARTBEAT = """
+WITH hb AS (
+    UPDATE members m SET last_heartbeat = clock_timestamp()
+    FROM unnest($1::text[], $2::text[]) AS u(g, mid)
+    WHERE m.group_name = u.g AND m.member_id = u.mid
+      AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout)
+    RETURNING m.group_name, m.member_id, m.generation
+), leases AS (
+    UPDATE offsets o SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
+    FROM hb
+    WHERE o.group_name = hb.group_name AND o.owner = hb.member_id AND o.lease_expires_at > clock_timestamp()
+), grp AS (
+    UPDATE groups g SET last_active_at = clock_timestamp()
+    WHERE g.name IN (SELECT group_name FROM hb)
+    RETURNING g.name, g.generation, g.leader, g.state
+)
+SELECT hb.group_name, hb.member_id, hb.generation AS member_generation,
+       grp.generation AS group_generation, grp.leader, grp.state
+FROM hb JOIN grp ON grp.name = hb.group_name
+"""
+
+# Members whose session expired, in any process. DELETE … RETURNING takes the
+# row locks: two processes sweeping at once never remove a member twice.
+SWEEP_MEMBERS = """
+WITH gone AS (
+    DELETE FROM members
+    WHERE (group_name, member_id) IN (
+        SELECT group_name, member_id FROM members
+        WHERE last_heartbeat < clock_timestamp() - make_interval(secs => session_timeout)
+        FOR UPDATE SKIP LOCKED)
+    RETURNING group_name, member_id
+), rel AS (
+    UPDATE offsets o SET owner = NULL, owner_generation = NULL, lease_expires_at = NULL
+    FROM gone WHERE o.group_name = gone.group_name AND o.owner = gone.member_id
+)
+SELECT group_name, member_id FROM gone
+"""
+
+# After a sweep: schedule the rebalance and move leadership off removed leaders.
+AFTER_SWEEP = """
+UPDATE groups g
+   SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $2)),
+       state = 'preparing_rebalance',
+       leader = CASE WHEN g.leader = ANY($3::text[]) OR g.leader IS NULL THEN
+                    (SELECT m.member_id FROM members m WHERE m.group_name = g.name
+                     AND m.member_id <> ALL($3::text[])
+                     ORDER BY m.joined_at, m.member_id LIMIT 1)
+                ELSE g.leader END,
+       updated_at = clock_timestamp()
+ WHERE g.name = ANY($1::text[])
+RETURNING g.name
+"""
+
+SELECT_ASSIGNMENT = """
+SELECT m.generation, m.assignment, g.generation AS group_generation, g.leader
+FROM members m JOIN groups g ON g.name = m.group_name
+WHERE m.group_name = $1 AND m.member_id = $2
+"""
+
+PARTITION_NAMES = "SELECT id, topic, name FROM partitions WHERE id = ANY($1::bigint[])"
+
+# --- the Rebalancer ---------------------------------------------------------------
+
+LOCK_GROUP_FOR_REBALANCE = """
+SELECT name, generation, state, leader, assignor, rebalance_due_at,
+       rebalance_due_at IS NOT NULL AND rebalance_due_at <= clock_timestamp() AS due
+FROM groups WHERE name = $1 FOR UPDATE
+"""
+
+LIVE_MEMBERS = """
+SELECT member_id, instance_id, topics, assignment, joined_at
+FROM members
+WHERE group_name = $1 AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)
+ORDER BY member_id
+"""
+
+GROUP_PARTITION_LIST = """
+SELECT p.id, p.topic, p.name
+FROM group_topics gt JOIN partitions p ON p.topic = gt.topic
+WHERE gt.group_name = $1
+ORDER BY p.topic, p.id
+"""
+
+PARTITION_FINGERPRINT = """
+SELECT count(*) AS n, COALESCE(max(p.id), 0) AS max_id, COALESCE(sum(p.id), 0) AS sum_id
+FROM group_topics gt JOIN partitions p ON p.topic = gt.topic
+WHERE gt.group_name = $1
+"""
+
+WRITE_ASSIGNMENTS = """
+UPDATE members m SET assignment = u.parts::bigint[], generation = $3
+FROM (SELECT mid, parts FROM unnest($2::text[], $4::text[]) AS x(mid, parts)) AS u
+WHERE m.group_name = $1 AND m.member_id = u.mid
+"""
+
+FINISH_REBALANCE = """
+UPDATE groups SET generation = $2, state = $3, rebalance_due_at = NULL, updated_at = clock_timestamp()
+WHERE name = $1
+"""
+
+CLEAR_DUE = "UPDATE groups SET rebalance_due_at = NULL, state = $2, updated_at = clock_timestamp() WHERE name = $1"
+
+REQUEST_REBALANCE = """
+UPDATE groups SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $2)),
+                  state = 'preparing_rebalance', updated_at = clock_timestamp()
+WHERE name = $1
+"""
+
+# Stable once every assigned partition's lease is held by the member it is assigned to.
+MARK_STABLE = """
+UPDATE groups g SET state = 'stable', updated_at = clock_timestamp()
+WHERE g.name = $1 AND g.generation = $2 AND g.state = 'rebalancing' AND g.rebalance_due_at IS NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM members m CROSS JOIN LATERAL unnest(m.assignment) AS a(pid)
+      LEFT JOIN offsets o ON o.group_name = m.group_name AND o.partition_id = a.pid
+      WHERE m.group_name = g.name AND (o.owner IS DISTINCT FROM m.member_id OR o.lease_expires_at <= clock_timestamp()))
+RETURNING name
+"""
+
+CLAIM_LEADERSHIP = """
+UPDATE groups SET leader = $2
+WHERE name = $1 AND (leader IS NULL OR NOT EXISTS (
+    SELECT 1 FROM members m WHERE m.group_name = $1 AND m.member_id = groups.leader
+      AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout)))
+RETURNING leader
+"""
+
+NOTIFY = "SELECT pg_notify($1, $2)"
+
+
+async def join(conn: Conn, *args: Any) -> asyncpg.Record:
+    row = await conn.fetchrow(JOIN, *args)
+    assert row is not None, "group row missing at join: record_group must run first"
+    return row
+
+
+async def leave(conn: asyncpg.Connection, group: str, member_id: str, delay: float, channel: str) -> None:
+    async with conn.transaction():
+        await conn.execute(LEAVE, group, member_id, delay)
+        await conn.execute(NOTIFY, channel, group)
+
+
+async def heartbeat(conn: Conn, groups: list[str], members: list[str], lease_time: float) -> list[asyncpg.Record]:
+    return list(await conn.fetch(HEARTBEAT, groups, members, lease_time))
+
+
+async def sweep(conn: asyncpg.Connection, delay: float, channel: str) -> list[tuple[str, str]]:
+    """Remove members whose session expired (any process); returns (group, member) removed."""
+    async with conn.transaction():
+        gone = [(r[0], r[1]) for r in await conn.fetch(SWEEP_MEMBERS)]
+        if gone:
+            groups = sorted({g for g, _ in gone})
+            await conn.execute(AFTER_SWEEP, groups, delay, [m for _, m in gone])
+            for g in groups:
+                await conn.execute(NOTIFY, channel, g)
+    return gone
+
+
+async def assignment(conn: Conn, group: str, member_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(SELECT_ASSIGNMENT, group, member_id)
+
+
+async def partition_names(conn: Conn, ids: list[int]) -> dict[int, tuple[str, str]]:
+    return {r[0]: (r[1], r[2]) for r in await conn.fetch(PARTITION_NAMES, ids)}
+
+
+async def request_rebalance(conn: Conn, group: str, delay: float) -> None:
+    await conn.execute(REQUEST_REBALANCE, group, delay)
+
+
+async def partition_fingerprint(conn: Conn, group: str) -> tuple[int, int, int]:
+    row = await conn.fetchrow(PARTITION_FINGERPRINT, group)
+    assert row is not None
+    return (int(row[0]), int(row[1]), int(row[2]))
+
+
+async def mark_stable(conn: Conn, group: str, generation: int) -> bool:
+    return await conn.fetchval(MARK_STABLE, group, generation) is not None
+
+
+async def claim_leadership(conn: Conn, group: str, member_id: str) -> bool:
+    return await conn.fetchval(CLAIM_LEADERSHIP, group, member_id) is not None
+
+
+class RebalanceOutcome:
+    """What one rebalance wrote (or why it did not)."""
+
+    def __init__(self, ran: bool, generation: int, moved: int = 0, reason: str = "") -> None:
+        self.ran = ran
+        self.generation = generation
+        self.moved = moved
+        self.reason = reason
+
+
+async def rebalance(
+    conn: asyncpg.Connection,
+    group: str,
+    leader_id: str,
+    compute: Any,
+    channel: str,
+    *,
+    force: bool = False,
+) -> RebalanceOutcome:
+    """Run one rebalance of `group` if it is due and `leader_id` leads it.
+
+    `compute(members, partitions, assignor)` gets the live members (member_id,
+    instance_id, topics, previous assignment) and the group's partitions (id,
+    topic, name) and returns {member_id: [partition ids]}. Generation and every
+    member's assignment are written in one transaction, then a NOTIFY tells
+    the members.
+    """
+    from storage.groups import materialize_offsets
+
+    async with conn.transaction():
+        g = await conn.fetchrow(LOCK_GROUP_FOR_REBALANCE, group)
+        if g is None:
+            return RebalanceOutcome(False, 0, reason="group gone")
+        if g["leader"] != leader_id:
+            return RebalanceOutcome(False, g["generation"], reason="not leader")
+        if not (g["due"] or force):
+            return RebalanceOutcome(False, g["generation"], reason="not due")
+        members = list(await conn.fetch(LIVE_MEMBERS, group))
+        parts = list(await conn.fetch(GROUP_PARTITION_LIST, group))
+        await materialize_offsets(conn, group, [p["id"] for p in parts])
+        plan: dict[str, list[int]] = compute(members, parts, g["assignor"])
+        generation = g["generation"] + 1
+        before = {m["member_id"]: set(m["assignment"]) for m in members}
+        moved = sum(len(set(plan.get(mid, [])) - before.get(mid, set())) for mid in plan)
+        mids = [m["member_id"] for m in members]
+        await conn.execute(
+            WRITE_ASSIGNMENTS,
+            group,
+            mids,
+            generation,
+            ["{" + ",".join(str(p) for p in sorted(plan.get(mid, []))) + "}" for mid in mids],
+        )
+        state = "empty" if not members else ("rebalancing" if moved else "stable")
+        await conn.execute(FINISH_REBALANCE, group, generation, state)
+        await conn.execute(NOTIFY, channel, group)
+    return RebalanceOutcome(True, generation, moved)
