@@ -1,0 +1,737 @@
+"""The event store: one globally ordered log per store, attribute partitions, guards.
+
+    class CourseCreated(bus.Event, tag="course.created"):
+        course_name: str
+
+    store = b.event_store("courses")
+    await store.append(CourseCreated(course_name="Algebra"))
+    await store.register_group("enrollment")
+    c = await store.claim_next("enrollment", partition_by=["course_name", "user_id"],
+                               handled_types=[CourseCreated, UserJoinedCourse], worker_id="w-1")
+    await store.append(decide(c.messages), guard=c.guard)     # ConcurrentAppendError on conflict
+    await store.ack("enrollment", offset_id=c.offset_id, position=c.messages[-1].position)
+
+Every scalar attribute of an event (str, int, float, bool, and values msgspec
+turns into one: datetime, UUID, enums...) is indexed as a (name, value) pair in
+the append's transaction; values are compared as text (`42`, `true`, ISO
+dates). Strings longer than 1000 characters and None are not indexed.
+
+Partition identity is AND: a partition exists for each combination of
+`partition_by` values found together on one event. Fetching is conditional
+AND: an event belongs to a partition when every partition attribute it
+carries has the partition's value (events with only some of the attributes
+are included on those). A group's `partition_by` and `handled_types` are
+passed on each call and are expected to stay the same for the group's life;
+change them with `reset_group` (or use a new group).
+
+Claims on a stopped or failed group return None (as in the seed), they do not
+raise. A claim whose worker stops heartbeating for `claim_ttl` (config,
+default 120 s) can be taken by another worker; pass `worker_id=` to `ack`,
+`release` and `nack` to have them refused (LeaseLostError) once that happened.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import asyncpg
+import msgspec
+
+from storage import db
+from storage import eventstore as sql
+from storage.errors import (
+    ConcurrentAppendError,
+    GroupNotFoundError,
+    LeaseLostError,
+    ValidationError,
+)
+from storage.logs import get_logger
+from storage.names import validate_name, validate_offset
+
+if TYPE_CHECKING:
+    from bus.client import Bus
+
+log = get_logger(__name__)
+
+_WORKER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@=-]{0,199}")
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@=-]{0,199}")
+_MAX_INDEXED_CHARS = 1000
+# Claims whose hint turned out too low are skipped in a loop; this bounds it.
+_MAX_EMPTY_CLAIMS = 1000
+# Discovery scans the log in windows of this many positions (one transaction each).
+_SCAN_WINDOW = 200_000
+
+_registry: dict[str, type[Event]] = {}
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+class QueryCondition(msgspec.Struct, frozen=True):
+    """Events of type `message_type` whose attribute `key` has the value `value` (as text)."""
+
+    message_type: str
+    key: str
+    value: str
+
+
+class _EventMeta(msgspec.StructMeta):
+    """Reads the `tag` class keyword, caches the attribute names, and registers the class."""
+
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], tag: str | None = None, **kwargs: Any
+    ) -> _EventMeta:
+        if tag is not None and (not isinstance(tag, str) or _TAG.fullmatch(tag) is None):
+            raise ValidationError(
+                f"invalid event tag {tag!r} for {name}: use 1 to 200 ASCII letters, digits or '._:/@=-', "
+                "starting with a letter or digit (e.g. 'course.created')"
+            )
+        cls = super().__new__(mcls, name, bases, namespace, **kwargs)
+        if tag is not None:
+            existing = _registry.get(tag)
+            if existing is not None and (existing.__module__, existing.__qualname__) != (
+                cls.__module__,
+                cls.__qualname__,
+            ):
+                raise ValidationError(
+                    f"event tag {tag!r} is already used by {existing.__module__}.{existing.__qualname__}; "
+                    f"give {name} another tag"
+                )
+            _registry[tag] = cls  # type: ignore[assignment]
+        cls.__event_tag__ = tag  # type: ignore[attr-defined]
+        # Cached once at class creation, as a tuple (immutable, like the seed's frozen array).
+        cls.__payload_attributes__ = tuple(cls.__struct_fields__)  # type: ignore[attr-defined]
+        return cls
+
+
+class Event(msgspec.Struct, metaclass=_EventMeta):
+    """Base of event classes: `class CourseCreated(bus.Event, tag="course.created"): course_name: str`.
+
+    The tag names the event type in the store (and decodes stored events back
+    to their class); two classes may not share a tag.
+    """
+
+    __event_tag__: ClassVar[str | None]
+    __payload_attributes__: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def event_tag(cls) -> str | None:
+        """The class's tag (None for untagged bases)."""
+        return cls.__event_tag__
+
+    @classmethod
+    def payload_attribute_names(cls) -> tuple[str, ...]:
+        """The attributes the class declares, in declaration order (cached at class creation)."""
+        return cls.__payload_attributes__
+
+    @classmethod
+    def to_conditions(cls, **values: Any) -> list[QueryCondition]:
+        """Conditions for the given attribute values, only for attributes this class declares.
+
+        `CourseCreated.to_conditions(course_name="Algebra", user_id="joe")` is
+        `[QueryCondition("course.created", "course_name", "Algebra")]`.
+        """
+        tag = cls.__event_tag__
+        wanted = [name for name in cls.__payload_attributes__ if name in values]
+        if not wanted:
+            return []
+        if tag is None:
+            raise ValidationError(f"{cls.__name__} has no tag; declare it as class {cls.__name__}(bus.Event, tag=...)")
+        conditions = []
+        for name in wanted:
+            text = attribute_text(values[name])
+            if text is None:
+                raise ValidationError(
+                    f"condition value for {name!r} must be a scalar (str, int, float, bool, date, UUID...), "
+                    f"not {type(values[name]).__name__}"
+                )
+            conditions.append(QueryCondition(tag, name, text))
+        return conditions
+
+
+class UnknownEvent(Event):
+    """A stored event whose tag has no class in this process (define the class to decode it)."""
+
+    type_tag: str
+    data: dict[str, Any]
+
+
+class PositionedEvent(msgspec.Struct):
+    """An event with its position in the store's log."""
+
+    position: int
+    message: Event
+    created_at: datetime
+
+    @property
+    def tag(self) -> str | None:
+        """The event's type tag."""
+        if isinstance(self.message, UnknownEvent):
+            return self.message.type_tag
+        return type(self.message).event_tag()
+
+
+class Guard(msgspec.Struct):
+    """Optimistic concurrency: an append under this guard fails if any event matching
+    one of `conditions` was appended after `position`."""
+
+    conditions: list[QueryCondition]
+    position: int
+
+
+class EventClaim(msgspec.Struct):
+    """A claimed partition: its pending events (in order) and the guard for appending decisions."""
+
+    offset_id: int
+    partition_key: str
+    partition_value: dict[str, str]
+    messages: list[PositionedEvent]
+    guard: Guard
+    attempts: int = 0  # failed attempts (nack) on this partition since its last ack
+
+
+class PartitionCursor(msgspec.Struct):
+    """A group's cursor on one partition (for inspection)."""
+
+    offset_id: int
+    partition_key: str
+    partition_value: dict[str, str]
+    position: int
+    claimed_by: str | None
+    claimed_at: datetime | None
+    attempts: int
+    retry_at: datetime | None
+    last_error: str | None
+
+
+def attribute_text(value: Any) -> str | None:
+    """The text under which a scalar attribute is indexed; None for values that are not indexed."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _encoder.encode(value).decode()
+    try:
+        builtin = msgspec.to_builtins(value)
+    except (TypeError, msgspec.EncodeError):
+        return None
+    if isinstance(builtin, (str, bool, int, float)):
+        return attribute_text(builtin)
+    return None
+
+
+def event_class(tag: str) -> type[Event] | None:
+    """The class registered for `tag`, if any."""
+    return _registry.get(tag)
+
+
+def decode_event(tag: str, payload: str | bytes) -> Event:
+    """A stored event back as its class (UnknownEvent when no class has the tag)."""
+    cls = _registry.get(tag)
+    if cls is None:
+        return UnknownEvent(type_tag=tag, data=msgspec.json.decode(payload))
+    decoder = _decoders.get(cls)
+    if decoder is None:
+        decoder = _decoders[cls] = msgspec.json.Decoder(cls)
+    return decoder.decode(payload)  # type: ignore[no-any-return]
+
+
+def _encode_events(
+    events: Sequence[Event], limit: int
+) -> tuple[list[str], list[str], tuple[list[int], list[str], list[str], list[str]]]:
+    tags: list[str] = []
+    payloads: list[str] = []
+    idx: list[int] = []
+    names: list[str] = []
+    values: list[str] = []
+    attr_tags: list[str] = []
+    for i, event in enumerate(events, start=1):
+        if not isinstance(event, Event) or isinstance(event, UnknownEvent):
+            raise ValidationError(
+                f"append takes bus.Event instances (or a list of them), not {type(event).__name__}"
+            )
+        cls = type(event)
+        tag = cls.__event_tag__
+        if tag is None:
+            raise ValidationError(f"{cls.__name__} has no tag; declare it as class {cls.__name__}(bus.Event, tag=...)")
+        try:
+            data = _encoder.encode(event)
+        except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+            raise ValidationError(f"{cls.__name__} cannot be encoded as JSON ({exc})") from exc
+        if b"\\u0000" in data:
+            raise ValidationError(f"{cls.__name__} contains a NUL character, which PostgreSQL cannot store")
+        if len(data) > limit:
+            raise ValidationError(
+                f"{cls.__name__} is {len(data)} bytes encoded, more than max_message_bytes={limit}; "
+                "store large content elsewhere and append a reference"
+            )
+        tags.append(tag)
+        payloads.append(data.decode())
+        for name in cls.__payload_attributes__:
+            text = attribute_text(getattr(event, name))
+            if text is None or len(text) > _MAX_INDEXED_CHARS:
+                continue
+            idx.append(i)
+            names.append(name)
+            values.append(text)
+            attr_tags.append(tag)
+    return tags, payloads, (idx, names, values, attr_tags)
+
+
+def _condition_arrays(conditions: Iterable[QueryCondition]) -> tuple[list[str], list[str], list[str]]:
+    tags: list[str] = []
+    keys: list[str] = []
+    values: list[str] = []
+    for c in conditions:
+        if not isinstance(c, QueryCondition) or not all(
+            isinstance(v, str) for v in (c.message_type, c.key, c.value)
+        ):
+            raise ValidationError(
+                "conditions must be bus.QueryCondition(message_type: str, key: str, value: str); "
+                "build them with EventClass.to_conditions(...)"
+            )
+        tags.append(c.message_type)
+        keys.append(c.key)
+        values.append(c.value)
+    return tags, keys, values
+
+
+def _validate_attribute_names(partition_by: str | Sequence[str]) -> list[str]:
+    names = [partition_by] if isinstance(partition_by, str) else list(partition_by)
+    if not names:
+        raise ValidationError("partition_by needs at least one attribute name, e.g. ['course_name']")
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier() or len(name) > 200:
+            raise ValidationError(f"partition_by attribute {name!r} is not an attribute name (a Python identifier)")
+    if len(set(names)) != len(names):
+        raise ValidationError(f"partition_by lists an attribute twice: {names}")
+    return sorted(names)  # canonical order: the same partition whatever order the caller uses
+
+
+def _handled_classes(handled_types: Sequence[type[Event] | str]) -> list[type[Event]]:
+    if isinstance(handled_types, (str, type)):
+        handled_types = [handled_types]
+    classes: list[type[Event]] = []
+    for item in handled_types:
+        if isinstance(item, str):
+            cls = _registry.get(item)
+            if cls is None:
+                raise ValidationError(f"no event class has the tag {item!r}; define it before claiming")
+        elif isinstance(item, type) and issubclass(item, Event) and item.__event_tag__ is not None:
+            cls = item
+        else:
+            raise ValidationError(f"handled_types takes tagged bus.Event classes (or their tags), not {item!r}")
+        if cls not in classes:
+            classes.append(cls)
+    if not classes:
+        raise ValidationError("handled_types needs at least one event class")
+    return classes
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"{what} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _seconds(value: object, what: str, *, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+        raise ValidationError(f"{what} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _worker(worker_id: object) -> str:
+    if not isinstance(worker_id, str) or _WORKER.fullmatch(worker_id) is None:
+        raise ValidationError(
+            f"invalid worker id {worker_id!r}: use 1 to 200 ASCII letters, digits or '._:@=-', "
+            "starting with a letter or digit (e.g. 'host-1:pid-42')"
+        )
+    return worker_id
+
+
+class EventStore:
+    """One store: an ordered log of events with attribute partitions and consumer groups.
+
+    Get it with `b.event_store(name)`; the store exists once something is appended.
+    """
+
+    def __init__(self, bus: Bus, name: str) -> None:
+        self._bus = bus
+        self.name = validate_name(name, "event store name")
+        self._log = log.bind(store=name)
+
+    @property
+    def _pool(self) -> asyncpg.Pool:
+        return self._bus.pool
+
+    def __repr__(self) -> str:
+        return f"EventStore({self.name!r})"
+
+    # -- the log -------------------------------------------------------------------
+
+    async def append(self, events: Event | Sequence[Event], guard: Guard | None = None) -> list[PositionedEvent]:
+        """Append one event or a list atomically; their positions come back in order.
+
+        With a guard: raises ConcurrentAppendError (nothing written) if an event
+        matching any of its conditions was appended after its position. The check
+        runs while holding the store's position counter, so two conflicting
+        guarded appends can never both succeed.
+        """
+        items: list[Event]
+        if isinstance(events, Event):
+            items = [events]
+        elif isinstance(events, Sequence) and not isinstance(events, (str, bytes)):
+            items = list(events)
+        else:
+            raise ValidationError("append takes a bus.Event or a list of them")
+        if guard is not None and not isinstance(guard, Guard):
+            raise ValidationError("guard must be a bus.Guard (from claim_next, or Guard(conditions, position))")
+        tags, payloads, attrs = _encode_events(items, self._bus.config.max_message_bytes)
+        if not items:
+            return []
+        with db.translate_errors():
+            if guard is None or not guard.conditions:
+                rows = await sql.append(self._pool, self.name, tags, payloads, attrs)
+            else:
+                validate_offset(guard.position, "guard position")
+                conditions = _condition_arrays(guard.conditions)
+                async with self._pool.acquire() as conn, conn.transaction():
+                    rows, conflict = await sql.append_guarded(
+                        conn, self.name, tags, payloads, attrs, conditions, guard.position
+                    )
+                    if conflict is not None:
+                        # Raising inside the transaction rolls back the reserved positions.
+                        raise _conflict_error(conflict, guard.position)
+        return [PositionedEvent(p, e, t) for (p, t), e in zip(rows, items, strict=True)]
+
+    async def read(
+        self, conditions: Sequence[QueryCondition] | None = None, after: int = 0, limit: int | None = None
+    ) -> list[PositionedEvent]:
+        """Events after position `after`, in order: all of them (conditions None), or those matching any condition."""
+        validate_offset(after, "after")
+        if limit is not None:
+            _positive_int(limit, "limit")
+        with db.translate_errors():
+            if conditions is None:
+                rows = await self._pool.fetch(sql.READ_ALL, self.name, after, limit)
+            else:
+                arrays = _condition_arrays(conditions)
+                if not arrays[0]:
+                    return []
+                rows = await self._pool.fetch(sql.READ_MATCHING, self.name, after, *arrays, limit)
+        return [_positioned(r) for r in rows]
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (0 when the store is empty)."""
+        with db.translate_errors():
+            return int(await self._pool.fetchval(sql.LAST_POSITION, self.name))
+
+    async def clear(self) -> None:
+        """Delete the whole store: events, attribute index, groups, cursors. Not undoable."""
+        with db.translate_errors():
+            await self._pool.execute(sql.CLEAR_STORE, self.name)
+        self._log.info("event_store_cleared")
+
+    # -- consumer groups -----------------------------------------------------------
+
+    async def register_group(self, group: str, *, max_attempts: int = 5, retry_backoff: float = 1.0) -> None:
+        """Create the group (active) if it does not exist; registering again changes nothing.
+
+        `max_attempts`: failed attempts (nack) on one partition before the group is
+        marked failed; `retry_backoff`: seconds before the first retry, doubled each time.
+        """
+        validate_name(group, "group name")
+        _positive_int(max_attempts, "max_attempts")
+        backoff = _seconds(retry_backoff, "retry_backoff")
+        with db.translate_errors():
+            await self._pool.execute(sql.REGISTER_GROUP, self.name, group, max_attempts, backoff)
+
+    async def group_active(self, group: str) -> bool:
+        """True if the group exists and is active (False when stopped, failed, or unknown)."""
+        return await self.group_status(group) == "active"
+
+    async def group_status(self, group: str) -> str | None:
+        """'active', 'stopped' or 'failed'; None if the group does not exist."""
+        validate_name(group, "group name")
+        with db.translate_errors():
+            row = await self._pool.fetchrow(sql.GROUP_ROW, self.name, group)
+        return None if row is None else str(row["status"])
+
+    async def group_error(self, group: str) -> dict[str, Any] | None:
+        """Why the group failed (partition, error, attempts, when); None unless it failed."""
+        validate_name(group, "group name")
+        with db.translate_errors():
+            row = await self._pool.fetchrow(sql.GROUP_ROW, self.name, group)
+        if row is None:
+            raise _group_not_found(self.name, group)
+        return None if row["error_context"] is None else msgspec.json.decode(row["error_context"])
+
+    async def stop_group(self, group: str) -> None:
+        """Stop the group: claim_next returns None until start_group. Claims already out stay valid."""
+        await self._group_update(sql.STOP_GROUP, group)
+        self._log.info("event_group_stopped", group=group)
+
+    async def start_group(self, group: str) -> None:
+        """(Re)activate the group; a failed group's error is cleared and its partitions' attempts restart."""
+        await self._group_update(sql.START_GROUP, group)
+        self._log.info("event_group_started", group=group)
+
+    async def reset_group(self, group: str) -> None:
+        """Delete every cursor of the group: it reprocesses the store from the beginning."""
+        await self._group_update(sql.RESET_GROUP, group)
+        self._log.info("event_group_reset", group=group)
+
+    async def delete_group(self, group: str) -> None:
+        """Delete the group and its cursors."""
+        await self._group_update(sql.DELETE_GROUP, group)
+        self._log.info("event_group_deleted", group=group)
+
+    async def _group_update(self, statement: str, group: str) -> None:
+        validate_name(group, "group name")
+        with db.translate_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                found = await conn.fetchval(statement, self.name, group)
+        if found is None:
+            raise _group_not_found(self.name, group)
+
+    async def partitions(self, group: str) -> list[PartitionCursor]:
+        """The group's cursors, one per discovered partition (inspection and tests)."""
+        validate_name(group, "group name")
+        with db.translate_errors():
+            rows = await self._pool.fetch(sql.GROUP_OFFSETS, self.name, group)
+        return [
+            PartitionCursor(
+                offset_id=r["id"],
+                partition_key=r["partition_key"],
+                partition_value=dict(zip(r["names"], r["vals"], strict=True)),
+                position=r["position"],
+                claimed_by=r["claimed_by"],
+                claimed_at=r["claimed_at"],
+                attempts=r["attempts"],
+                retry_at=r["retry_at"],
+                last_error=r["last_error"],
+            )
+            for r in rows
+        ]
+
+    # -- claiming ------------------------------------------------------------------
+
+    async def claim_next(
+        self,
+        group: str,
+        partition_by: str | Sequence[str],
+        handled_types: Sequence[type[Event] | str],
+        worker_id: str,
+        *,
+        max_messages: int = 1000,
+    ) -> EventClaim | None:
+        """Claim the unclaimed partition with the earliest pending handled event.
+
+        Discovers partitions first (AND over `partition_by`, incrementally: only
+        events appended since the last call are scanned). Returns up to
+        `max_messages` events (conditional AND) and a guard built from every
+        handled type's own attributes; None when nothing is pending, or the group
+        is stopped or failed. Raises GroupNotFoundError for an unregistered group.
+        """
+        validate_name(group, "group name")
+        worker = _worker(worker_id)
+        names = _validate_attribute_names(partition_by)
+        classes = _handled_classes(handled_types)
+        _positive_int(max_messages, "max_messages")
+        tags = [c.__event_tag__ for c in classes]
+        ttl = float(self._bus.config.claim_ttl)
+        with db.translate_errors():
+            state = await self._pool.fetchrow(sql.CLAIM_STATE, self.name, group, names)
+            if state["status"] is None:
+                raise _group_not_found(self.name, group)
+            if state["status"] != "active":
+                return None
+            if state["upto"] > state["scanned"]:
+                await self._discover(group, names, tags)
+            for _ in range(_MAX_EMPTY_CLAIMS):
+                row = await self._pool.fetchrow(sql.CLAIM_PARTITION, self.name, group, names, worker, ttl)
+                if row is None:
+                    return None
+                rows = await self._pool.fetch(
+                    sql.FETCH_PARTITION, self.name, names, row["vals"], row["position"], tags, max_messages + 1
+                )
+                if not rows:
+                    await self._pool.execute(sql.RELEASE_EMPTY, row["id"], worker)
+                    continue
+                more = len(rows) > max_messages
+                rows = rows[:max_messages]
+                await self._pool.execute(sql.RECORD_FETCH, row["id"], worker, rows[-1]["position"], more)
+                break
+            else:
+                return None
+        value = dict(zip(names, row["vals"], strict=True))
+        messages = [_positioned(r) for r in rows]
+        conditions = [c for cls in classes for c in cls.to_conditions(**value)]
+        return EventClaim(
+            offset_id=row["id"],
+            partition_key=row["partition_key"],
+            partition_value=value,
+            messages=messages,
+            guard=Guard(conditions, messages[-1].position),
+            attempts=row["attempts"],
+        )
+
+    async def _discover(self, group: str, names: list[str], tags: list[str | None]) -> None:
+        """Scan the events appended since the last discovery: new partitions, lowered hints."""
+        async with self._pool.acquire() as conn:
+            try:
+                await conn.execute(sql.ENSURE_SCAN, self.name, group, names)
+            except asyncpg.ForeignKeyViolationError:
+                raise _group_not_found(self.name, group) from None
+            while True:
+                async with conn.transaction():
+                    scanned = await conn.fetchval(sql.LOCK_SCAN, self.name, group, names)
+                    if scanned is None:  # the group was reset or deleted meanwhile
+                        return
+                    last = await conn.fetchval(sql.LAST_POSITION, self.name)
+                    if last <= scanned:
+                        return
+                    upto = min(last, scanned + _SCAN_WINDOW)
+                    created = await conn.fetchval(
+                        sql.DISCOVER_PARTITIONS, self.name, group, names, scanned, upto, tags
+                    )
+                    await conn.execute(sql.BUMP_HINTS, self.name, group, names, scanned, upto, tags)
+                    await conn.execute(sql.SET_SCANNED, self.name, group, names, upto)
+                if created:
+                    self._log.debug("event_partitions_discovered", group=group, count=created, scanned=upto)
+
+    async def ack(self, group: str, offset_id: int, position: int, *, worker_id: str | None = None) -> None:
+        """Advance the partition's cursor to `position` (never backwards) and release the claim.
+
+        With `worker_id`, refused with LeaseLostError if that worker no longer holds the claim.
+        """
+        validate_name(group, "group name")
+        _positive_int(offset_id, "offset_id")
+        validate_offset(position, "position")
+        worker = None if worker_id is None else _worker(worker_id)
+        with db.translate_errors():
+            done = await self._pool.fetchval(sql.ACK, self.name, group, offset_id, position, worker)
+        if done is None:
+            await self._explain_missing(group, offset_id, worker)
+
+    async def release(self, group: str, offset_id: int, *, worker_id: str | None = None) -> None:
+        """Release the claim without advancing: the same events come back on the next claim."""
+        validate_name(group, "group name")
+        _positive_int(offset_id, "offset_id")
+        worker = None if worker_id is None else _worker(worker_id)
+        with db.translate_errors():
+            done = await self._pool.fetchval(sql.RELEASE, self.name, group, offset_id, worker)
+        if done is None:
+            await self._explain_missing(group, offset_id, worker)
+
+    async def nack(
+        self,
+        group: str,
+        offset_id: int,
+        error: BaseException | str,
+        *,
+        retry_delay: float | None = None,
+        worker_id: str | None = None,
+    ) -> bool:
+        """Record a failed attempt on the claimed partition and release it for a retry later.
+
+        The partition is retried after `retry_delay` seconds (default: the group's
+        `retry_backoff` doubled per attempt, at most 5 minutes). After the group's
+        `max_attempts` the group is marked failed (claim_next returns None,
+        `group_error` says why) and True is returned; `start_group` resumes it.
+        """
+        validate_name(group, "group name")
+        _positive_int(offset_id, "offset_id")
+        delay = None if retry_delay is None else _seconds(retry_delay, "retry_delay")
+        worker = None if worker_id is None else _worker(worker_id)
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        text = text.replace("\x00", "")
+        with db.translate_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow(sql.NACK, self.name, group, offset_id, text, delay, worker)
+                if row is None:
+                    failed = None
+                elif row["attempts"] >= row["max_attempts"]:
+                    context = {
+                        "offset_id": offset_id,
+                        "partition_key": row["partition_key"],
+                        "partition_value": dict(zip(row["names"], row["vals"], strict=True)),
+                        "position": row["position"],
+                        "attempts": row["attempts"],
+                        "error": text,
+                        "worker_id": worker,
+                    }
+                    await conn.execute(sql.FAIL_GROUP, self.name, group, _encoder.encode(context).decode())
+                    failed = True
+                else:
+                    failed = False
+        if failed is None:
+            await self._explain_missing(group, offset_id, worker)
+            return False
+        if failed:
+            self._log.error("event_group_failed", group=group, partition=row["partition_key"], error=text)
+        else:
+            self._log.warning(
+                "event_partition_retry", group=group, partition=row["partition_key"], attempts=row["attempts"]
+            )
+        return failed
+
+    async def heartbeat(self, worker_id: str) -> int:
+        """Keep every claim of this worker in this store alive; returns how many it holds."""
+        worker = _worker(worker_id)
+        with db.translate_errors():
+            status = await self._pool.execute(sql.HEARTBEAT, self.name, worker)
+        return int(status.split()[-1])
+
+    async def release_stale_claims(self, ttl: float | None = None) -> int:
+        """Release claims not heartbeaten for `ttl` seconds (default config `claim_ttl`); returns how many."""
+        seconds = float(self._bus.config.claim_ttl) if ttl is None else _seconds(ttl, "ttl")
+        with db.translate_errors():
+            status = await self._pool.execute(sql.RELEASE_STALE, self.name, seconds)
+        released = int(status.split()[-1])
+        if released:
+            self._log.info("event_stale_claims_released", count=released, ttl=seconds)
+        return released
+
+    async def _explain_missing(self, group: str, offset_id: int, worker: str | None) -> None:
+        with db.translate_errors():
+            exists = await self._pool.fetchrow(sql.OFFSET_EXISTS, self.name, group, offset_id)
+            status = None if exists is not None else await self._pool.fetchrow(sql.GROUP_ROW, self.name, group)
+        if exists is not None:
+            raise LeaseLostError(
+                f"worker {worker!r} no longer holds partition {offset_id} of group {group!r} "
+                f"(now held by {exists['claimed_by']!r}: its claim expired); claim again"
+            )
+        if status is None:
+            raise _group_not_found(self.name, group)
+        raise ValidationError(
+            f"group {group!r} of store {self.name!r} has no partition cursor {offset_id} "
+            "(was the group reset?); claim again"
+        )
+
+
+def _positioned(row: asyncpg.Record) -> PositionedEvent:
+    return PositionedEvent(row["position"], decode_event(row["tag"], row["payload"]), row["created_at"])
+
+
+def _group_not_found(store: str, group: str) -> GroupNotFoundError:
+    return GroupNotFoundError(
+        f"event store {store!r} has no group {group!r}; create it with store.register_group({group!r})"
+    )
+
+
+def _conflict_error(conflict: asyncpg.Record, after: int) -> ConcurrentAppendError:
+    error = ConcurrentAppendError(
+        f"event {conflict['tag']!r} with {conflict['name']}={conflict['value']!r} was appended at position "
+        f"{conflict['position']}, after the guard's position {after}; nothing was written: "
+        "read (or claim) again and decide on the new events"
+    )
+    error.position = conflict["position"]  # type: ignore[attr-defined]
+    return error

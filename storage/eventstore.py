@@ -1,0 +1,397 @@
+"""The event store's SQL: appends with guards, attribute index, group cursors.
+
+Positions come from `es_stores.next_position`, incremented (and so row-locked)
+in the appending transaction: appends to one store serialize on that row, so
+positions are dense and commit in position order. A guarded append checks for
+conflicting events in a statement that runs after it holds that lock, so no
+conflicting append can commit between the check and its own commit.
+
+Consumer-group cursors (`es_offsets`) carry `next_position`, a lower bound of
+the earliest pending handled event of their partition. Discovery keeps it up
+to date incrementally (only events appended since the group's last scan are
+looked at), so finding the next partition to claim is one index probe however
+long the log is. A hint that is too low is harmless: the claimer fetches,
+finds nothing, clears it and moves on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+Executor = asyncpg.Connection | asyncpg.Pool
+
+# -- appending -------------------------------------------------------------------
+
+# Unguarded append in one statement: take the positions, insert events and
+# their attributes. $2/$3: tags and JSON payloads; $4..$7: one row per
+# attribute (1-based event index, name, value, tag).
+APPEND_EVENTS = """
+WITH s AS (
+    INSERT INTO es_stores AS s (name, next_position) VALUES ($1, 1 + cardinality($2::text[]))
+    ON CONFLICT (name) DO UPDATE SET next_position = s.next_position + cardinality($2::text[])
+    RETURNING s.next_position - cardinality($2::text[]) AS base
+), e AS (
+    INSERT INTO es_events (store, position, tag, payload)
+    SELECT $1, s.base + u.ord - 1, u.tag, u.payload::jsonb
+    FROM s, unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(tag, payload, ord)
+    RETURNING position, created_at
+), a AS (
+    INSERT INTO es_attributes (store, position, name, value, tag)
+    SELECT $1, s.base + v.idx - 1, v.name, v.value, v.tag
+    FROM s, unnest($4::bigint[], $5::text[], $6::text[], $7::text[]) AS v(idx, name, value, tag)
+)
+SELECT position, created_at FROM e ORDER BY position
+"""
+
+# Guarded append, step 1: take (and lock until commit) `count` positions.
+RESERVE_POSITIONS = """
+INSERT INTO es_stores AS s (name, next_position) VALUES ($1, 1 + $2::bigint)
+ON CONFLICT (name) DO UPDATE SET next_position = s.next_position + $2::bigint
+RETURNING s.next_position - $2::bigint AS base
+"""
+
+# Guarded append, step 2 (a new statement, so a new snapshot that sees every
+# append committed before we got the lock): the first event matching any
+# condition (tag, name, value) after the guard's position.
+FIND_CONFLICT = """
+SELECT a.position, a.tag, a.name, a.value
+FROM unnest($2::text[], $3::text[], $4::text[]) AS c(tag, name, value)
+CROSS JOIN LATERAL (
+    SELECT x.position, x.tag, x.name, x.value FROM es_attributes x
+    WHERE x.store = $1 AND x.name = c.name AND x.value = c.value AND x.tag = c.tag AND x.position > $5
+    ORDER BY x.position
+    LIMIT 1
+) AS a
+ORDER BY a.position
+LIMIT 1
+"""
+
+# Guarded append, step 3: insert at the reserved positions ($2 = base).
+INSERT_EVENTS = """
+WITH e AS (
+    INSERT INTO es_events (store, position, tag, payload)
+    SELECT $1, $2 + u.ord - 1, u.tag, u.payload::jsonb
+    FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS u(tag, payload, ord)
+    RETURNING position, created_at
+), a AS (
+    INSERT INTO es_attributes (store, position, name, value, tag)
+    SELECT $1, $2 + v.idx - 1, v.name, v.value, v.tag
+    FROM unnest($5::bigint[], $6::text[], $7::text[], $8::text[]) AS v(idx, name, value, tag)
+)
+SELECT position, created_at FROM e ORDER BY position
+"""
+
+# The last committed position (0 for an empty or unknown store). Reading the
+# counter without locking sees its last committed value, and every position
+# below it is committed (appends commit while holding the counter).
+LAST_POSITION = "SELECT coalesce((SELECT next_position - 1 FROM es_stores WHERE name = $1), 0)"
+
+# -- reading ---------------------------------------------------------------------
+
+READ_ALL = """
+SELECT position, tag, payload::text AS payload, created_at
+FROM es_events
+WHERE store = $1 AND position > $2
+ORDER BY position
+LIMIT $3
+"""
+
+# Events matching any of the conditions (tag, name, value).
+READ_MATCHING = """
+SELECT e.position, e.tag, e.payload::text AS payload, e.created_at
+FROM es_events e
+WHERE e.store = $1 AND e.position IN (
+    SELECT a.position FROM es_attributes a
+    JOIN unnest($3::text[], $4::text[], $5::text[]) AS c(tag, name, value)
+      ON a.name = c.name AND a.value = c.value AND a.tag = c.tag
+    WHERE a.store = $1 AND a.position > $2)
+ORDER BY e.position
+LIMIT $6
+"""
+
+# -- groups ----------------------------------------------------------------------
+
+REGISTER_GROUP = """
+INSERT INTO es_groups (store, name, max_attempts, retry_backoff) VALUES ($1, $2, $3, $4)
+ON CONFLICT (store, name) DO NOTHING
+"""
+
+GROUP_ROW = """
+SELECT status, error_context::text AS error_context, max_attempts, retry_backoff
+FROM es_groups WHERE store = $1 AND name = $2
+"""
+
+STOP_GROUP = """
+UPDATE es_groups SET status = 'stopped', updated_at = clock_timestamp()
+WHERE store = $1 AND name = $2
+RETURNING name
+"""
+
+# Starting clears a failure: the error context goes, and every partition's
+# attempt count restarts so a fixed handler gets its full retries.
+START_GROUP = """
+WITH g AS (
+    UPDATE es_groups SET status = 'active', error_context = NULL, updated_at = clock_timestamp()
+    WHERE store = $1 AND name = $2
+    RETURNING name
+), o AS (
+    UPDATE es_offsets SET attempts = 0, retry_at = NULL, last_error = NULL
+    WHERE store = $1 AND group_name = $2 AND (attempts > 0 OR retry_at IS NOT NULL)
+)
+SELECT name FROM g
+"""
+
+# Forget every cursor (and discovery progress): the group starts over from the
+# beginning of the log.
+RESET_GROUP = """
+WITH g AS (
+    SELECT name FROM es_groups WHERE store = $1 AND name = $2
+), o AS (
+    DELETE FROM es_offsets WHERE store = $1 AND group_name = $2
+), s AS (
+    DELETE FROM es_scans WHERE store = $1 AND group_name = $2
+)
+SELECT name FROM g
+"""
+
+DELETE_GROUP = "DELETE FROM es_groups WHERE store = $1 AND name = $2 RETURNING name"
+
+FAIL_GROUP = """
+UPDATE es_groups SET status = 'failed', error_context = $3::jsonb, updated_at = clock_timestamp()
+WHERE store = $1 AND name = $2
+"""
+
+CLEAR_STORE = """
+WITH g AS (DELETE FROM es_groups WHERE store = $1),
+     a AS (DELETE FROM es_attributes WHERE store = $1),
+     e AS (DELETE FROM es_events WHERE store = $1)
+DELETE FROM es_stores WHERE name = $1
+"""
+
+# -- claiming --------------------------------------------------------------------
+
+# One round trip before claiming: the group's status, how far discovery has
+# scanned for this partition_by, and the last committed position.
+CLAIM_STATE = """
+SELECT (SELECT status FROM es_groups WHERE store = $1 AND name = $2) AS status,
+       coalesce((SELECT scanned FROM es_scans
+                 WHERE store = $1 AND group_name = $2 AND partition_by = $3::text[]), 0) AS scanned,
+       coalesce((SELECT next_position - 1 FROM es_stores WHERE name = $1), 0) AS upto
+"""
+
+ENSURE_SCAN = """
+INSERT INTO es_scans (store, group_name, partition_by) VALUES ($1, $2, $3::text[])
+ON CONFLICT DO NOTHING
+"""
+
+# Discovery runs one at a time per (group, partition_by): this lock keeps the
+# scanned windows disjoint and contiguous.
+LOCK_SCAN = """
+SELECT scanned FROM es_scans WHERE store = $1 AND group_name = $2 AND partition_by = $3::text[]
+FOR UPDATE
+"""
+
+SET_SCANNED = """
+UPDATE es_scans SET scanned = $4 WHERE store = $1 AND group_name = $2 AND partition_by = $3::text[]
+"""
+
+# New partitions (AND): value tuples of the events in (scanned, upto] that carry
+# every partition_by attribute ($3, sorted). Each new cursor's hint is the
+# first handled event ($6) sharing any of its (name, value) pairs: a lower
+# bound, since the conditional-AND fetch only removes events from that set.
+DISCOVER_PARTITIONS = """
+WITH found AS (
+    SELECT DISTINCT t.vals FROM (
+        SELECT array_agg(a.value ORDER BY k.ord) AS vals
+        FROM es_attributes a
+        JOIN unnest($3::text[]) WITH ORDINALITY AS k(name, ord) ON a.name = k.name
+        WHERE a.store = $1 AND a.position > $4 AND a.position <= $5
+        GROUP BY a.position
+        HAVING count(*) = cardinality($3::text[])
+    ) AS t
+), ins AS (
+    INSERT INTO es_offsets (store, group_name, names, vals, partition_key, next_position)
+    SELECT $1, $2, $3::text[], f.vals,
+           (SELECT string_agg(kv.n || ':' || kv.v, '|' ORDER BY kv.o)
+              FROM unnest($3::text[], f.vals) WITH ORDINALITY AS kv(n, v, o)),
+           (SELECT min(h.position)
+              FROM unnest($3::text[], f.vals) AS kv(n, v)
+              CROSS JOIN LATERAL (
+                  SELECT min(x.position) AS position FROM es_attributes x
+                  WHERE x.store = $1 AND x.name = kv.n AND x.value = kv.v AND x.tag = ANY($6::text[])
+              ) AS h)
+    FROM found f
+    ON CONFLICT (store, group_name, names, vals) DO NOTHING
+    RETURNING id, vals
+), keys AS (
+    INSERT INTO es_offset_keys (offset_id, store, group_name, name, value)
+    SELECT ins.id, $1, $2, kv.n, kv.v FROM ins, unnest($3::text[], ins.vals) AS kv(n, v)
+)
+SELECT count(*) FROM ins
+"""
+
+# Existing partitions touched (OR, by any of their pairs) by handled events in
+# (scanned, upto]: lower their hint; `bumps` tells a claimer the hint moved.
+BUMP_HINTS = """
+WITH touched AS (
+    SELECT o.id, min(a.position) AS p
+    FROM es_attributes a
+    JOIN es_offset_keys k ON k.store = $1 AND k.group_name = $2 AND k.name = a.name AND k.value = a.value
+    JOIN es_offsets o ON o.id = k.offset_id
+    WHERE a.store = $1 AND a.position > $4 AND a.position <= $5
+      AND a.name = ANY($3::text[]) AND a.tag = ANY($6::text[])
+      AND o.names = $3::text[] AND a.position > o.position
+    GROUP BY o.id
+)
+UPDATE es_offsets o SET next_position = LEAST(o.next_position, t.p), bumps = o.bumps + 1
+FROM touched t
+WHERE o.id = t.id
+"""
+
+# Claim the partition with the earliest pending event that nobody holds (or
+# whose holder stopped heartbeating for $5 seconds), if the group is active.
+CLAIM_PARTITION = """
+UPDATE es_offsets o
+SET claimed_by = $4, claimed_at = clock_timestamp(), claim_bumps = o.bumps,
+    claim_last = NULL, claim_more = NULL
+WHERE o.id = (
+        SELECT c.id FROM es_offsets c
+        WHERE c.store = $1 AND c.group_name = $2 AND c.names = $3::text[]
+          AND c.next_position IS NOT NULL
+          AND (c.claimed_by IS NULL OR c.claimed_at < clock_timestamp() - make_interval(secs => $5))
+          AND (c.retry_at IS NULL OR c.retry_at <= clock_timestamp())
+        ORDER BY c.next_position, c.id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED)
+  AND (o.claimed_by IS NULL OR o.claimed_at < clock_timestamp() - make_interval(secs => $5))
+  AND EXISTS (SELECT 1 FROM es_groups g WHERE g.store = $1 AND g.name = $2 AND g.status = 'active')
+RETURNING o.id, o.partition_key, o.vals, o.position, o.attempts
+"""
+
+# The conditional-AND fetch: candidates share at least one of the partition's
+# pairs ($2 names, $3 values); an event is kept unless it carries a partition
+# attribute with another value (every partition attribute it has must match).
+FETCH_PARTITION = """
+SELECT e.position, e.tag, e.payload::text AS payload, e.created_at
+FROM es_events e
+WHERE e.store = $1
+  AND e.position IN (
+      SELECT a.position FROM es_attributes a
+      JOIN unnest($2::text[], $3::text[]) AS k(name, value) ON a.name = k.name AND a.value = k.value
+      WHERE a.store = $1 AND a.tag = ANY($5::text[]) AND a.position > $4)
+  AND NOT EXISTS (
+      SELECT 1 FROM es_attributes x
+      JOIN unnest($2::text[], $3::text[]) AS k(name, value) ON x.name = k.name
+      WHERE x.store = $1 AND x.position = e.position AND x.value <> k.value)
+ORDER BY e.position
+LIMIT $6
+"""
+
+# The claim found nothing to hand out (a hint was too low): release, and
+# clear the hint unless discovery lowered it meanwhile.
+RELEASE_EMPTY = """
+UPDATE es_offsets
+SET next_position = CASE WHEN bumps = claim_bumps THEN NULL ELSE next_position END,
+    claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL
+WHERE id = $1 AND claimed_by = $2
+"""
+
+RECORD_FETCH = """
+UPDATE es_offsets SET claim_last = $3, claim_more = $4 WHERE id = $1 AND claimed_by = $2
+"""
+
+# Advance (never backwards) and release. The hint: unchanged if discovery moved
+# it during the claim; just past the ack if more may be pending; else none.
+ACK = """
+UPDATE es_offsets
+SET position = GREATEST(position, $4),
+    next_position = CASE
+        WHEN claim_bumps IS NULL OR bumps <> claim_bumps THEN next_position
+        WHEN claim_more OR claim_last IS NULL OR $4 < claim_last THEN GREATEST(next_position, $4 + 1)
+        ELSE NULL END,
+    claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL, claim_last = NULL, claim_more = NULL,
+    attempts = 0, retry_at = NULL, last_error = NULL
+WHERE store = $1 AND group_name = $2 AND id = $3 AND ($5::text IS NULL OR claimed_by = $5)
+RETURNING id
+"""
+
+RELEASE = """
+UPDATE es_offsets
+SET claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL, claim_last = NULL, claim_more = NULL
+WHERE store = $1 AND group_name = $2 AND id = $3 AND ($4::text IS NULL OR claimed_by = $4)
+RETURNING id
+"""
+
+OFFSET_EXISTS = "SELECT claimed_by FROM es_offsets WHERE store = $1 AND group_name = $2 AND id = $3"
+
+# A failed attempt: count it, release, and retry after a delay ($5 seconds, or
+# the group's backoff doubled per attempt, at most 5 minutes).
+NACK = """
+UPDATE es_offsets o
+SET attempts = o.attempts + 1, last_error = $4,
+    retry_at = clock_timestamp() + make_interval(
+        secs => coalesce($5::float8, LEAST(300.0, g.retry_backoff * power(2.0, o.attempts)))),
+    claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL, claim_last = NULL, claim_more = NULL
+FROM es_groups g
+WHERE g.store = $1 AND g.name = $2
+  AND o.store = $1 AND o.group_name = $2 AND o.id = $3 AND ($6::text IS NULL OR o.claimed_by = $6)
+RETURNING o.attempts, g.max_attempts, o.partition_key, o.names, o.vals, o.position
+"""
+
+HEARTBEAT = """
+UPDATE es_offsets SET claimed_at = clock_timestamp() WHERE store = $1 AND claimed_by = $2
+"""
+
+RELEASE_STALE = """
+UPDATE es_offsets
+SET claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL, claim_last = NULL, claim_more = NULL
+WHERE store = $1 AND claimed_by IS NOT NULL AND claimed_at < clock_timestamp() - make_interval(secs => $2)
+"""
+
+GROUP_OFFSETS = """
+SELECT id, partition_key, names, vals, position, next_position, claimed_by, claimed_at, attempts, retry_at, last_error
+FROM es_offsets WHERE store = $1 AND group_name = $2
+ORDER BY id
+"""
+
+COUNT_GROUP_ROWS = """
+SELECT (SELECT count(*) FROM es_groups WHERE store = $1) AS groups,
+       (SELECT count(*) FROM es_offsets WHERE store = $1) AS offsets,
+       (SELECT count(*) FROM es_offset_keys WHERE store = $1) AS offset_keys,
+       (SELECT count(*) FROM es_events WHERE store = $1) AS events
+"""
+
+
+# -- thin wrappers (typed entry points; the statements above are the substance) ---
+
+
+async def append(
+    conn: Executor,
+    store: str,
+    tags: list[str],
+    payloads: list[str],
+    attrs: tuple[list[int], list[str], list[str], list[str]],
+) -> list[tuple[int, datetime]]:
+    """Append events without a guard, in one statement; (position, created_at) in order."""
+    rows = await conn.fetch(APPEND_EVENTS, store, tags, payloads, *attrs)
+    return [(r[0], r[1]) for r in rows]
+
+
+async def append_guarded(
+    conn: asyncpg.Connection,
+    store: str,
+    tags: list[str],
+    payloads: list[str],
+    attrs: tuple[list[int], list[str], list[str], list[str]],
+    conditions: tuple[list[str], list[str], list[str]],
+    after: int,
+) -> tuple[list[tuple[int, datetime]], asyncpg.Record | None]:
+    """Append under a guard, inside the caller's transaction: ([], conflict) when a match exists after `after`."""
+    base = await conn.fetchval(RESERVE_POSITIONS, store, len(tags))
+    conflict = await conn.fetchrow(FIND_CONFLICT, store, *conditions, after)
+    if conflict is not None:
+        return [], conflict
+    rows = await conn.fetch(INSERT_EVENTS, store, base, tags, payloads, *attrs)
+    return [(r[0], r[1]) for r in rows], None
