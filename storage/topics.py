@@ -109,3 +109,16 @@ async def partition_id(conn: asyncpg.Connection | asyncpg.Pool, topic: str, name
 
 async def partitions(conn: asyncpg.Connection | asyncpg.Pool, topic: str) -> list[asyncpg.Record]:
     return list(await conn.fetch(SELECT_PARTITIONS, topic))
+
+TOPIC_STATS = """
+SELECT p.name AS partition, p.log_start, p.next_offset AS end_offset,
+       (SELECT count(*) FROM messages m WHERE m.partition_id = p.id) AS size,
+       (SELECT m.created_at FROM messages m WHERE m.partition_id = p.id ORDER BY m."offset" LIMIT 1) AS oldest,
+       (SELECT m.created_at FROM messages m WHERE m.partition_id = p.id ORDER BY m."offset" DESC LIMIT 1) AS newest
+FROM partitions p WHERE p.topic = $1 ORDER BY p.id
+"""
+
+
+async def topic_stats(conn: asyncpg.Connection | asyncpg.Pool, topic: str) -> list[asyncpg.Record]:
+    """Per partition: log start, end offset, stored message count, oldest and newest timestamps."""
+    return list(await conn.fetch(TOPIC_STATS, topic))
