@@ -22,7 +22,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
-import structlog
+
+from storage.logs import get_logger
 
 __all__ = [
     "Actor",
@@ -39,7 +40,8 @@ __all__ = [
     "spawn",
 ]
 
-_logger = structlog.get_logger(__name__)
+# Through the stdlib (never stdout) so an unconfigured service sees only warnings.
+_logger = get_logger(__name__)
 
 M = TypeVar("M", bound=msgspec.Struct, contravariant=True)
 N = TypeVar("N", bound=msgspec.Struct)

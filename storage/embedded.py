@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
+from storage.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _SERVER_USER = "embedded_postgres"
 _DB_USER = "postgres"

@@ -16,5 +16,10 @@ import structlog
 
 
 def get_logger(name: str, **context: Any) -> Any:
-    """A structlog logger for module `name`, bound to `context`."""
-    return structlog.wrap_logger(logging.getLogger(name)).bind(**context)
+    """A structlog logger for module `name`, bound to `context`.
+
+    Lazy on purpose: module-level loggers are made at import time, before the
+    service configures structlog; the configuration is looked up when an event
+    is logged, so the service's processors apply to our events too.
+    """
+    return structlog.wrap_logger(logging.getLogger(name), **context)

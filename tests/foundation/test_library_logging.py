@@ -1,0 +1,98 @@
+"""Logging: importing and using the bus configures nothing global; its events carry bound context."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import textwrap
+import uuid
+
+import asyncpg
+import structlog
+
+import bus
+
+_PROBE = textwrap.dedent(
+    """
+    import asyncio, json, logging, sys
+    import structlog
+
+    root_before = list(logging.getLogger().handlers)
+    import bus
+    import bus.cli  # the CLI module configures logging only when it runs
+
+    def state():
+        return {
+            "structlog_configured": structlog.is_configured(),
+            "root_handlers_added": len(logging.getLogger().handlers) - len(root_before),
+            "root_level": logging.getLogger().level,
+        }
+
+    after_import = state()
+
+    async def main():
+        async with bus.connect(sys.argv[1], schema=sys.argv[2]) as b:
+            await b.create_topic("t")
+            await b.publish("t", b"x")
+            await b.read("t")
+        after_use = state()
+        # A service that configures structlog after importing the bus gets the bus's events.
+        seen = []
+
+        def collect(logger, method, event_dict):
+            seen.append(event_dict)
+            raise structlog.DropEvent
+
+        structlog.configure(processors=[collect])
+        logging.getLogger().setLevel(logging.DEBUG)
+        async with bus.connect(sys.argv[1], schema=sys.argv[3]):
+            pass
+        events = [{k: v for k, v in e.items() if isinstance(v, (str, int))} for e in seen]
+        print(json.dumps({"after_import": after_import, "after_use": after_use, "events": events}))
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_importing_and_using_the_bus_configures_no_logging_and_prints_nothing(dsn: str) -> None:
+    schemas = ["t_" + uuid.uuid4().hex[:12] for _ in range(2)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _PROBE,
+        dsn,
+        *schemas,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        conn = await asyncpg.connect(dsn)
+        for s in schemas:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')
+        await conn.close()
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert len(lines) == 1, f"the library printed to stdout: {lines[:-1]}"
+    report = json.loads(lines[0])
+    untouched = {"structlog_configured": False, "root_handlers_added": 0, "root_level": 30}
+    assert report["after_import"] == untouched
+    assert report["after_use"] == untouched
+    # Events reached the service's own structlog configuration, with their bound context.
+    applied = [e for e in report["events"] if e["event"] == "migration_applied"]
+    assert applied and all(e["schema"] == schemas[1] and isinstance(e["version"], int) for e in applied)
+    connected = [e for e in report["events"] if e["event"] == "bus_connected"]
+    assert connected and connected[0]["schema"] == schemas[1]
+
+
+async def test_library_events_carry_their_bound_context(dsn: str, schema: str, drop_schema: None) -> None:
+    with structlog.testing.capture_logs() as events:
+        async with bus.connect(dsn, schema=schema):
+            pass
+    applied = [e for e in events if e["event"] == "migration_applied"]
+    assert [e["version"] for e in applied] == sorted(e["version"] for e in applied)
+    assert all(e["schema"] == schema and e["name"] for e in applied)
+    assert any(e["event"] == "bus_connected" and e["schema"] == schema for e in events)
