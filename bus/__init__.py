@@ -24,6 +24,15 @@ from bus.errors import (
     TopicNotFoundError,
     ValidationError,
 )
+from bus.eventstore import (
+    Event,
+    EventClaim,
+    EventStore,
+    Guard,
+    PartitionCursor,
+    PositionedEvent,
+    QueryCondition,
+)
 from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
 
 __all__ = [
@@ -49,4 +58,11 @@ __all__ = [
     "TopicPartition",
     "ValidationError",
     "connect",
+    "Event",
+    "EventClaim",
+    "EventStore",
+    "Guard",
+    "PartitionCursor",
+    "PositionedEvent",
+    "QueryCondition",
 ]
