@@ -1,0 +1,207 @@
+"""Queue topics (`semantics="queue"`): one job row per unacked message.
+
+Publishing to a queue topic appends to the log exactly like pubsub and, in the
+same statement, inserts the message's job row (so a job exists if and only if
+its message does). Consumers take jobs with FOR UPDATE SKIP LOCKED, which
+pushes `visible_at` by the visibility timeout: a job nobody acks comes back by
+itself. An ack deletes the row; every ack/nack is fenced by `lease_epoch`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+Conn = asyncpg.Connection | asyncpg.Pool
+
+PUBLISH_ONE = """
+WITH p AS (
+    UPDATE partitions SET next_offset = next_offset + 1 WHERE id = $1
+    RETURNING next_offset - 1 AS off, topic
+), m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload)
+    SELECT $1, p.off, $2, $3::jsonb, $4 FROM p
+    RETURNING "offset", created_at
+), j AS (
+    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
+    SELECT $1, p.off, p.topic, $2 FROM p
+)
+SELECT m."offset", m.created_at, pg_notify($5, $1::text) FROM m
+"""
+
+PUBLISH_BATCH = """
+WITH p AS (
+    UPDATE partitions SET next_offset = next_offset + cardinality($4::bytea[]) WHERE id = $1
+    RETURNING next_offset - cardinality($4::bytea[]) AS base, topic
+), m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload)
+    SELECT $1, p.base + u.ord - 1, u.k, u.h::jsonb, u.p
+    FROM p, unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, ord)
+    RETURNING "offset", created_at, key
+), j AS (
+    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
+    SELECT $1, m."offset", p.topic, m.key FROM m, p
+)
+SELECT m."offset", m.created_at, n.ok
+FROM m, (SELECT pg_notify($5, $1::text) IS NULL AS ok) AS n
+ORDER BY m."offset"
+"""
+
+# The lease part shared by both takes: a job taken again after its lease ran
+# out records that in its error history.
+_TAKE_TAIL = """
+), u AS (
+    UPDATE queue_jobs j
+    SET attempts = j.attempts + 1, lease_epoch = j.lease_epoch + 1, leased_by = $4,
+        visible_at = clock_timestamp() + make_interval(secs => $3),
+        errors = CASE WHEN j.leased_by IS NULL THEN j.errors
+                      ELSE COALESCE(j.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                          'attempt', j.attempts, 'error', 'visibility timeout expired',
+                          'at', clock_timestamp())) END
+    FROM c WHERE j.partition_id = c.partition_id AND j."offset" = c."offset"
+    RETURNING j.partition_id, j."offset", j.attempts, j.lease_epoch, j.errors::text AS errors
+)
+SELECT u.partition_id, u."offset", u.attempts, u.lease_epoch, u.errors, p.name AS partition,
+       m.key, m.headers::text AS headers, m.payload, m.created_at
+FROM u
+JOIN messages m ON m.partition_id = u.partition_id AND m."offset" = u."offset"
+JOIN partitions p ON p.id = u.partition_id
+ORDER BY m.created_at, u.partition_id, u."offset"
+"""
+
+# $1 topic, $2 limit, $3 visibility timeout (s), $4 consumer id
+TAKE = (
+    """
+WITH c AS (
+    SELECT partition_id, "offset" FROM queue_jobs
+    WHERE topic = $1 AND visible_at <= clock_timestamp()
+    ORDER BY visible_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+"""
+    + _TAKE_TAIL
+)
+
+# ordered_by_key: only a key's earliest remaining job is eligible, so a key
+# never has two jobs out at once (a leased or delayed job blocks the next one)
+# and each key is worked in order.
+TAKE_ORDERED = (
+    """
+WITH c AS (
+    SELECT j.partition_id, j."offset" FROM queue_jobs j
+    WHERE j.topic = $1 AND j.visible_at <= clock_timestamp()
+      AND (j.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM queue_jobs e
+            WHERE e.topic = j.topic AND e.key = j.key
+              AND (e.partition_id, e."offset") < (j.partition_id, j."offset")))
+    ORDER BY j.visible_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+"""
+    + _TAKE_TAIL
+)
+
+ACK = """
+DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch = $3
+RETURNING "offset"
+"""
+
+ACK_MANY = """
+DELETE FROM queue_jobs j
+USING unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS a(pid, off, epoch)
+WHERE j.partition_id = a.pid AND j."offset" = a.off AND j.lease_epoch = a.epoch
+RETURNING j.partition_id, j."offset"
+"""
+
+# $4 delay seconds, $5 error text
+NACK = """
+UPDATE queue_jobs
+SET visible_at = clock_timestamp() + make_interval(secs => $4), leased_by = NULL,
+    errors = COALESCE(errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'attempt', attempts, 'error', $5::text, 'at', clock_timestamp()))
+WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch = $3
+RETURNING attempts
+"""
+
+# A consumer closing gives its jobs back at once, without counting the attempt.
+RETURN_UNACKED = """
+UPDATE queue_jobs j
+SET visible_at = clock_timestamp(), leased_by = NULL, attempts = GREATEST(j.attempts - 1, 0)
+FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS a(pid, off, epoch)
+WHERE j.partition_id = a.pid AND j."offset" = a.off AND j.lease_epoch = a.epoch
+"""
+
+# Dead-lettering removes the job (fenced); the DLQ message is published in the same transaction.
+DELETE_JOB = """
+DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch = $3
+RETURNING errors::text AS errors
+"""
+
+JOB_STATE = 'SELECT lease_epoch, leased_by FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2'
+
+PENDING_JOBS = "SELECT count(*) FROM queue_jobs WHERE topic = $1"
+
+
+async def publish_one(
+    conn: Conn, partition_id: int, key: str | None, headers: str | None, payload: bytes | None, channel: str
+) -> tuple[int, datetime] | None:
+    """Append one message and its job; None if the partition no longer exists."""
+    row = await conn.fetchrow(PUBLISH_ONE, partition_id, key, headers, payload, channel)
+    return None if row is None else (row[0], row[1])
+
+
+async def publish_batch(
+    conn: asyncpg.Connection,
+    partition_id: int,
+    keys: list[str | None],
+    headers: list[str | None],
+    payloads: list[bytes | None],
+    channel: str,
+) -> list[tuple[int, datetime]]:
+    """Append messages and their jobs to one partition in one statement."""
+    rows = await conn.fetch(PUBLISH_BATCH, partition_id, keys, headers, payloads, channel)
+    return [(r[0], r[1]) for r in rows]
+
+
+async def take(
+    conn: Conn, topic: str, limit: int, visibility_timeout: float, consumer: str, *, ordered: bool
+) -> list[asyncpg.Record]:
+    """Lease up to `limit` free jobs of `topic` to `consumer`."""
+    return list(await conn.fetch(TAKE_ORDERED if ordered else TAKE, topic, limit, visibility_timeout, consumer))
+
+
+async def ack(conn: Conn, partition_id: int, offset: int, epoch: int) -> bool:
+    """Delete the job if this lease still holds it."""
+    return await conn.fetchval(ACK, partition_id, offset, epoch) is not None
+
+
+async def ack_many(conn: Conn, jobs: list[tuple[int, int, int]]) -> set[tuple[int, int]]:
+    """Delete the jobs (partition_id, offset, epoch) still held by these leases; those deleted."""
+    rows = await conn.fetch(ACK_MANY, [j[0] for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs])
+    return {(r[0], r[1]) for r in rows}
+
+
+async def nack(conn: Conn, partition_id: int, offset: int, epoch: int, delay: float, error: str) -> bool:
+    """Put the job back after `delay`, recording `error`; False if the lease was lost."""
+    return await conn.fetchval(NACK, partition_id, offset, epoch, delay, error) is not None
+
+
+async def return_unacked(conn: Conn, jobs: list[tuple[int, int, int]]) -> None:
+    """Give jobs back immediately (consumer closing)."""
+    await conn.execute(RETURN_UNACKED, [j[0] for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs])
+
+
+async def delete_job(conn: Conn, partition_id: int, offset: int, epoch: int) -> asyncpg.Record | None:
+    """Remove the job for dead-lettering; None if the lease was lost."""
+    return await conn.fetchrow(DELETE_JOB, partition_id, offset, epoch)
+
+
+async def job_state(conn: Conn, partition_id: int, offset: int) -> asyncpg.Record | None:
+    """The job's current lease (for error messages)."""
+    return await conn.fetchrow(JOB_STATE, partition_id, offset)
+
+
+async def pending_jobs(conn: Conn, topic: str) -> int:
+    """Jobs not yet acked (taken or not)."""
+    return int(await conn.fetchval(PENDING_JOBS, topic))
