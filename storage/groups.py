@@ -168,3 +168,105 @@ RETURNING g.name
 async def cancel_group(conn: Conn, name: str) -> bool:
     """Mark the group cancelled if no member is live; True if it was."""
     return await conn.fetchval(CANCEL_GROUP, name) is not None
+
+
+# --- admin ------------------------------------------------------------------------
+
+LIST_GROUPS = """
+SELECT g.name, g.state, g.status, g.generation,
+       (SELECT count(*) FROM members m WHERE m.group_name = g.name
+          AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout)) AS members,
+       COALESCE((SELECT sum(GREATEST(p.next_offset - GREATEST(COALESCE(o.committed, p.log_start), p.log_start), 0))
+                 FROM group_topics gt JOIN partitions p ON p.topic = gt.topic
+                 LEFT JOIN offsets o ON o.group_name = g.name AND o.partition_id = p.id
+                 WHERE gt.group_name = g.name), 0)::bigint AS total_lag
+FROM groups g ORDER BY g.name
+"""
+
+SELECT_MEMBERS = """
+SELECT member_id, instance_id, host, pid, last_heartbeat, joined_at, generation, assignment,
+       last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout) AS live
+FROM members WHERE group_name = $1 ORDER BY member_id
+"""
+
+# Lag never counts what the group's start skipped: cursors sit at the start.
+DESCRIBE_PARTITIONS = """
+SELECT p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.next_offset,
+       o.committed, o.owner, o.lease_expires_at > clock_timestamp() AS lease_live,
+       GREATEST(p.next_offset - GREATEST(COALESCE(o.committed, p.log_start), p.log_start), 0) AS lag,
+       (SELECT EXTRACT(EPOCH FROM clock_timestamp() - m.created_at) FROM messages m
+         WHERE m.partition_id = p.id AND m."offset" >= GREATEST(COALESCE(o.committed, p.log_start), p.log_start)
+         ORDER BY m."offset" LIMIT 1) AS lag_seconds
+FROM group_topics gt JOIN partitions p ON p.topic = gt.topic
+LEFT JOIN offsets o ON o.group_name = gt.group_name AND o.partition_id = p.id
+WHERE gt.group_name = $1
+ORDER BY p.topic, p.id
+"""
+
+# The new committed offset of each partition for an admin reset ($2 mode, $3 time, $4 offset, $5 topic filter).
+RESET_PLAN = """
+SELECT p.id AS partition_id, p.topic, p.name AS partition, o.committed AS current,
+       CASE $2
+         WHEN 'earliest' THEN p.log_start
+         WHEN 'latest' THEN p.next_offset
+         WHEN 'offset' THEN LEAST(GREATEST($4::bigint, p.log_start), p.next_offset)
+         ELSE COALESCE((SELECT m."offset" FROM messages m WHERE m.partition_id = p.id AND m.created_at >= $3
+                        ORDER BY m.created_at, m."offset" LIMIT 1), p.next_offset)
+       END AS new
+FROM group_topics gt JOIN partitions p ON p.topic = gt.topic
+LEFT JOIN offsets o ON o.group_name = gt.group_name AND o.partition_id = p.id
+WHERE gt.group_name = $1 AND ($5::text IS NULL OR p.topic = $5)
+ORDER BY p.topic, p.id
+"""
+
+# The one place committed offsets may move backwards (invariant 2's exception).
+APPLY_RESET = """
+INSERT INTO offsets (group_name, partition_id, committed)
+SELECT $1, u.pid, u.off FROM unnest($2::bigint[], $3::bigint[]) AS u(pid, off)
+ON CONFLICT (group_name, partition_id) DO UPDATE
+   SET committed = EXCLUDED.committed, committed_at = clock_timestamp(),
+       owner = NULL, owner_generation = NULL, lease_expires_at = NULL
+"""
+
+LOCK_GROUP = "SELECT name FROM groups WHERE name = $1 FOR UPDATE"
+
+LIVE_MEMBER_COUNT = """
+SELECT count(*) FROM members WHERE group_name = $1
+  AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)
+"""
+
+DELETE_GROUP = "DELETE FROM groups WHERE name = $1 RETURNING name"
+
+
+async def list_groups(conn: Conn) -> list[asyncpg.Record]:
+    return list(await conn.fetch(LIST_GROUPS))
+
+
+async def members(conn: Conn, name: str) -> list[asyncpg.Record]:
+    return list(await conn.fetch(SELECT_MEMBERS, name))
+
+
+async def describe_partitions(conn: Conn, name: str) -> list[asyncpg.Record]:
+    return list(await conn.fetch(DESCRIBE_PARTITIONS, name))
+
+
+async def live_member_count(conn: Conn, name: str) -> int:
+    return int(await conn.fetchval(LIVE_MEMBER_COUNT, name))
+
+
+async def lock_group(conn: asyncpg.Connection, name: str) -> bool:
+    return await conn.fetchval(LOCK_GROUP, name) is not None
+
+
+async def reset_plan(
+    conn: Conn, name: str, mode: str, at: datetime | None, offset: int | None, topic: str | None
+) -> list[asyncpg.Record]:
+    return list(await conn.fetch(RESET_PLAN, name, mode, at, offset, topic))
+
+
+async def apply_reset(conn: asyncpg.Connection, name: str, plan: list[tuple[int, int]]) -> None:
+    await conn.execute(APPLY_RESET, name, [p for p, _ in plan], [o for _, o in plan])
+
+
+async def delete_group(conn: Conn, name: str) -> bool:
+    return await conn.fetchval(DELETE_GROUP, name) is not None

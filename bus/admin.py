@@ -1,0 +1,271 @@
+"""Administration: groups (list, describe, reset, delete, sweep), topics (stats), retention (force_complete)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from rich.table import Table
+
+from bus.types import PartitionStats, TopicPartition
+from storage import db
+from storage import groups as group_sql
+from storage import topics as topic_sql
+from storage.errors import GroupHasMembersError, GroupNotFoundError, TopicNotFoundError, ValidationError
+from storage.names import validate_name
+
+if TYPE_CHECKING:
+    from bus.client import Bus
+
+
+class GroupSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of `list_groups`."""
+
+    name: str
+    state: str
+    status: str
+    members: int
+    total_lag: int
+    generation: int = 0
+
+
+class MemberInfo(msgspec.Struct, frozen=True, kw_only=True):
+    member_id: str
+    instance_id: str | None
+    host: str
+    pid: int
+    last_heartbeat: datetime
+    live: bool
+    partitions: list[TopicPartition]
+
+
+class SubscriptionInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The group's start as recorded when it first joined."""
+
+    start: str                      # earliest | latest | timestamp | offsets
+    start_time: datetime | None
+    start_offsets: dict[str, dict[str, int]] | None
+    recorded_at: datetime
+
+
+class PartitionLag(msgspec.Struct, frozen=True, kw_only=True):
+    topic: str
+    partition: str
+    committed: int | None
+    end_offset: int
+    log_start: int
+    lag: int
+    lag_seconds: float | None
+    owner: str | None
+
+
+class GroupDescription(msgspec.Struct, frozen=True, kw_only=True):
+    """`describe_group`: everything `bus describe GROUP` shows."""
+
+    name: str
+    generation: int
+    state: str
+    status: str
+    leader: str | None
+    assignor: str
+    members: list[MemberInfo]
+    subscription: SubscriptionInfo
+    partitions: list[PartitionLag]
+    topics: list[str]
+
+    @property
+    def total_lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+
+class ResetRow(msgspec.Struct, frozen=True):
+    topic: str
+    partition: str
+    current: int | None
+    new: int
+
+
+class Admin:
+    """`b.admin`: inspection and repair of groups and topics."""
+
+    def __init__(self, b: Bus) -> None:
+        self._bus = b
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every group with its state, status, live members and total lag."""
+        with db.translate_errors():
+            rows = await group_sql.list_groups(self._bus.pool)
+        return [
+            GroupSummary(
+                name=r["name"], state=r["state"], status=r["status"], members=r["members"],
+                total_lag=r["total_lag"], generation=r["generation"],
+            )
+            for r in rows
+        ]
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        """Generation, state, leader, members and their partitions, and every partition's committed/end/lag/owner."""
+        validate_name(group, "group name")
+        pool = self._bus.pool
+        with db.translate_errors():
+            g = await group_sql.get_group(pool, group)
+            if g is None:
+                raise GroupNotFoundError(f"group {group!r} does not exist; list groups with `bus groups`")
+            parts = await group_sql.group_partitions(pool, group)
+            # Cursors are created at the group's recorded start, so lag respects it.
+            await group_sql.materialize_offsets(pool, group, [p["partition_id"] for p in parts if p["committed"] is None])
+            rows = await group_sql.describe_partitions(pool, group)
+            members = await group_sql.members(pool, group)
+            topics = await group_sql.group_topics(pool, group)
+        tp_of = {r["partition_id"]: TopicPartition(r["topic"], r["partition"]) for r in rows}
+        start_offsets = msgspec.json.decode(g["start_offsets"]) if g["start_offsets"] else None
+        return GroupDescription(
+            name=g["name"],
+            generation=g["generation"],
+            state=g["state"],
+            status=g["status"],
+            leader=g["leader"],
+            assignor=g["assignor"],
+            topics=topics,
+            subscription=SubscriptionInfo(
+                start=g["start_mode"], start_time=g["start_time"], start_offsets=start_offsets, recorded_at=g["recorded_at"]
+            ),
+            members=[
+                MemberInfo(
+                    member_id=m["member_id"], instance_id=m["instance_id"], host=m["host"], pid=m["pid"],
+                    last_heartbeat=m["last_heartbeat"], live=m["live"],
+                    partitions=sorted(tp_of[p] for p in m["assignment"] if p in tp_of),
+                )
+                for m in members
+            ],
+            partitions=[
+                PartitionLag(
+                    topic=r["topic"], partition=r["partition"], committed=r["committed"], end_offset=r["next_offset"],
+                    log_start=r["log_start"], lag=int(r["lag"]),
+                    lag_seconds=None if r["lag_seconds"] is None or r["lag"] == 0 else float(r["lag_seconds"]),
+                    owner=r["owner"] if r["lease_live"] else None,
+                )
+                for r in rows
+            ],
+        )
+
+    async def reset_offsets(
+        self, group: str, to: Any = "earliest", topic: str | None = None, *, dry_run: bool = False
+    ) -> list[ResetRow]:
+        """Move the group's committed offsets to `to` ("earliest" | "latest" | datetime | int).
+
+        Refused (GroupHasMembersError) while the group has live members. The only
+        operation that may move a committed offset backwards.
+        """
+        validate_name(group, "group name")
+        if topic is not None:
+            validate_name(topic, "topic name")
+        mode, at, offset = _reset_target(to)
+        with db.translate_errors():
+            async with self._bus.pool.acquire() as conn, conn.transaction():
+                if not await group_sql.lock_group(conn, group):
+                    raise GroupNotFoundError(f"group {group!r} does not exist")
+                live = await group_sql.live_member_count(conn, group)
+                if live:
+                    raise GroupHasMembersError(
+                        f"group {group!r} has {live} live member(s); stop them (or wait for their session to expire) "
+                        "before resetting offsets"
+                    )
+                plan = await group_sql.reset_plan(conn, group, mode, at, offset, topic)
+                if topic is not None and not plan:
+                    raise TopicNotFoundError(f"group {group!r} does not read topic {topic!r}")
+                if not dry_run:
+                    await group_sql.apply_reset(conn, group, [(r["partition_id"], r["new"]) for r in plan])
+        return [ResetRow(r["topic"], r["partition"], r["current"], r["new"]) for r in plan]
+
+    async def delete_group(self, group: str) -> None:
+        """Delete the group, its members and cursors (refused while members are live)."""
+        validate_name(group, "group name")
+        with db.translate_errors():
+            async with self._bus.pool.acquire() as conn, conn.transaction():
+                if not await group_sql.lock_group(conn, group):
+                    raise GroupNotFoundError(f"group {group!r} does not exist")
+                live = await group_sql.live_member_count(conn, group)
+                if live:
+                    raise GroupHasMembersError(f"group {group!r} has {live} live member(s); stop them first")
+                await group_sql.delete_group(conn, group)
+
+    async def sweep(self) -> int:
+        """Run dead-member and dead-group detection now; returns the number of members removed."""
+        system = await self._bus._group_system()
+        return int(await system.sweep())
+
+    async def force_complete(self, topic: str, older_than: timedelta | float) -> int:
+        """Remove messages of `topic` older than `older_than` that only dead or cancelled groups still hold back."""
+        validate_name(topic, "topic name")
+        await self._bus.topic(topic)
+        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
+        if seconds < 0:
+            raise ValidationError("older_than must be >= 0")
+        from storage import retention
+
+        with db.translate_errors():
+            async with self._bus.pool.acquire() as conn:
+                return int(await retention.force_complete(conn, topic, seconds))
+
+    async def topic_stats(self, topic: str) -> list[PartitionStats]:
+        """Per partition: log start, end offset, stored messages, oldest and newest timestamps."""
+        await self._bus.topic(topic)
+        with db.translate_errors():
+            rows = await topic_sql.topic_stats(self._bus.pool, topic)
+        return [
+            PartitionStats(
+                partition=r["partition"], log_start=r["log_start"], end_offset=r["end_offset"], size=r["size"],
+                oldest=r["oldest"], newest=r["newest"],
+            )
+            for r in rows
+        ]
+
+
+def _reset_target(to: Any) -> tuple[str, datetime | None, int | None]:
+    if to in ("earliest", "latest"):
+        return str(to), None, None
+    if isinstance(to, datetime):
+        return "timestamp", (to if to.tzinfo else to.astimezone()), None
+    if isinstance(to, int) and not isinstance(to, bool):
+        if to < 0:
+            raise ValidationError("a reset offset must be >= 0")
+        return "offset", None, to
+    raise ValidationError(f"reset target {to!r} not understood: use 'earliest', 'latest', a datetime or an offset")
+
+
+def parse_reset_target(text: str) -> Any:
+    """The CLI's --to: earliest | latest | an integer offset | an ISO datetime."""
+    if text in ("earliest", "latest"):
+        return text
+    if text.isdigit():
+        return int(text)
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise ValidationError(f"--to {text!r}: use earliest, latest, an offset, or an ISO datetime") from None
+
+
+def describe_table(d: GroupDescription) -> Iterator[Any]:
+    """Rich renderables for `bus describe`, shaped like `kafka-consumer-groups --describe`."""
+    yield (
+        f"GROUP {d.name}  generation={d.generation}  state={d.state}  status={d.status}  "
+        f"leader={d.leader or '-'}  assignor={d.assignor}  start={d.subscription.start} "
+        f"(recorded {d.subscription.recorded_at:%Y-%m-%d %H:%M:%S})"
+    )
+    t = Table("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LOG-START", "LAG", "LAG-SECONDS", "CONSUMER-ID")
+    for p in d.partitions:
+        t.add_row(
+            p.topic, p.partition, "-" if p.committed is None else str(p.committed), str(p.end_offset),
+            str(p.log_start), str(p.lag), "-" if p.lag_seconds is None else f"{p.lag_seconds:.1f}", p.owner or "-",
+        )
+    yield t
+    m = Table("MEMBER-ID", "INSTANCE-ID", "HOST", "PID", "LIVE", "PARTITIONS")
+    for mem in d.members:
+        m.add_row(
+            mem.member_id, mem.instance_id or "-", mem.host, str(mem.pid), "yes" if mem.live else "no",
+            ", ".join(f"{tp.topic}/{tp.partition}" for tp in mem.partitions) or "-",
+        )
+    yield m
