@@ -84,6 +84,7 @@ class Bus:
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._closed = False
         self._system: Any = None
+        self._cleaner: Any = None  # the retention cleaner actor (actors/cleaner.py)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -92,13 +93,19 @@ class Bus:
         if self._closed:
             return
         self._closed = True
+        if self._cleaner is not None:
+            await self._cleaner.stop(drain=False)
         if self._system is not None:
             await self._system.stop()
         await self.pool.close()
 
     async def _start(self) -> None:
-        """Start the per-Bus system actors: the Notifier and the HeartbeatMonitor."""
+        """Start the per-Bus system actors: the Notifier, the HeartbeatMonitor and the retention cleaner."""
         await self._group_system()
+        if self.config.cleaner_interval > 0:  # 0 (or less) disables this process's cleaner
+            from actors.cleaner import start_cleaner
+
+            self._cleaner = start_cleaner(self)
 
     async def _group_system(self) -> Any:
         if self._system is None:

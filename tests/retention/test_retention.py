@@ -1,0 +1,200 @@
+"""Retention by watermark (invariant 7), the cleaner actor, dead groups, force_complete."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import bus
+from actors.cleaner import CleanNow
+from storage import retention
+from tests.conftest import Connect
+
+SHORT = timedelta(milliseconds=20)
+
+
+async def _consume(b: bus.Bus, group: str, topic: str, upto: int, **kw: object) -> None:
+    """Claim and ack until the group's cursor on partition "0" reaches `upto`."""
+    while True:
+        c = await b.claim(group, topic=topic, worker_id="w", max_messages=upto, **kw)  # type: ignore[arg-type]
+        if c is None:
+            return
+        last = min(c.messages[-1].offset, upto - 1)
+        if last < c.messages[0].offset:
+            await c.release()
+            return
+        await c.ack(last)
+        if last + 1 >= upto:
+            return
+
+
+async def _clean(b: bus.Bus) -> int:
+    async with b.pool.acquire() as conn:
+        _, deleted = await retention.clean_some(conn, 0, max_partitions=1000, batch=100_000)
+    return deleted
+
+
+async def _offsets(b: bus.Bus, topic: str = "t") -> list[int]:
+    return [m.offset for m in await b.read(topic, partition="0", offset=await _log_start(b, topic))]
+
+
+async def _log_start(b: bus.Bus, topic: str = "t") -> int:
+    return int(await b.pool.fetchval("SELECT log_start FROM partitions WHERE topic = $1 AND name = '0'", topic))
+
+
+async def test_retention_removes_what_every_group_consumed_once_retention_passed(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1, retention=SHORT)
+    await b.publish_many("t", [b"%d" % i for i in range(5)])
+    await _consume(b, "g", "t", 3)
+    await asyncio.sleep(0.05)
+    assert await _clean(b) == 3
+    assert await _log_start(b) == 3
+    assert await _offsets(b) == [3, 4]
+
+
+async def test_retention_never_removes_at_or_above_the_low_watermark(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1, retention=SHORT)
+    await b.publish_many("t", [b"%d" % i for i in range(5)])
+    await _consume(b, "fast", "t", 4)
+    await _consume(b, "slow", "t", 1)
+    await asyncio.sleep(0.05)
+    await _clean(b)
+    assert await _offsets(b) == [1, 2, 3, 4]
+    c = await b.claim("slow", topic="t", worker_id="w")
+    assert c is not None and c.messages[0].offset == 1
+
+
+async def test_retention_keeps_messages_younger_than_the_topic_retention(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1, retention=timedelta(hours=1))
+    await b.publish_many("t", [b"a", b"b"])
+    await _consume(b, "g", "t", 2)
+    assert await _clean(b) == 0
+    assert await _offsets(b) == [0, 1]
+
+
+async def test_a_group_committing_backwards_is_not_robbed_by_a_concurrent_clean(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1, retention=SHORT)
+    await b.publish_many("t", [b"%d" % i for i in range(4)])
+    await _consume(b, "g", "t", 4)
+    await asyncio.sleep(0.05)
+    admin = await b.pool.acquire()
+    try:
+        tx = admin.transaction()
+        await tx.start()
+        await admin.execute("UPDATE offsets SET committed = 1 WHERE group_name = 'g'")  # admin-style reset
+        cleaning = asyncio.create_task(_clean(b))
+        await asyncio.sleep(0.2)
+        assert not cleaning.done()  # waits for the cursor's lock
+        await tx.commit()
+        assert await cleaning == 1
+    finally:
+        await b.pool.release(admin)
+    assert await _offsets(b) == [1, 2, 3]
+
+
+async def test_a_late_earliest_group_holds_retention_from_when_it_joins(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1, retention=SHORT)
+    await b.publish_many("t", [b"%d" % i for i in range(3)])
+    await _consume(b, "early", "t", 3)
+    assert await b.claim("late", topic="t", worker_id="w", start="earliest", max_messages=1) is not None
+    await asyncio.sleep(0.05)
+    assert await _clean(b) == 0
+    assert await _offsets(b) == [0, 1, 2]
+
+
+async def test_a_live_group_without_a_cursor_on_a_partition_holds_it(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1, retention=SHORT)
+    await b.publish("t", b"x")
+    await b.claim("g", topic="t", worker_id="w")  # cursor at 0, lease held
+    await b.pool.execute("DELETE FROM offsets")  # a group that reads the topic, cursor not yet made
+    await asyncio.sleep(0.05)
+    assert await _clean(b) == 0
+
+
+async def test_queue_messages_are_removed_only_once_acked(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("jobs", partitions=1, semantics="queue", retention=SHORT)
+    await b.publish_many("jobs", [b"a", b"b", b"c"])
+    async with b.queue_consumer("jobs") as q:
+        a, bb, c = await q.take(max_messages=3, timeout=0)
+        await q.ack(a)
+        await q.ack(c)
+        await asyncio.sleep(0.05)
+        assert await _clean(b) == 1  # b is not acked: it and everything after stay
+        assert await _offsets(b, "jobs") == [1, 2]
+        await q.ack(bb)
+    assert await _clean(b) == 2
+
+
+async def test_dead_group_stops_holding_retention_and_resumes_from_the_log_start(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1, retention=SHORT)
+    await b.publish_many("t", [b"%d" % i for i in range(4)])
+    await _consume(b, "idle", "t", 1)
+    await _consume(b, "busy", "t", 4)
+    await asyncio.sleep(0.05)
+    assert await _clean(b) == 1  # idle still holds 1..3
+    await b.pool.execute("UPDATE groups SET last_active_at = now() - interval '1 hour' WHERE name = 'idle'")
+    assert await retention.mark_dead_groups(b.pool, 60.0) == ["idle"]
+    assert await _clean(b) == 3
+    await b.publish("t", b"4")
+    # the dead group comes back: revived, its cursor lifted to the log start
+    b2 = await connect(cleaner_interval=0)
+    c = await b2.claim("idle", topic="t", worker_id="w")
+    assert c is not None and [m.offset for m in c.messages] == [4]
+    assert await b.pool.fetchval("SELECT status FROM groups WHERE name = 'idle'") == "active"
+
+
+async def test_groups_with_live_claims_or_recent_activity_are_not_marked_dead(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"x")
+    assert await b.claim("holder", topic="t", worker_id="w", lease_time=60) is not None
+    await b.claim("recent", topic="t", worker_id="w")
+    await b.pool.execute("UPDATE groups SET last_active_at = now() - interval '1 hour' WHERE name = 'holder'")
+    assert await retention.mark_dead_groups(b.pool, 60.0) == []
+
+
+async def test_force_complete_removes_orphans_held_only_by_dead_groups(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1)  # no retention: kept until forced
+    await b.publish_many("t", [b"%d" % i for i in range(3)])
+    await _consume(b, "gone", "t", 1)
+    await _consume(b, "live", "t", 2)
+    await b.pool.execute("UPDATE groups SET status = 'dead' WHERE name = 'gone'")
+    await asyncio.sleep(0.05)
+    async with b.pool.acquire() as conn:
+        assert await retention.force_complete(conn, "t", 0.01) == 2
+        assert await retention.force_complete(conn, "t", 0.01) == 0
+    assert await _offsets(b) == [2]
+
+
+async def test_the_cleaner_actor_deletes_on_its_ticks(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0.05)
+    await b.create_topic("t", partitions=1, retention=SHORT)
+    await b.publish_many("t", [b"a", b"b"])
+    await _consume(b, "g", "t", 2)
+    for _ in range(100):
+        if await _log_start(b) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert await _log_start(b) == 2
+    assert b._cleaner is not None
+    assert await b._cleaner.ask(CleanNow()) == 0
+
+
+async def test_cleaner_work_per_pass_is_bounded(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("t", partitions=1, retention=SHORT)
+    await b.publish_many("t", [b"x"] * 50)
+    await _consume(b, "g", "t", 50)
+    await asyncio.sleep(0.05)
+    async with b.pool.acquire() as conn:
+        _, deleted = await retention.clean_some(conn, 0, max_partitions=10, batch=20)
+    assert deleted == 20 and await _log_start(b) == 20
