@@ -1,0 +1,45 @@
+"""Fast synthetic history for the compaction tests and benchmark.
+
+Rows are generated inside PostgreSQL (`INSERT ... SELECT generate_series`),
+appended at the partition's `next_offset` under its row lock, so the log stays
+dense and ordered exactly as if producers had published them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+# $1 partition id, $2 rows, $3 distinct keys, $4 payload bytes, $5 every n-th row is a
+# tombstone (0: none), $6 created_at of the first row, $7 seconds between rows.
+BULK_APPEND = """
+WITH p AS (SELECT id, next_offset FROM partitions WHERE id = $1 FOR UPDATE)
+INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+SELECT p.id, p.next_offset + g,
+       'k' || ((g * 7919) % $3),
+       '{"src": "bulk"}'::jsonb,
+       CASE WHEN $5 > 0 AND g % $5 = $5 - 1 THEN NULL
+            ELSE convert_to(substr(repeat(md5(g::text || ':' || p.id), 1 + $4 / 32), 1, $4), 'UTF8') END,
+       $6::timestamptz + make_interval(secs => g * $7)
+FROM p, generate_series(0, $2 - 1) AS g
+"""
+
+BUMP_NEXT_OFFSET = "UPDATE partitions SET next_offset = next_offset + $2 WHERE id = $1 RETURNING next_offset"
+
+
+async def bulk_append(
+    conn: asyncpg.Connection,
+    partition_id: int,
+    rows: int,
+    *,
+    keys: int,
+    payload_bytes: int = 150,
+    tombstone_every: int = 0,
+    start: datetime,
+    step_seconds: float = 0.001,
+) -> int:
+    """Append `rows` generated records to a partition in one transaction; returns the new next_offset."""
+    async with conn.transaction():
+        await conn.execute(BULK_APPEND, partition_id, rows, keys, payload_bytes, tombstone_every, start, step_seconds)
+        return int(await conn.fetchval(BUMP_NEXT_OFFSET, partition_id, rows))

@@ -1,0 +1,470 @@
+"""The compaction and archive job (PySpark), and its `spark-submit` entry point.
+
+    spark-submit storage/compaction/job.py --dsn postgresql://user@host:5432/db --schema bus \
+        [--archive DIR_OR_URI] [--topics a,b] [--master local[*]]
+
+What is history: records below their partition's low watermark (view
+`partition_watermarks`) that are
+
+- on `cleanup="delete"` topics with a retention: past the retention (the
+  contiguous prefix of the partition that is; a topic without retention keeps
+  everything);
+- on `cleanup="compact"` topics: superseded by a newer record with the same key
+  (and, if the topic has a retention, older than it), or the newest record of
+  its key when that is a tombstone (null payload) older than the topic's
+  tombstone retention (default 24 h, Kafka's `delete.retention.ms`). Keyless
+  records of compact topics are never removed. The survivors stay in the log
+  at their original offsets.
+
+A run goes through recorded steps, each idempotent, so a run interrupted at
+any point is finished by the next job exactly as it would have finished:
+
+1. **plan** (one transaction): a `compaction_runs` row and one
+   `compaction_plan` row per partition, with the range [lo, hi) and the cut-off
+   times fixed now.
+2. **stage** (Spark pass 1, keys only): the newest record per key (a partial
+   aggregation, so rows are cut before the shuffle) becomes the keep-set,
+   appended over JDBC to the UNLOGGED `compaction_keep`, then ANALYZEd.
+3. **archive** (Spark pass 2): PostgreSQL sends only the removable rows (view
+   `compaction_removable`, payload hex-encoded), Spark writes Parquet
+   partitioned by topic and date, files are moved to names fixed by the run.
+4. **delete**: per partition, one transaction locks the partition row
+   (`FOR UPDATE`), re-computes the watermark, deletes set-based only below it,
+   moves `log_start` to the first offset still present and marks the plan row
+   done.
+5. **bookkeeping**: totals on the run row, the keep-set dropped.
+
+Both Spark passes read `messages` split by heap block ranges (`ctid`), so the
+table is read once whatever the PostgreSQL version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+if __package__ in (None, ""):  # run as a script by spark-submit: make the project importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import asyncpg  # noqa: E402
+
+from storage import db  # noqa: E402
+from storage.compaction import sql  # noqa: E402
+from storage.compaction.archive import (  # noqa: E402
+    ArchiveFiles,
+    default_archive_root,
+    normalize_root,
+    staging_dir,
+)
+from storage.compaction.spark import jdbc_target, spark_session  # noqa: E402
+from storage.errors import BusError, ValidationError  # noqa: E402
+from storage.logs import get_logger  # noqa: E402
+from storage.names import validate_name, validate_schema  # noqa: E402
+
+log = get_logger(__name__)
+
+CrashPoint = Literal["after_archive", "mid_delete", "before_bookkeeping"]
+CRASH_POINTS: tuple[str, ...] = ("after_archive", "mid_delete", "before_bookkeeping")
+DEFAULT_TOMBSTONE_RETENTION = 24 * 3600.0
+FETCH_SIZE = 10_000
+
+
+class CompactionCrash(BusError):
+    """An injected crash (`crash_at=` or `BUS_COMPACT_CRASH_AT`): the run stops there, unfinished."""
+
+
+class CompactionBusyError(BusError):
+    """Another compaction job holds this schema's compaction lock."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress event: `stage` is plan|stage|archive|delete|done; counts so far in `counts`."""
+
+    stage: str
+    message: str
+    done: int = 0
+    total: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartitionOutcome:
+    """What a run did to one partition."""
+
+    topic: str
+    partition: str
+    cleanup: str
+    lo: int
+    hi: int
+    cut: int | None
+    scanned: int
+    kept: int
+    archived: int
+    removed: int
+    log_start_after: int | None
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    """The result of `run_compaction` (also recorded in `compaction_runs` / `compaction_plan`)."""
+
+    run_id: int
+    resumed: bool
+    attempts: int
+    archive_root: str
+    partitions: list[PartitionOutcome]
+    rows_scanned: int
+    rows_kept: int
+    rows_archived: int
+    rows_removed: int
+    archive_files: list[str]
+    seconds: float
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def run_compaction(
+    dsn: str,
+    schema: str = "bus",
+    *,
+    spark: Any = None,
+    master: str | None = None,
+    archive: str | None = None,
+    topics: Sequence[str] | None = None,
+    crash_at: str | None = None,
+    progress: ProgressFn | None = None,
+    default_tombstone_retention: float = DEFAULT_TOMBSTONE_RETENTION,
+    jdbc_jar: str | None = None,
+) -> CompactionReport:
+    """Run (or resume) one compaction run; blocking: from async code call it in a thread.
+
+    `spark`: a SparkSession to reuse (else one is started on `master`, default
+    `local[*]`). `archive`: directory or URI (default `$BUS_HOME/archive`);
+    a resumed run keeps the root it was planned with. `topics`: only these.
+    `crash_at`: one of `CRASH_POINTS`, raises CompactionCrash there (tests);
+    `BUS_COMPACT_CRASH_AT` does the same from outside.
+    """
+    validate_schema(schema)
+    if topics is not None:
+        topics = [validate_name(t, "topic name") for t in topics]
+    crash_at = crash_at or os.environ.get("BUS_COMPACT_CRASH_AT") or None
+    if crash_at is not None and crash_at not in CRASH_POINTS:
+        raise ValidationError(f"crash_at must be one of {CRASH_POINTS}, not {crash_at!r}")
+    url, props = jdbc_target(dsn, schema)
+    root = normalize_root(archive or default_archive_root())
+    session = spark if spark is not None else spark_session(master, jdbc_jar_path=jdbc_jar)
+    loop = asyncio.new_event_loop()
+    try:
+        job = _Job(loop, session, dsn, schema, url, props, progress, crash_at, default_tombstone_retention)
+        return job.run(root, list(topics) if topics is not None else None)
+    finally:
+        loop.close()
+
+
+class _Job:
+    """One job execution: a driver connection, the Spark session, the open run."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        spark: Any,
+        dsn: str,
+        schema: str,
+        url: str,
+        props: dict[str, str],
+        progress: ProgressFn | None,
+        crash_at: str | None,
+        tombstone_default: float,
+    ) -> None:
+        self.loop = loop
+        self.spark = spark
+        self.dsn = dsn
+        self.schema = schema
+        self.url = url
+        self.props = props
+        self.progress = progress or (lambda _p: None)
+        self.crash_at = crash_at
+        self.tombstone_default = tombstone_default
+        self.conn: asyncpg.Connection | None = None
+        self.log = log.bind(schema=schema)
+
+    def q(self, coro: Any) -> Any:
+        """Run one driver-side database call on the job's private event loop."""
+        with db.translate_errors():
+            return self.loop.run_until_complete(coro)
+
+    def _crash(self, point: str) -> None:
+        if self.crash_at == point:
+            self.log.warning("compaction_crash_injected", point=point)
+            raise CompactionCrash(f"injected crash at {point}; run the job again to finish the run")
+
+    # -- the run --------------------------------------------------------------------
+
+    def run(self, root: str, topics: list[str] | None) -> CompactionReport:
+        started = time.monotonic()
+        self.conn = self.q(db.connect(self.dsn, self.schema))
+        conn = self.conn
+        try:
+            if not self.q(conn.fetchval(sql.TRY_LOCK, sql.COMPACTION_LOCK_KEY)):
+                raise CompactionBusyError(
+                    f"another compaction job is running on schema {self.schema!r}; wait for it to finish"
+                )
+            try:
+                return self._run_locked(root, topics, started)
+            finally:
+                self.q(conn.fetchval(sql.UNLOCK, sql.COMPACTION_LOCK_KEY))
+        finally:
+            self.q(conn.close())
+
+    def _run_locked(self, root: str, topics: list[str] | None, started: float) -> CompactionReport:
+        conn = self.conn
+        assert conn is not None
+        run = self.q(conn.fetchrow(sql.SELECT_OPEN_RUN))
+        resumed = run is not None
+        if run is None:
+            run = self.q(self._plan(root, topics))
+        else:
+            self.q(conn.execute(sql.BUMP_ATTEMPTS, run["id"]))
+            if run["archive_root"] != root:
+                self.log.info("compaction_resume_keeps_archive", run=run["id"], archive=run["archive_root"])
+        run_id = int(run["id"])
+        root = run["archive_root"]
+        self.log = self.log.bind(run=run_id)
+        status = run["status"]
+        plan = self.q(conn.fetch(sql.SELECT_PLAN, run_id))
+        self.progress(Progress("plan", f"run {run_id}: {len(plan)} partitions" + (" (resumed)" if resumed else ""),
+                               total=len(plan)))
+        self.log.info("compaction_run", status=status, partitions=len(plan), resumed=resumed)
+
+        if status == "planned":
+            self._stage(run_id)
+            self.q(conn.execute(sql.SET_RUN_STATUS, run_id, "staged"))
+            status = "staged"
+        if status == "staged":
+            self._archive(run_id, root)
+            status = "archived"
+        if status == "archived":
+            if self.q(conn.fetchval(sql.KEEP_MISMATCH, run_id)):
+                # The UNLOGGED keep-set lost rows (server crash): rebuild it,
+                # deterministically the same, before anything is deleted.
+                self.log.warning("compaction_keep_set_rebuilt")
+                self._stage(run_id)
+            self._delete(run_id)
+            self._crash("before_bookkeeping")
+            self.q(conn.execute(sql.CLEAR_KEEP, run_id))
+            self.q(conn.fetchrow(sql.FINISH_RUN, run_id))
+        return self._report(run_id, resumed, time.monotonic() - started)
+
+    async def _plan(self, root: str, topics: list[str] | None) -> asyncpg.Record:
+        conn = self.conn
+        assert conn is not None
+        async with conn.transaction():
+            run = await conn.fetchrow(sql.INSERT_RUN, root, topics)
+            await conn.execute(sql.INSERT_PLAN, run["id"], topics, self.tombstone_default)
+        return run
+
+    # -- pass 1: the keep-set -------------------------------------------------------
+
+    def _predicates(self) -> list[str]:
+        """JDBC predicates splitting `messages` into heap block ranges, one per Spark task."""
+        assert self.conn is not None
+        blocks = int(self.q(self.conn.fetchval(sql.MESSAGES_BLOCKS)) or 0)
+        tasks = max(1, min(int(self.spark.sparkContext.defaultParallelism) * 2, max(1, blocks // 64)))
+        step = -(-max(blocks, 1) // tasks)
+        preds = []
+        for i in range(tasks):
+            lo, hi = i * step, (i + 1) * step
+            # The last range is open-ended: the table may have grown since.
+            preds.append(sql.ctid_predicate(lo, None if i == tasks - 1 else hi))
+        return preds
+
+    def _read(self, view: str) -> Any:
+        props = {**self.props, "fetchsize": str(FETCH_SIZE)}
+        return self.spark.read.jdbc(self.url, view, predicates=self._predicates(), properties=props)
+
+    def _stage(self, run_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        conn = self.conn
+        assert conn is not None
+        self.q(conn.execute(sql.CLEAR_KEEP, run_id))
+        pending_compact = [
+            r for r in self.q(conn.fetch(sql.SELECT_PLAN, run_id)) if r["cleanup"] == "compact" and r["done_at"] is None
+        ]
+        if pending_compact:
+            self.progress(Progress("stage", "reading keys (pass 1)", total=len(pending_compact)))
+            keys = self._read("compaction_key_scan").select(
+                "partition_id", "offset", "key", "tombstone", "created_at", "hi", "tombstone_cutoff"
+            )
+            # A partial aggregation: each task reduces its rows to one per key
+            # before the shuffle. max_by picks the newest record's fields.
+            newest = keys.groupBy("partition_id", "key").agg(
+                F.max("offset").alias("offset"),
+                F.max_by("tombstone", "offset").alias("tombstone"),
+                F.max_by("created_at", "offset").alias("created_at"),
+                F.first("hi").alias("hi"),
+                F.first("tombstone_cutoff").alias("tombstone_cutoff"),
+                F.count(F.lit(1)).alias("n"),
+            ).persist()
+            try:
+                keep = newest.where(
+                    (F.col("offset") < F.col("hi"))
+                    & ~(F.col("tombstone") & (F.col("created_at") < F.col("tombstone_cutoff")))
+                ).select(F.lit(run_id).cast("long").alias("run_id"), "partition_id", "offset")
+                keep.write.jdbc(self.url, "compaction_keep", mode="append", properties={**self.props, "batchsize": "10000"})
+                scanned = newest.groupBy("partition_id").agg(F.sum("n").alias("n")).collect()
+            finally:
+                newest.unpersist()
+            self.q(conn.executemany(sql.RECORD_SCANNED, [(run_id, int(r["partition_id"]), int(r["n"])) for r in scanned]))
+        self.q(conn.execute(sql.ANALYZE_KEEP))
+        self.q(conn.execute(sql.RECORD_KEEP_COUNTS, run_id))
+        self.progress(Progress("stage", "keep-set written", done=len(pending_compact), total=len(pending_compact)))
+
+    # -- pass 2: the archive ----------------------------------------------------------
+
+    def _archive(self, run_id: int, root: str) -> None:
+        from pyspark.sql import functions as F
+
+        conn = self.conn
+        assert conn is not None
+        files = ArchiveFiles(self.spark, root)
+        # Whatever an earlier attempt of this run left is incomplete or
+        # unrecorded: start the run's archive over (nothing is deleted yet).
+        removed = files.remove_run_files(run_id)
+        files.delete(staging_dir(root, run_id))
+        if removed:
+            self.log.info("compaction_archive_restarted", stale_files=removed)
+        self.progress(Progress("archive", "archiving removable rows (pass 2)"))
+        rows = self._read("compaction_removable").select(
+            "run_id", "partition_id", "topic", "partition", "offset", "key", "headers", "payload_hex", "created_at"
+        )
+        out = (
+            rows.withColumn("payload", F.unhex("payload_hex"))
+            .drop("payload_hex")
+            .withColumn("date", F.to_date("created_at"))
+        )
+        out.write.mode("overwrite").partitionBy("topic", "date").parquet(staging_dir(root, run_id))
+        # An explicit schema: a run with nothing to archive leaves no file to infer one from.
+        counts = self.spark.read.schema(out.schema).parquet(staging_dir(root, run_id)).groupBy("partition_id").count().collect()
+        self.q(conn.executemany(sql.RECORD_ARCHIVED, [(run_id, int(r["partition_id"]), int(r["count"])) for r in counts]))
+        self.q(conn.execute(sql.ZERO_UNARCHIVED, run_id))
+        final = files.publish_staged(run_id)
+        self._crash("after_archive")
+        self.q(conn.execute(sql.SET_ARCHIVE_FILES, run_id, final))
+        total = sum(int(r["count"]) for r in counts)
+        self.progress(Progress("archive", f"{total} rows in {len(final)} files", done=total, total=total,
+                               counts={"archived": total}))
+        self.log.info("compaction_archived", rows=total, files=len(final))
+
+    # -- deletes ------------------------------------------------------------------------
+
+    def _delete(self, run_id: int) -> None:
+        conn = self.conn
+        assert conn is not None
+        plan = self.q(conn.fetch(sql.SELECT_PLAN, run_id))
+        pending = [r for r in plan if r["done_at"] is None]
+        removed_total = 0
+        for i, row in enumerate(pending):
+            removed_total += self.q(self._delete_partition(run_id, int(row["partition_id"])))
+            self.progress(Progress("delete", f"{row['topic']}/{row['partition']}", done=i + 1, total=len(pending),
+                                   counts={"removed": removed_total}))
+            if i == 0:
+                self._crash("mid_delete")
+
+    async def _delete_partition(self, run_id: int, partition_id: int) -> int:
+        """One transaction: lock the partition, re-check the watermark, delete below it, move log_start."""
+        conn = self.conn
+        assert conn is not None
+        async with conn.transaction():
+            plan = await conn.fetchrow(sql.SELECT_PLAN_ROW, run_id, partition_id)
+            if plan is None or plan["done_at"] is not None:
+                return 0
+            part = await conn.fetchrow(sql.LOCK_PARTITION, partition_id)
+            if part is None:  # the topic was deleted meanwhile: nothing left to remove
+                await conn.execute(sql.MARK_PARTITION_DONE, run_id, partition_id, 0, None, None)
+                return 0
+            watermark = int(await conn.fetchval(sql.PARTITION_WATERMARK, partition_id))
+            cut = min(int(plan["hi"]), watermark)
+            if plan["cleanup"] == "delete":
+                status = await conn.execute(sql.DELETE_RANGE, partition_id, plan["lo"], plan["hi"], watermark)
+            else:
+                expected = plan["keep_rows"]
+                actual = await conn.fetchval(sql.KEEP_COUNT, run_id, partition_id)
+                if expected is None or int(actual) != int(expected):
+                    raise BusError(
+                        f"compaction keep-set of partition {partition_id} is incomplete ({actual} of {expected} rows); "
+                        "nothing was deleted, run the job again to rebuild it"
+                    )
+                status = await conn.execute(
+                    sql.DELETE_COMPACTED, run_id, partition_id, plan["lo"], plan["hi"], watermark,
+                    plan["retention_cutoff"],
+                )
+            removed = int(status.split()[-1])
+            log_start = int(await conn.fetchval(sql.ADVANCE_LOG_START, partition_id))
+            await conn.execute(sql.MARK_PARTITION_DONE, run_id, partition_id, removed, cut, log_start)
+        if cut < int(plan["hi"]):
+            self.log.warning("compaction_watermark_moved_back", partition_id=partition_id, planned=plan["hi"], cut=cut)
+        return removed
+
+    # -- report ---------------------------------------------------------------------------
+
+    def _report(self, run_id: int, resumed: bool, seconds: float) -> CompactionReport:
+        conn = self.conn
+        assert conn is not None
+        run = self.q(conn.fetchrow(sql.SELECT_RUN, run_id))
+        plan = self.q(conn.fetch(sql.SELECT_PLAN, run_id))
+        parts = [
+            PartitionOutcome(
+                topic=r["topic"], partition=r["partition"], cleanup=r["cleanup"], lo=r["lo"], hi=r["hi"], cut=r["cut"],
+                scanned=int(r["rows_scanned"] or 0), kept=int(r["keep_rows"] or 0),
+                archived=int(r["archived_rows"] or 0), removed=int(r["removed_rows"] or 0),
+                log_start_after=r["log_start_after"],
+            )
+            for r in plan
+        ]
+        report = CompactionReport(
+            run_id=run_id, resumed=resumed, attempts=int(run["attempts"]), archive_root=run["archive_root"],
+            partitions=parts, rows_scanned=sum(p.scanned for p in parts), rows_kept=sum(p.kept for p in parts),
+            rows_archived=sum(p.archived for p in parts), rows_removed=sum(p.removed for p in parts),
+            archive_files=list(run["archive_files"]), seconds=seconds,
+        )
+        self.progress(Progress("done", f"run {run_id} done", counts={
+            "scanned": report.rows_scanned, "archived": report.rows_archived, "removed": report.rows_removed}))
+        self.log.info("compaction_done", archived=report.rows_archived, removed=report.rows_removed,
+                      seconds=round(seconds, 2))
+        return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `spark-submit` entry point; prints a one-line summary, exit code 0 on success."""
+    parser = argparse.ArgumentParser(description="Archive and compact the bus's history (PySpark).")
+    parser.add_argument("--dsn", default=os.environ.get("BUS_DSN"), help="postgresql:// DSN (default $BUS_DSN)")
+    parser.add_argument("--schema", default=os.environ.get("BUS_SCHEMA", "bus"))
+    parser.add_argument("--archive", default=None, help="archive directory or URI (default $BUS_HOME/archive)")
+    parser.add_argument("--topics", default=None, help="comma-separated topic names (default: all)")
+    parser.add_argument("--master", default=None, help="Spark master when not given by spark-submit")
+    parser.add_argument("--crash-at", default=None, choices=CRASH_POINTS, help="testing: stop the run there")
+    args = parser.parse_args(argv)
+    if not args.dsn:
+        parser.error("--dsn (or BUS_DSN) is required")
+    topics = [t for t in args.topics.split(",") if t] if args.topics else None
+    report = run_compaction(
+        args.dsn, args.schema, master=args.master, archive=args.archive, topics=topics, crash_at=args.crash_at
+    )
+    sys.stdout.write(
+        f"run {report.run_id}: scanned {report.rows_scanned}, archived {report.rows_archived}, "
+        f"removed {report.rows_removed}, {len(report.archive_files)} files, {report.seconds:.1f}s\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

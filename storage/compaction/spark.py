@@ -1,0 +1,136 @@
+"""Starting Spark for the compaction job: Java 17, the JDBC driver, the JDBC URL.
+
+The PostgreSQL JDBC driver is found, in this order:
+
+1. the `jdbc_jar` argument or the `BUS_JDBC_JAR` environment variable (a path to a jar);
+2. Debian's `/usr/share/java/postgresql.jar` (package `libpostgresql-jdbc-java`,
+   installed by `scripts/ensure-jdbc.sh`, which `make test` runs);
+3. otherwise Spark downloads it from Maven Central through
+   `spark.jars.packages=org.postgresql:postgresql:42.7.4` (needs internet).
+
+Java 17 is required. When `JAVA_HOME` is unset it is set to
+`/usr/lib/jvm/java-17-openjdk-amd64` (Debian's OpenJDK 17); no other JDK on the
+machine is picked up implicitly, and a `JAVA_HOME` that is not Java 17 is an
+error saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from storage.errors import BusError, ValidationError
+from storage.names import validate_schema
+
+DEBIAN_JAVA_17 = "/usr/lib/jvm/java-17-openjdk-amd64"
+DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
+JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
+
+
+class SparkSetupError(BusError):
+    """Spark cannot start here: Java 17 or the JDBC driver is missing (the message says how to fix it)."""
+
+
+def java_home() -> str:
+    """The Java 17 home to use (JAVA_HOME, else Debian's OpenJDK 17); raises SparkSetupError otherwise."""
+    home = os.environ.get("JAVA_HOME") or DEBIAN_JAVA_17
+    java = Path(home) / "bin" / "java"
+    if not java.exists():
+        raise SparkSetupError(
+            f"Java 17 is required by the compaction job but {java} does not exist; install OpenJDK 17 "
+            f"(apt-get install openjdk-17-jre-headless) or set JAVA_HOME to a Java 17 home"
+        )
+    try:
+        out = subprocess.run([str(java), "-version"], capture_output=True, text=True, timeout=30)
+    except OSError as exc:
+        raise SparkSetupError(f"cannot run {java} ({exc}); set JAVA_HOME to a Java 17 home") from exc
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    major = None if match is None else int(match.group(1)) if match.group(1) != "1" else int(match.group(2) or 0)
+    if major != 17:
+        raise SparkSetupError(
+            f"Java 17 is required by the compaction job, but {java} is Java {major}; "
+            f"set JAVA_HOME to a Java 17 home (e.g. {DEBIAN_JAVA_17})"
+        )
+    return home
+
+
+def jdbc_jar(explicit: str | None = None) -> str | None:
+    """The driver jar to put on Spark's class path, or None to fetch `JDBC_PACKAGE` from Maven."""
+    for candidate in (explicit, os.environ.get("BUS_JDBC_JAR")):
+        if candidate:
+            if not Path(candidate).is_file():
+                raise SparkSetupError(f"the JDBC driver jar {candidate!r} (BUS_JDBC_JAR / jdbc_jar) does not exist")
+            return candidate
+    if Path(DEBIAN_JDBC_JAR).is_file():
+        return DEBIAN_JDBC_JAR
+    return None
+
+
+def jdbc_target(dsn: str, schema: str) -> tuple[str, dict[str, str]]:
+    """(JDBC URL, connection properties) for a `postgresql://` DSN; the schema becomes `currentSchema`.
+
+    Credentials travel as properties, not in the URL. The DSN must name a TCP
+    host: JDBC cannot use a Unix socket.
+    """
+    validate_schema(schema)
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValidationError(f"the compaction job needs a postgresql:// DSN, got scheme {parts.scheme!r}")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    host = parts.hostname or query.get("host")
+    if not host or host.startswith("/"):
+        raise ValidationError(
+            "the compaction job reads over JDBC, which needs a TCP host in the DSN "
+            "(postgresql://user@127.0.0.1:5432/db), not a Unix socket"
+        )
+    port = parts.port or int(query.get("port", "5432"))
+    database = unquote(parts.path.lstrip("/")) or "postgres"
+    props = {
+        "driver": "org.postgresql.Driver",
+        "user": unquote(parts.username or query.get("user") or os.environ.get("PGUSER", "postgres")),
+    }
+    password = parts.password or query.get("password") or os.environ.get("PGPASSWORD")
+    if password:
+        props["password"] = unquote(password)
+    if "sslmode" in query:
+        props["sslmode"] = query["sslmode"]
+    host_part = f"[{host}]" if ":" in host else host
+    url = (
+        f"jdbc:postgresql://{host_part}:{port}/{database}"
+        f"?currentSchema={schema}&ApplicationName=bus-compact&reWriteBatchedInserts=true"
+    )
+    return url, props
+
+
+def spark_session(master: str | None = None, *, jdbc_jar_path: str | None = None, app_name: str = "bus-compact") -> Any:
+    """A SparkSession for the job (`master` default `local[*]`), with the JDBC driver and Java 17.
+
+    If a session is already active in this process it is returned as is.
+    """
+    os.environ["JAVA_HOME"] = java_home()
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise SparkSetupError("pyspark is not installed; install the extra: pip install 'pgactorbus[spark]'") from exc
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = (
+        SparkSession.builder.master(master or "local[*]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.driver.memory", os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.sql.parquet.compression.codec", "snappy")
+    )
+    jar = jdbc_jar(jdbc_jar_path)
+    builder = builder.config("spark.jars", jar) if jar else builder.config("spark.jars.packages", JDBC_PACKAGE)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

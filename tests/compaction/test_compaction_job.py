@@ -1,0 +1,211 @@
+"""The Spark compaction job against the real database, checked against a plain-Python model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bus
+from storage.compaction import CompactionCrash, run_compaction
+from tests.compaction.compaction_model import (
+    LAST_RUN,
+    archive_rows,
+    expected_after,
+    load,
+    log_starts,
+    make_group,
+    present,
+    snapshot,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+DAY = 86400.0
+JOB_SCRIPT = Path(__file__).resolve().parents[2] / "storage" / "compaction" / "job.py"
+SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
+
+
+async def _history(b: bus.Bus, scale: int = 1) -> None:
+    """Topics of both policies, old and young records, a group holding part of the history back.
+
+    scale=1 is ~100,000 rows.
+    """
+    now = datetime.now(UTC)
+    old, young = now - timedelta(days=3), now - timedelta(minutes=10)
+    await b.create_topic("events", 4, cleanup="compact", tombstone_retention=3600)
+    await b.create_topic("profiles", 2, cleanup="compact", retention=DAY)
+    await b.create_topic("orders", 4, retention=DAY)
+    await b.create_topic("audit", 2)  # delete policy, no retention: kept forever
+    for p in range(4):
+        await load(b, "events", str(p), 12_000 // scale, keys=500, start=old, step=1.0, tombstone_every=37)
+        await load(b, "events", str(p), 1_000 // scale, keys=500, start=young, step=0.1, tombstone_every=37)
+        await load(b, "orders", str(p), 8_000 // scale, keys=1000, start=old - timedelta(days=2), step=1.0)
+        await load(b, "orders", str(p), 2_000 // scale, keys=1000, start=young, step=0.1)
+    for p in range(2):
+        await load(b, "profiles", str(p), 4_000 // scale, keys=100, start=old, step=1.0)
+        await load(b, "profiles", str(p), 1_000 // scale, keys=100, start=young, step=0.1)
+        await load(b, "audit", str(p), 5_000 // scale, keys=50, start=old, step=1.0)
+    # The group has read part of some partitions; on "orders" 3 it has no cursor
+    # moved, so it holds that partition at its log start.
+    await make_group(
+        b,
+        "readers",
+        ["events", "orders", "profiles", "audit"],
+        {
+            ("events", "0"): 13_000 // scale,
+            ("events", "1"): 6_000 // scale,
+            ("events", "2"): 13_000 // scale,
+            ("events", "3"): 12_500 // scale,
+            ("orders", "0"): 5_000 // scale,
+            ("orders", "1"): 10_000 // scale,
+            ("orders", "2"): 9_000 // scale,
+            ("profiles", "0"): 5_000 // scale,
+            ("profiles", "1"): 4_500 // scale,
+            ("audit", "0"): 5_000 // scale,
+            ("audit", "1"): 5_000 // scale,
+        },
+    )
+
+
+async def _planned_at(b: bus.Bus) -> datetime:
+    async with b.pool.acquire() as conn:
+        return (await conn.fetchrow(LAST_RUN))["planned_at"]
+
+
+def _compact(b: bus.Bus, spark: Any, archive: Path, **kw: Any) -> Any:
+    return asyncio.to_thread(run_compaction, b.dsn, b.config.schema, spark=spark, archive=str(archive), **kw)
+
+
+async def _assert_matches_model(b: bus.Bus, spark: Any, archive: Path, rows: list[Any], parts: list[Any]) -> None:
+    expected = expected_after(rows, parts, await _planned_at(b))
+    async with b.pool.acquire() as conn:
+        assert await present(conn) == expected.remaining
+        assert await log_starts(conn) == expected.log_start
+    got = archive_rows(spark, str(archive))
+    keys = [(r["partition_id"], r["offset"]) for r in got]
+    assert [k for k, n in Counter(keys).items() if n > 1] == []  # no archived row twice
+    assert {(r["partition_id"], r["offset"]): r["digest"] for r in got} == expected.archived
+
+
+async def test_compaction_matches_the_reference_model_for_both_policies(
+    b: bus.Bus, spark: Any, tmp_path: Path
+) -> None:
+    await _history(b)
+    async with b.pool.acquire() as conn:
+        rows, parts = await snapshot(conn)
+    assert len(rows) >= 100_000
+    report = await _compact(b, spark, tmp_path / "archive")
+    await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)
+    expected = expected_after(rows, parts, await _planned_at(b))
+    assert report.rows_archived == report.rows_removed == len(expected.archived) > 50_000
+    assert not report.resumed
+    # Archive layout: partitioned by topic and date, files named by the run.
+    files = [Path(f.removeprefix("file:")) for f in report.archive_files]
+    assert files and all(f.name.startswith(f"run-{report.run_id}-") and f.exists() for f in files)
+    assert {f.parent.parent.name for f in files} == {"topic=events", "topic=orders", "topic=profiles"}
+    assert all(f.parent.name.startswith("date=") for f in files)
+
+
+async def test_a_second_run_finds_nothing_more_and_archives_nothing_twice(b: bus.Bus, spark: Any, tmp_path: Path) -> None:
+    await _history(b, scale=10)
+    first = await _compact(b, spark, tmp_path / "archive")
+    second = await _compact(b, spark, tmp_path / "archive")
+    assert first.rows_removed > 0
+    assert second.rows_archived == second.rows_removed == 0
+    got = archive_rows(spark, str(tmp_path / "archive"))
+    assert len(got) == first.rows_archived
+
+
+async def test_reading_below_the_log_start_after_compaction_raises_offset_out_of_range(
+    b: bus.Bus, spark: Any, tmp_path: Path
+) -> None:
+    await _history(b, scale=10)
+    await _compact(b, spark, tmp_path / "archive")
+    info = await b.topic("orders")
+    pid = await b.partition_id(info, "0", create=False)
+    async with b.pool.acquire() as conn:
+        start = (await log_starts(conn))[pid]
+    assert start == 500  # the group's committed offset on orders/0 (scale 10)
+    with pytest.raises(bus.OffsetOutOfRangeError):
+        await b.read("orders", partition="0", offset=start - 1)
+    first = await b.read("orders", partition="0", offset=start, max_messages=1)
+    assert [m.offset for m in first] == [start]
+    # A compact partition: the survivors keep their offsets, with gaps where records went.
+    kept = await b.read("events", partition="0", offset=await _log_start(b, "events", "0"), max_messages=2000)
+    offsets = [m.offset for m in kept]
+    assert offsets == sorted(offsets) and len(offsets) > 0
+    keys = [m.key for m in kept if m.offset < 1200]
+    assert len(keys) == len(set(keys))  # below the watermark at most one record per key is left
+
+
+async def _log_start(b: bus.Bus, topic: str, partition: str) -> int:
+    info = await b.topic(topic)
+    pid = await b.partition_id(info, partition, create=False)
+    async with b.pool.acquire() as conn:
+        return (await log_starts(conn))[pid]
+
+
+@pytest.mark.parametrize("crash_at", ["after_archive", "mid_delete", "before_bookkeeping"])
+async def test_a_run_crashed_at_any_step_finishes_like_an_uninterrupted_one(
+    b: bus.Bus, spark: Any, tmp_path: Path, crash_at: str
+) -> None:
+    await _history(b, scale=10)
+    async with b.pool.acquire() as conn:
+        rows, parts = await snapshot(conn)
+    with pytest.raises(CompactionCrash):
+        await _compact(b, spark, tmp_path / "archive", crash_at=crash_at)
+    report = await _compact(b, spark, tmp_path / "archive")
+    assert report.resumed and report.attempts == 2
+    await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)
+    async with b.pool.acquire() as conn:
+        run = await conn.fetchrow(LAST_RUN)
+    assert run["status"] == "done" and run["rows_removed"] == report.rows_removed == run["rows_archived"]
+
+
+async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(b: bus.Bus, spark: Any, tmp_path: Path) -> None:
+    await _history(b, scale=10)
+    async with b.pool.acquire() as conn:
+        rows, parts = await snapshot(conn)
+    env = {**os.environ, "BUS_COMPACT_CRASH_AT": "mid_delete"}
+    job, submit = JOB_SCRIPT, SPARK_SUBMIT
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [str(submit), "--master", "local[2]", str(job), "--dsn", b.dsn, "--schema", b.config.schema,
+         "--archive", str(tmp_path / "archive")],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode != 0 and "injected crash at mid_delete" in proc.stderr
+    report = await _compact(b, spark, tmp_path / "archive")
+    assert report.resumed
+    await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)
+
+
+async def test_a_group_arriving_after_planning_is_never_robbed(b: bus.Bus, spark: Any, tmp_path: Path) -> None:
+    await _history(b, scale=10)
+    with pytest.raises(CompactionCrash):
+        await _compact(b, spark, tmp_path / "archive", crash_at="after_archive")
+    async with b.pool.acquire() as conn:
+        before = await present(conn)
+        starts = await log_starts(conn)
+    # A new `earliest` group on "orders" now holds every partition at its log start.
+    await make_group(b, "late", ["orders"], {})
+    report = await _compact(b, spark, tmp_path / "archive")
+    async with b.pool.acquire() as conn:
+        after = await present(conn)
+        info = await b.topic("orders")
+        order_ids = {await b.partition_id(info, str(p), create=False) for p in range(4)}
+        assert {k for k in before if k[0] in order_ids} <= after
+        now_starts = await log_starts(conn)
+    assert all(now_starts[p] == starts[p] for p in order_ids)
+    assert all(p.removed == 0 for p in report.partitions if p.topic == "orders")
+    assert any(p.removed > 0 for p in report.partitions if p.topic == "events")
+    msgs = await b.read("orders", partition="0", offset=0, max_messages=10)
+    assert [m.offset for m in msgs] == list(range(10))
