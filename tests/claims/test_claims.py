@@ -188,3 +188,29 @@ async def test_bad_claim_arguments_raise_validation_error_and_write_nothing(b: b
 async def test_claim_on_missing_topic_raises_topic_not_found(b: bus.Bus) -> None:
     with pytest.raises(bus.TopicNotFoundError):
         await b.claim("g", topic="nope", worker_id="w")
+
+
+async def test_fan_out_every_group_gets_every_message(b: bus.Bus) -> None:
+    await b.create_topic("events", partitions=None)
+    await b.publish_many("events", [bus.Outgoing({"i": i}, partition=f"p{i % 5}") for i in range(50)])
+    for group in ("g1", "g2", "g3"):
+        got = []
+        while (c := await b.claim(group, topic="events", worker_id="w", max_messages=7)) is not None:
+            got.extend(m.value(dict)["i"] for m in c.messages)
+            await c.ack()
+        assert sorted(got) == list(range(50)), group
+    # fan-out costs a cursor per (group, partition), never a row per message per group
+    assert await b.pool.fetchval("SELECT count(*) FROM offsets") == 3 * 5
+
+
+async def test_a_stopped_group_cannot_claim(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"x")
+    await b.claim("g", topic="t", worker_id="w")
+    await b.pool.execute("UPDATE groups SET status = 'stopped'")
+    b2 = await bus.connect(b.dsn, schema=b.config.schema, cleaner_interval=0)
+    try:
+        with pytest.raises(bus.GroupStoppedError):
+            await b2.claim("g", topic="t", worker_id="w")
+    finally:
+        await b2.close()
