@@ -107,15 +107,15 @@ class Coordinator(Actor[CoordinatorMessage]):
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
         )
         await self._join()
-        await self._notifier.tell(Subscribe(self.spec.groups_channel, self.spec.group, self.self_ref, GroupChanged()))
-        self.self_ref.try_tell(Sync())
+        self._notifier.signal(Subscribe(self.spec.groups_channel, self.spec.group, self.self_ref, GroupChanged()))
+        self.self_ref.signal(Sync())
 
     async def on_stop(self) -> None:
-        self._notifier.try_tell(Unsubscribe(self.self_ref))
+        self._notifier.signal(Unsubscribe(self.self_ref))
         await self._revoke(set(self._workers))
         if self._supervisor is not None:
             await self._supervisor.stop()
-        self._monitor.try_tell(UnregisterMember(self.spec.group, self.member_id))
+        self._monitor.signal(UnregisterMember(self.spec.group, self.member_id))
         if self.spec.instance_id is None:
             async with self._pool.acquire() as conn:
                 await membership.leave(conn, self.spec.group, self.member_id, self.spec.rebalance_delay, self.spec.groups_channel)
@@ -134,11 +134,11 @@ class Coordinator(Actor[CoordinatorMessage]):
         self._log = get_logger(__name__, group=self.spec.group, member=self.member_id)
         self._log.info("member_joined", rejoined=row["rejoined"], leader=row["leader"])
         await self._monitor.tell(RegisterMember(self.spec.group, self.member_id, self.self_ref))
-        self._monitor.try_tell(LeaderSeen(self.spec.group, row["leader"]))
+        self._monitor.signal(LeaderSeen(self.spec.group, row["leader"]))
 
     def _worker_gave_up(self, name: str, exc: BaseException) -> None:
         pid = int(name.split("-")[1])
-        self.self_ref.try_tell(WorkerFailed(pid, repr(exc)))
+        self.self_ref.signal(WorkerFailed(pid, repr(exc)))
 
     # -- messages ------------------------------------------------------------------
 
@@ -158,7 +158,7 @@ class Coordinator(Actor[CoordinatorMessage]):
             case MemberFenced():
                 self._log.warning("member_fenced")
                 await self._stop_workers(set(self._workers), revoke_callback=True)
-                self._monitor.try_tell(UnregisterMember(self.spec.group, self.member_id))
+                self._monitor.signal(UnregisterMember(self.spec.group, self.member_id))
                 self.generation = -1
                 await self._join()
                 await self._sync()
@@ -166,9 +166,9 @@ class Coordinator(Actor[CoordinatorMessage]):
     async def _sync(self) -> None:
         row = await membership.assignment(self._pool, self.spec.group, self.member_id)
         if row is None:
-            self.self_ref.try_tell(MemberFenced())
+            self.self_ref.signal(MemberFenced())
             return
-        self._monitor.try_tell(LeaderSeen(self.spec.group, row["leader"]))
+        self._monitor.signal(LeaderSeen(self.spec.group, row["leader"]))
         generation = int(row["generation"])
         wanted = set(row["assignment"])
         current = set(self._workers)

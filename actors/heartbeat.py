@@ -105,11 +105,11 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             seen.add(key)
             ref = self._members.get(key)
             if ref is not None:
-                ref.try_tell(HeartbeatReply(row["member_generation"], row["group_generation"], row["leader"], row["state"]))
+                ref.signal(HeartbeatReply(row["member_generation"], row["group_generation"], row["leader"], row["state"]))
             await self._leadership(row["group_name"], row["leader"])
         for key in keys:
             if key not in seen and key in self._members:
-                self._members[key].try_tell(MemberFenced())
+                self._members[key].signal(MemberFenced())
 
     async def _sweep(self) -> int:
         try:
@@ -136,7 +136,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
                 self._start_rebalancer(group, leader)
             elif current[0] != leader:
                 self._rebalancers[group] = (leader, current[1])
-                current[1].try_tell(SetLeader(leader))
+                current[1].signal(SetLeader(leader))
         elif current is not None and (leader is not None or not any(g == group for g, _ in self._members)):
             del self._rebalancers[group]
             await current[1].stop(drain=False)

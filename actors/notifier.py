@@ -48,10 +48,10 @@ class Notifier(Actor[Subscribe | Unsubscribe | Notified | CheckConnection]):
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
         # Runs in asyncpg's protocol callback: never block, never raise.
-        self.self_ref.try_tell(Notified(channel, payload))
+        self.self_ref.signal(Notified(channel, payload))
 
     def _on_lost(self, _conn: Any) -> None:
-        self.self_ref.try_tell(CheckConnection())
+        self.self_ref.signal(CheckConnection())
 
     async def _ensure_connected(self, wake_all: bool) -> None:
         if self._conn is not None and not self._conn.is_closed():
@@ -70,16 +70,16 @@ class Notifier(Actor[Subscribe | Unsubscribe | Notified | CheckConnection]):
             for by_key in self._subs.values():
                 for subs in by_key.values():
                     for ref, message in subs:
-                        ref.try_tell(message)
+                        ref.signal(message)
 
     async def receive(self, message: Subscribe | Unsubscribe | Notified | CheckConnection) -> None:
         match message:
             case Notified(channel=channel, payload=payload):
                 by_key = self._subs.get(channel, {})
                 for ref, msg in by_key.get(payload, ()):
-                    ref.try_tell(msg)
+                    ref.signal(msg)
                 for ref, msg in by_key.get(None, ()):
-                    ref.try_tell(msg)
+                    ref.signal(msg)
             case Subscribe(channel=channel, key=key, ref=ref, message=msg):
                 self._subs.setdefault(channel, {}).setdefault(key, []).append((ref, msg))
             case Unsubscribe(ref=ref):

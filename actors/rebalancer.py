@@ -65,22 +65,22 @@ class Rebalancer(Actor[RebalanceCheck | SetLeader]):
 
     async def on_start(self) -> None:
         ref = self.self_ref
-        await self._notifier.tell(Subscribe(self._groups_channel, self.group, ref, RebalanceCheck()))
-        await self._notifier.tell(Subscribe(self._topics_channel, None, ref, RebalanceCheck(discover=True)))
+        self._notifier.signal(Subscribe(self._groups_channel, self.group, ref, RebalanceCheck()))
+        self._notifier.signal(Subscribe(self._topics_channel, None, ref, RebalanceCheck(discover=True)))
         ref.schedule_every(self._check_interval, RebalanceCheck())
-        ref.try_tell(RebalanceCheck())
+        ref.signal(RebalanceCheck())
         self._log.info("rebalancer_active")
 
     async def on_stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._notifier.try_tell(Unsubscribe(self.self_ref))
+        self._notifier.signal(Unsubscribe(self.self_ref))
 
     async def receive(self, message: RebalanceCheck | SetLeader) -> None:
         match message:
             case SetLeader(member_id=member_id):
                 self.leader_id = member_id
-                self.self_ref.try_tell(RebalanceCheck())
+                self.self_ref.signal(RebalanceCheck())
             case RebalanceCheck(discover=discover):
                 await self._check(discover)
 
@@ -110,7 +110,7 @@ class Rebalancer(Actor[RebalanceCheck | SetLeader]):
         if self._timer is not None:
             self._timer.cancel()
         ref = self.self_ref
-        self._timer = asyncio.get_running_loop().call_later(min(delay, self._check_interval), lambda: ref.try_tell(RebalanceCheck()))
+        self._timer = asyncio.get_running_loop().call_later(min(delay, self._check_interval), lambda: ref.signal(RebalanceCheck()))
 
     async def _look_for_new_partitions(self) -> None:
         await group_sql.add_matching_topics(self._pool, self.group)

@@ -436,6 +436,17 @@ class ActorRef(Generic[M]):
         except ActorStoppedError:
             raise self._stopped_error(message) from None
 
+    def signal(self, message: M) -> bool:
+        """Best-effort, never raises: enqueue if there is room and the actor lives, else drop.
+
+        For hints whose loss a timer covers (wake-ups, NOTIFY fan-out,
+        unsubscribes during shutdown).
+        """
+        try:
+            return self.try_tell(message)
+        except ActorStoppedError:
+            return False
+
     async def ask(self, message: M, timeout: float | None = 5.0) -> Any:  # noqa: ASYNC109 - an ask without a deadline is a hang waiting to happen
         """Send ``message`` and return what ``receive`` returned.
 

@@ -109,12 +109,12 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
 
     async def on_start(self) -> None:
         ref = self.self_ref
-        await self._notifier.tell(Subscribe(self.spec.messages_channel, str(self.spec.partition_id), ref, Wake()))
+        self._notifier.signal(Subscribe(self.spec.messages_channel, str(self.spec.partition_id), ref, Wake()))
         ref.schedule_every(self.spec.poll_interval, Wake())
-        ref.try_tell(Wake())
+        ref.signal(Wake())
 
     async def on_stop(self) -> None:
-        self._notifier.try_tell(Unsubscribe(self.self_ref))
+        self._notifier.signal(Unsubscribe(self.self_ref))
         if self._epoch is None:
             return
         epoch, self._epoch = self._epoch, None
@@ -144,7 +144,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
                     self._sink.revoked(self.spec.partition_id, self._epoch)
                 self._pending = None
                 self._position = offset
-                self.self_ref.try_tell(Wake())
+                self.self_ref.signal(Wake())
             case CommitPosition(offset=offset):
                 if self._epoch is None:
                     return False
@@ -193,7 +193,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
                 self._pending = batch
                 return
         if len(rows) == self.spec.fetch_size:
-            self.self_ref.try_tell(Wake())
+            self.self_ref.signal(Wake())
 
     async def _check_lease(self) -> None:
         row = await leases.state(self._pool, self.spec.group, self.spec.partition_id)
@@ -203,7 +203,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
                 self._sink.revoked(self.spec.partition_id, self._epoch)
             self._epoch = None
             self._pending = None
-            self._coordinator.try_tell(LeaseLost(self.spec.partition_id))
+            self._coordinator.signal(LeaseLost(self.spec.partition_id))
 
     async def _run_handler(self, rows: list[asyncpg.Record]) -> None:
         assert self._epoch is not None
@@ -229,7 +229,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
                     await self._commit(done)
                     self._stopped_on_error = True
                     self._sink.failed(self.spec.topic, self.spec.partition, exc)
-                    self._coordinator.try_tell(WorkerFailed(self.spec.partition_id, repr(exc)))
+                    self._coordinator.signal(WorkerFailed(self.spec.partition_id, repr(exc)))
                     return
             done = row["offset"] + 1
         await self._commit(done)

@@ -315,9 +315,12 @@ class Consumer(_MemberBase):
             else:
                 kept.append((batch, index))
         self._buffer = kept
-        for table in (self._polled, self._committed):
-            if partition_id in table and table[partition_id][0] == epoch:
-                del table[partition_id]
+        # With auto_commit the worker committed this position on revoke; without
+        # it, the position stays so that a later commit() reports the move.
+        if self.auto_commit:
+            for table in (self._polled, self._committed):
+                if partition_id in table and table[partition_id][0] == epoch:
+                    del table[partition_id]
         self._workers.pop(partition_id, None)
 
     async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
@@ -394,6 +397,9 @@ class Consumer(_MemberBase):
                 missing = {pid for pid, _, _ in pending} - applied
                 if missing:
                     moved = sorted(str(self._tp_of.get(p, p)) for p in missing)
+                    # Report a moved partition once; its new owner re-reads those messages.
+                    for pid in missing:
+                        self._polled.pop(pid, None)
                     # Raising rolls the whole transaction back: nothing applies.
                     raise StaleGenerationError(
                         f"group {self.group!r} moved on: partition(s) {', '.join(moved)} are no longer owned by "

@@ -1,0 +1,116 @@
+"""Invariants 2, 3 and 4: fenced commits, one owner, offsets never backwards."""
+
+from __future__ import annotations
+
+import pytest
+
+import bus
+from storage import leases
+from tests.groups.helpers import drain, eventually
+
+
+async def test_commit_including_a_partition_that_moved_raises_and_applies_nothing(connect, fast) -> None:
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=2)
+    for i in range(20):
+        await b.publish("t", {"i": i}, partition=str(i % 2))
+    a = await b.consumer("g", topics=["t"], auto_commit=False, assignor="sticky").start()
+    await eventually(lambda: len(a.assignment()) == 2)
+    got = await drain([a], 20)
+    assert len(got) == 20
+    before = dict(await b.pool.fetch("SELECT partition_id, committed FROM offsets WHERE group_name='g'"))
+    # A second member takes one partition away (its lease moves on once `a` releases it).
+    c2 = await b.consumer("g", topics=["t"], auto_commit=False, assignor="sticky").start()
+    await eventually(lambda: len(c2.assignment()) == 1 and len(a.assignment()) == 1)
+    await eventually(
+        lambda: b.pool.fetchval("SELECT count(*) FROM offsets WHERE group_name='g' AND owner=$1", c2.member_id)
+    )
+    with pytest.raises(bus.StaleGenerationError):
+        await a.commit()
+    after = dict(await b.pool.fetch("SELECT partition_id, committed FROM offsets WHERE group_name='g'"))
+    assert after == before  # nothing applied, not even the partition `a` still owns
+    await a.close()
+    await c2.close()
+
+
+async def test_zombie_with_an_old_epoch_can_neither_commit_nor_fetch(connect, fast) -> None:
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"x", partition="0")
+    c = await b.consumer("g", topics=["t"]).start()
+    await eventually(lambda: b.pool.fetchval("SELECT owner FROM offsets WHERE group_name='g'"))
+    row = await b.pool.fetchrow("SELECT partition_id, owner, lease_epoch FROM offsets WHERE group_name='g'")
+    pid, owner, epoch = row["partition_id"], row["owner"], row["lease_epoch"]
+    # The lease moves on (as after a pause past the session): epoch + 1 for someone else.
+    await b.pool.execute(
+        "UPDATE offsets SET owner='someone-else', lease_epoch=lease_epoch+1 WHERE group_name='g'"
+    )
+    async with b.pool.acquire() as conn:
+        assert await leases.commit(conn, "g", owner, [(pid, 1, epoch)]) == set()
+    assert await leases.fetch(b.pool, "g", pid, owner, epoch, 0, 10) == []
+    assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name='g'") == 0
+    await c.close()
+
+
+async def test_expired_lease_cannot_commit_even_if_nobody_took_it(connect, fast) -> None:
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=1)
+    c = await b.consumer("g", topics=["t"]).start()
+    await eventually(lambda: b.pool.fetchval("SELECT owner FROM offsets WHERE group_name='g'"))
+    row = await b.pool.fetchrow("SELECT partition_id, owner, lease_epoch FROM offsets WHERE group_name='g'")
+    await b.pool.execute("UPDATE offsets SET lease_expires_at = now() - interval '1 second' WHERE group_name='g'")
+    async with b.pool.acquire() as conn:
+        assert await leases.commit(conn, "g", row["owner"], [(row["partition_id"], 1, row["lease_epoch"])]) == set()
+    await c.close()
+
+
+async def test_committed_offsets_never_move_backwards(connect, fast) -> None:
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=1)
+    for i in range(10):
+        await b.publish("t", {"i": i})
+    c = await b.consumer("g", topics=["t"], auto_commit=False).start()
+    await drain([c], 10)
+    await c.commit()
+    row = await b.pool.fetchrow("SELECT partition_id, owner, lease_epoch, committed FROM offsets WHERE group_name='g'")
+    assert row["committed"] == 10
+    async with b.pool.acquire() as conn:
+        await leases.commit(conn, "g", row["owner"], [(row["partition_id"], 3, row["lease_epoch"])])
+    assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name='g'") == 10
+    await c.close()
+
+
+async def test_at_most_one_live_owner_per_partition_while_members_come_and_go(connect, fast) -> None:
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=6)
+    members = [await b.consumer("g", topics=["t"]).start() for _ in range(2)]
+    violations = []
+
+    async def check_owners():
+        # Each member's own view of what it owns must never overlap another's lease.
+        rows = await b.pool.fetch(
+            "SELECT partition_id, owner FROM offsets WHERE group_name='g' AND lease_expires_at > now()"
+        )
+        owners = {}
+        for r in rows:
+            owners.setdefault(r["partition_id"], set()).add(r["owner"])
+        violations.extend(p for p, o in owners.items() if len(o) > 1)
+
+    for _ in range(3):
+        m = await b.consumer("g", topics=["t"]).start()
+        members.append(m)
+        for _ in range(10):
+            await check_owners()
+        old = members.pop(0)
+        await old.close()
+        for _ in range(10):
+            await check_owners()
+    assert violations == []
+    await eventually(lambda: _stable_all(b))
+    for m in members:
+        await m.close()
+
+
+async def _stable_all(b):
+    d = await b.admin.describe_group("g")
+    return d.state == "stable" and sum(len(m.partitions) for m in d.members) == 6
