@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -161,7 +161,7 @@ async def test_datetime_start_reads_messages_created_at_or_after_it(b: bus.Bus) 
     await b.publish("t", b"one-hour", partition="p")
     await _age(b, "t", 60)
     await b.publish("t", b"now", partition="p")
-    since = datetime.now(timezone.utc) - timedelta(minutes=90)
+    since = datetime.now(UTC) - timedelta(minutes=90)
     assert await _pop(b, "cg", start=since, max_messages=10) == [b"one-hour", b"now"]
 
 
