@@ -61,6 +61,9 @@ _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@=-]{0,199}")
 _MAX_INDEXED_CHARS = 1000
 # Claims whose hint turned out too low are skipped in a loop; this bounds it.
 _MAX_EMPTY_CLAIMS = 1000
+# How many times one claim_next puts back a partition whose hint was too low
+# (to hand out the truly earliest one) before it settles for what it holds.
+_MAX_REFINEMENTS = 8
 # Discovery scans the log in windows of this many positions (one transaction each).
 _SCAN_WINDOW = 200_000
 
@@ -555,6 +558,7 @@ class EventStore:
                 return None
             if state["upto"] > state["scanned"]:
                 await self._discover(group, names, tags)
+            refinements = 0
             for _ in range(_MAX_EMPTY_CLAIMS):
                 row = await self._pool.fetchrow(sql.CLAIM_PARTITION, self.name, group, names, worker, ttl)
                 if row is None:
@@ -564,6 +568,12 @@ class EventStore:
                 )
                 if not rows:
                     await self._pool.execute(sql.RELEASE_EMPTY, row["id"], worker)
+                    continue
+                if rows[0]["position"] > row["next_position"] and refinements < _MAX_REFINEMENTS:
+                    # Another partition may have an earlier pending event: put this
+                    # one back under its exact position and pick again.
+                    refinements += 1
+                    await self._pool.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
                     continue
                 more = len(rows) > max_messages
                 rows = rows[:max_messages]

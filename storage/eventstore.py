@@ -267,7 +267,7 @@ WHERE o.id = (
         FOR UPDATE SKIP LOCKED)
   AND (o.claimed_by IS NULL OR o.claimed_at < clock_timestamp() - make_interval(secs => $5))
   AND EXISTS (SELECT 1 FROM es_groups g WHERE g.store = $1 AND g.name = $2 AND g.status = 'active')
-RETURNING o.id, o.partition_key, o.vals, o.position, o.attempts
+RETURNING o.id, o.partition_key, o.vals, o.position, o.attempts, o.next_position
 """
 
 # The conditional-AND fetch: candidates share at least one of the partition's
@@ -294,6 +294,16 @@ LIMIT $6
 RELEASE_EMPTY = """
 UPDATE es_offsets
 SET next_position = CASE WHEN bumps = claim_bumps THEN NULL ELSE next_position END,
+    claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL
+WHERE id = $1 AND claimed_by = $2
+"""
+
+# The claim's first event lies after its hint (the hint came from an event that
+# shares only some pairs): record the exact value and release, so the next
+# claim picks the partition whose pending event really is the earliest.
+REQUEUE_EXACT = """
+UPDATE es_offsets
+SET next_position = CASE WHEN bumps = claim_bumps THEN $3 ELSE next_position END,
     claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL
 WHERE id = $1 AND claimed_by = $2
 """
