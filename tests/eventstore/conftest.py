@@ -1,17 +1,42 @@
-"""Fixtures of the event store tests: a store with a registered group on a fresh schema."""
+"""Fixtures of the event store tests.
+
+One Bus on one schema serves the whole area: every test gets a store of its
+own (stores share nothing: positions, groups and cursors are all per store),
+which saves a connect-and-migrate per test.
+"""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
 import pytest
 
 import bus
 from bus.eventstore import EventStore
 
 
+@pytest.fixture(scope="module")
+async def es_bus(dsn: str) -> AsyncIterator[bus.Bus]:
+    """A Bus on a schema of its own, shared by one test module."""
+    schema = "t_es_" + uuid.uuid4().hex[:10]
+    b = await bus.connect(dsn, schema=schema)
+    try:
+        yield b
+    finally:
+        await b.close()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
 @pytest.fixture
-def store(b: bus.Bus) -> EventStore:
-    """The store "courses" on the test's schema."""
-    return b.event_store("courses")  # type: ignore[no-any-return]
+def store(es_bus: bus.Bus) -> EventStore:
+    """A store no other test uses."""
+    return es_bus.event_store("s-" + uuid.uuid4().hex[:12])  # type: ignore[no-any-return]
 
 
 @pytest.fixture

@@ -388,13 +388,13 @@ async def test_after_release_the_same_partition_comes_back_with_the_same_events(
 # -- clear (32) -------------------------------------------------------------------------
 
 
-async def test_clear_removes_groups_offsets_and_offset_keys(b: bus.Bus, store: EventStore, group: str) -> None:
+async def test_clear_removes_groups_offsets_and_offset_keys(es_bus: bus.Bus, store: EventStore, group: str) -> None:
     await store.append(UserJoinedCourse(course_name="Algebra", user_id="joe"))
     assert await claim_course(store, group) is not None
-    other = b.event_store("other")
+    other = es_bus.event_store(store.name + "-other")
     await other.register_group("kept")
     await store.clear()
-    counts = await b.pool.fetchrow(bus.eventstore.sql.COUNT_GROUP_ROWS, "courses")
+    counts = await es_bus.pool.fetchrow(bus.eventstore.sql.COUNT_GROUP_ROWS, store.name)
     assert dict(counts) == {"groups": 0, "offsets": 0, "offset_keys": 0, "events": 0}
     assert await store.group_status(group) is None
     assert await other.group_status("kept") == "active"

@@ -20,8 +20,8 @@ async def test_append_returns_dense_positions_from_one(store: EventStore) -> Non
     assert await store.last_position() == 3
 
 
-async def test_stores_have_independent_logs(b: bus.Bus) -> None:
-    a, other = b.event_store("a"), b.event_store("b")
+async def test_stores_have_independent_logs(es_bus: bus.Bus, store: EventStore) -> None:
+    a, other = store, es_bus.event_store(store.name + "-b")
     await a.append(CourseCreated(course_name="x"))
     recs = await other.append(CourseCreated(course_name="y"))
     assert recs[0].position == 1
