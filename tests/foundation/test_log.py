@@ -209,15 +209,18 @@ async def test_publish_many_failing_mid_transaction_writes_nothing(b: bus.Bus, c
         CREATE TRIGGER refuse_boom BEFORE INSERT ON messages FOR EACH ROW EXECUTE FUNCTION refuse_boom();
         """
     )
-    await b.publish("t", b"before", partition="0")
-    before = await counts()
-    batch = [bus.Outgoing(b"a", partition="0"), bus.Outgoing(b"b", partition="1"), bus.Outgoing(b"boom", partition="1")]
-    with pytest.raises(asyncpg.RaiseError, match="boom refused"):
-        await b.publish_many("t", batch)
-    assert await counts() == before
-    # The counters were not consumed: the next offsets continue densely.
-    recs = await b.publish_many("t", batch[:2])
-    assert [(r.partition, r.offset) for r in recs] == [("0", 1), ("1", 0)]
+    try:
+        await b.publish("t", b"before", partition="0")
+        before = await counts()
+        batch = [bus.Outgoing(b"a", partition="0"), bus.Outgoing(b"b", partition="1"), bus.Outgoing(b"boom", partition="1")]
+        with pytest.raises(asyncpg.RaiseError, match="boom refused"):
+            await b.publish_many("t", batch)
+        assert await counts() == before
+        # The counters were not consumed: the next offsets continue densely.
+        recs = await b.publish_many("t", batch[:2])
+        assert [(r.partition, r.offset) for r in recs] == [("0", 1), ("1", 0)]
+    finally:
+        await b.pool.execute("DROP TRIGGER refuse_boom ON messages; DROP FUNCTION refuse_boom()")
 
 
 async def test_outbox_publish_rolled_back_is_never_visible_and_its_offset_is_reused(b: bus.Bus) -> None:
@@ -236,13 +239,14 @@ async def test_outbox_publish_rolled_back_is_never_visible_and_its_offset_is_reu
 
 async def test_outbox_publish_committed_becomes_visible_with_the_callers_writes(b: bus.Bus) -> None:
     await b.create_topic("t")
-    await b.pool.execute("CREATE TABLE app_orders (id int PRIMARY KEY)")
     async with b.pool.acquire() as conn:
+        await conn.execute("CREATE TEMP TABLE app_orders (id int PRIMARY KEY)")
         async with conn.transaction():
             await conn.execute("INSERT INTO app_orders VALUES (1)")
             await b.publish("t", {"order": 1}, connection=conn)
             await b.publish_many("t", [{"order": 2}, {"order": 3}], connection=conn)
             assert await b.read("t") == []
+        await conn.execute("DROP TABLE app_orders")
     assert [m.value() for m in await b.read("t")] == [{"order": 1}, {"order": 2}, {"order": 3}]
 
 
