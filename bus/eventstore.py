@@ -405,13 +405,11 @@ class EventStore:
             else:
                 validate_offset(guard.position, "guard position")
                 conditions = _condition_arrays(guard.conditions)
-                async with self._pool.acquire() as conn, conn.transaction():
-                    rows, conflict = await sql.append_guarded(
-                        conn, self.name, tags, payloads, attrs, conditions, guard.position
-                    )
-                    if conflict is not None:
-                        # Raising inside the transaction rolls back the reserved positions.
-                        raise _conflict_error(conflict, guard.position)
+                rows, conflict = await sql.append_guarded(
+                    self._pool, self.name, tags, payloads, attrs, conditions, guard.position
+                )
+                if conflict is not None:
+                    raise _conflict_error(conflict, guard.position)
         return [PositionedEvent(p, e, t) for (p, t), e in zip(rows, items, strict=True)]
 
     async def read(
@@ -737,11 +735,11 @@ def _group_not_found(store: str, group: str) -> GroupNotFoundError:
     )
 
 
-def _conflict_error(conflict: asyncpg.Record, after: int) -> ConcurrentAppendError:
+def _conflict_error(conflict: dict[str, Any], after: int) -> ConcurrentAppendError:
     error = ConcurrentAppendError(
-        f"event {conflict['tag']!r} with {conflict['name']}={conflict['value']!r} was appended at position "
-        f"{conflict['position']}, after the guard's position {after}; nothing was written: "
+        f"event {conflict.get('tag')!r} with {conflict.get('name')}={conflict.get('value')!r} was appended at "
+        f"position {conflict.get('position')}, after the guard's position {after}; nothing was written: "
         "read (or claim) again and decide on the new events"
     )
-    error.position = conflict["position"]  # type: ignore[attr-defined]
+    error.position = conflict.get("position")  # type: ignore[attr-defined]
     return error

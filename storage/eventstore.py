@@ -16,7 +16,9 @@ finds nothing, clears it and moves on.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -45,43 +47,14 @@ WITH s AS (
 SELECT position, created_at FROM e ORDER BY position
 """
 
-# Guarded append, step 1: take (and lock until commit) `count` positions.
-RESERVE_POSITIONS = """
-INSERT INTO es_stores AS s (name, next_position) VALUES ($1, 1 + $2::bigint)
-ON CONFLICT (name) DO UPDATE SET next_position = s.next_position + $2::bigint
-RETURNING s.next_position - $2::bigint AS base
+# A guarded append in one round trip (the function es_append_guarded, see
+# migration 005): lock the counter, check the conditions with a fresh
+# snapshot, insert. A conflict raises SQLSTATE ES409 with the event in DETAIL.
+APPEND_GUARDED = """
+SELECT pos, created FROM es_append_guarded($1, $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
+                                           $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint)
 """
-
-# Guarded append, step 2 (a new statement, so a new snapshot that sees every
-# append committed before we got the lock): the first event matching any
-# condition (tag, name, value) after the guard's position.
-FIND_CONFLICT = """
-SELECT a.position, a.tag, a.name, a.value
-FROM unnest($2::text[], $3::text[], $4::text[]) AS c(tag, name, value)
-CROSS JOIN LATERAL (
-    SELECT x.position, x.tag, x.name, x.value FROM es_attributes x
-    WHERE x.store = $1 AND x.name = c.name AND x.value = c.value AND x.tag = c.tag AND x.position > $5
-    ORDER BY x.position
-    LIMIT 1
-) AS a
-ORDER BY a.position
-LIMIT 1
-"""
-
-# Guarded append, step 3: insert at the reserved positions ($2 = base).
-INSERT_EVENTS = """
-WITH e AS (
-    INSERT INTO es_events (store, position, tag, payload)
-    SELECT $1, $2 + u.ord - 1, u.tag, u.payload::jsonb
-    FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS u(tag, payload, ord)
-    RETURNING position, created_at
-), a AS (
-    INSERT INTO es_attributes (store, position, name, value, tag)
-    SELECT $1, $2 + v.idx - 1, v.name, v.value, v.tag
-    FROM unnest($5::bigint[], $6::text[], $7::text[], $8::text[]) AS v(idx, name, value, tag)
-)
-SELECT position, created_at FROM e ORDER BY position
-"""
+CONFLICT_SQLSTATE = "ES409"
 
 # The last committed position (0 for an empty or unknown store). Reading the
 # counter without locking sees its last committed value, and every position
@@ -366,6 +339,9 @@ FROM es_offsets WHERE store = $1 AND group_name = $2
 ORDER BY id
 """
 
+# Refresh planner statistics after a bulk load (COPY straight into the tables).
+ANALYZE_TABLES = "ANALYZE es_stores, es_events, es_attributes, es_groups, es_scans, es_offsets, es_offset_keys"
+
 COUNT_GROUP_ROWS = """
 SELECT (SELECT count(*) FROM es_groups WHERE store = $1) AS groups,
        (SELECT count(*) FROM es_offsets WHERE store = $1) AS offsets,
@@ -390,18 +366,20 @@ async def append(
 
 
 async def append_guarded(
-    conn: asyncpg.Connection,
+    conn: Executor,
     store: str,
     tags: list[str],
     payloads: list[str],
     attrs: tuple[list[int], list[str], list[str], list[str]],
     conditions: tuple[list[str], list[str], list[str]],
     after: int,
-) -> tuple[list[tuple[int, datetime]], asyncpg.Record | None]:
-    """Append under a guard, inside the caller's transaction: ([], conflict) when a match exists after `after`."""
-    base = await conn.fetchval(RESERVE_POSITIONS, store, len(tags))
-    conflict = await conn.fetchrow(FIND_CONFLICT, store, *conditions, after)
-    if conflict is not None:
+) -> tuple[list[tuple[int, datetime]], dict[str, Any] | None]:
+    """Append under a guard in one statement: ([], conflicting event) when a match exists after `after`."""
+    try:
+        rows = await conn.fetch(APPEND_GUARDED, store, tags, payloads, *attrs, *conditions, after)
+    except asyncpg.PostgresError as exc:
+        if getattr(exc, "sqlstate", None) != CONFLICT_SQLSTATE:
+            raise
+        conflict: dict[str, Any] = json.loads(getattr(exc, "detail", None) or "{}")
         return [], conflict
-    rows = await conn.fetch(INSERT_EVENTS, store, base, tags, payloads, *attrs)
     return [(r[0], r[1]) for r in rows], None

@@ -100,3 +100,57 @@ CREATE TABLE es_offset_keys (
     PRIMARY KEY (offset_id, name)
 );
 CREATE INDEX es_offset_keys_lookup ON es_offset_keys (store, group_name, name, value);
+
+-- A guarded append in one round trip: take the positions (locking the
+-- store's counter until commit), look for an event matching any condition
+-- (tag, name, value) after p_after, and insert only if there is none. In a
+-- VOLATILE function each statement takes a fresh snapshot, so the check,
+-- which runs after the lock is held, sees every append committed before.
+-- A conflict raises SQLSTATE ES409 (its DETAIL is the conflicting event as
+-- JSON), which rolls back the counter too: nothing is written.
+CREATE FUNCTION es_append_guarded(
+    p_store text, p_tags text[], p_payloads text[],
+    p_idx bigint[], p_names text[], p_values text[], p_attr_tags text[],
+    c_tags text[], c_names text[], c_values text[], p_after bigint
+) RETURNS TABLE (pos bigint, created timestamptz)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    n bigint := cardinality(p_tags);
+    base bigint;
+    hit record;
+BEGIN
+    INSERT INTO es_stores AS s (name, next_position) VALUES (p_store, 1 + n)
+    ON CONFLICT (name) DO UPDATE SET next_position = s.next_position + n
+    RETURNING s.next_position - n INTO base;
+
+    SELECT a.position, a.tag, a.name, a.value INTO hit
+    FROM unnest(c_tags, c_names, c_values) AS c(tag, name, value)
+    CROSS JOIN LATERAL (
+        SELECT x.position, x.tag, x.name, x.value FROM es_attributes x
+        WHERE x.store = p_store AND x.name = c.name AND x.value = c.value AND x.tag = c.tag
+          AND x.position > p_after
+        ORDER BY x.position
+        LIMIT 1
+    ) AS a
+    ORDER BY a.position
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'append conflicts with its guard' USING
+            ERRCODE = 'ES409',
+            DETAIL = json_build_object('position', hit.position, 'tag', hit.tag,
+                                       'name', hit.name, 'value', hit.value)::text;
+    END IF;
+
+    INSERT INTO es_events (store, position, tag, payload)
+    SELECT p_store, base + u.ord - 1, u.tag, u.payload::jsonb
+    FROM unnest(p_tags, p_payloads) WITH ORDINALITY AS u(tag, payload, ord);
+    INSERT INTO es_attributes (store, position, name, value, tag)
+    SELECT p_store, base + v.idx - 1, v.name, v.value, v.tag
+    FROM unnest(p_idx, p_names, p_values, p_attr_tags) AS v(idx, name, value, tag);
+
+    RETURN QUERY
+    SELECT e.position, e.created_at FROM es_events e
+    WHERE e.store = p_store AND e.position >= base AND e.position < base + n
+    ORDER BY e.position;
+END
+$fn$;
