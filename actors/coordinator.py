@@ -126,11 +126,12 @@ class Coordinator(Actor[CoordinatorMessage]):
         self.member_id = (
             f"static-{self.spec.instance_id}" if self.spec.instance_id else f"m-{uuid.uuid4().hex[:12]}"
         )
-        row = await membership.join(
-            self._pool, self.spec.group, self.member_id, self.spec.instance_id, self.spec.client_id,
-            socket.gethostname(), os.getpid(), list(self.spec.topics), self.spec.session_timeout,
-            self.spec.rebalance_delay,
-        )
+        async with self._pool.acquire() as conn:
+            row = await membership.join(
+                conn, self.spec.group, self.member_id, self.spec.instance_id, self.spec.client_id,
+                socket.gethostname(), os.getpid(), list(self.spec.topics), self.spec.session_timeout,
+                self.spec.rebalance_delay,
+            )
         self._log = get_logger(__name__, group=self.spec.group, member=self.member_id)
         self._log.info("member_joined", rejoined=row["rejoined"], leader=row["leader"])
         await self._monitor.tell(RegisterMember(self.spec.group, self.member_id, self.self_ref))

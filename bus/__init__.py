@@ -7,7 +7,9 @@
         await b.publish("orders", {"id": 1}, key="cust-1")
 """
 
+from bus.admin import Admin, GroupDescription, GroupSummary, MemberInfo, PartitionLag, ResetRow, SubscriptionInfo
 from bus.client import Bus, connect
+from bus.consumer import Consumer, Retry, Subscription
 from bus.config import Config
 from bus.errors import (
     BusError,
@@ -36,6 +38,16 @@ from bus.eventstore import (
 from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
 
 __all__ = [
+    "Admin",
+    "Consumer",
+    "GroupDescription",
+    "GroupSummary",
+    "MemberInfo",
+    "PartitionLag",
+    "ResetRow",
+    "Retry",
+    "Subscription",
+    "SubscriptionInfo",
     "Bus",
     "BusError",
     "ConcurrentAppendError",

@@ -58,6 +58,7 @@ WITH rel AS (
 UPDATE groups
    SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $3)),
        state = 'preparing_rebalance',
+       last_active_at = clock_timestamp(),
        leader = CASE WHEN leader = $2 THEN
                     (SELECT m.member_id FROM members m WHERE m.group_name = $1 AND m.member_id <> $2
                      ORDER BY m.joined_at, m.member_id LIMIT 1)
@@ -67,8 +68,10 @@ UPDATE groups
 RETURNING name
 """
 
-# One statement for every local member of every group: their heartbeat, the
-# group's liveness, and back come the generation and leader of each.
+# One statement for every local member of every group: their heartbeats and
+# their leases; back come each group's generation and leader. It never locks a
+# group row (a group's liveness is its members' heartbeats), so it cannot
+# deadlock with a rebalance, which locks the group row first, then members.
 HEARTBEAT = """
 WITH hb AS (
     UPDATE members m SET last_heartbeat = clock_timestamp()
@@ -80,24 +83,31 @@ WITH hb AS (
     UPDATE offsets o SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
     FROM hb
     WHERE o.group_name = hb.group_name AND o.owner = hb.member_id AND o.lease_expires_at > clock_timestamp()
-), grp AS (
-    UPDATE groups g SET last_active_at = clock_timestamp()
-    WHERE g.name IN (SELECT group_name FROM hb)
-    RETURNING g.name, g.generation, g.leader, g.state
 )
 SELECT hb.group_name, hb.member_id, hb.generation AS member_generation,
-       grp.generation AS group_generation, grp.leader, grp.state
-FROM hb JOIN grp ON grp.name = hb.group_name
+       g.generation AS group_generation, g.leader, g.state
+FROM hb JOIN groups g ON g.name = hb.group_name
 """
 
-# Members whose session expired, in any process. DELETE … RETURNING takes the
-# row locks: two processes sweeping at once never remove a member twice.
+# Members whose session expired, in any process. Lock order everywhere: the
+# group row first, then member rows (as the Rebalancer does). DELETE …
+# RETURNING with SKIP LOCKED: two processes sweeping at once never remove a
+# member twice.
+EXPIRED_GROUPS = """
+SELECT DISTINCT group_name FROM members
+WHERE last_heartbeat < clock_timestamp() - make_interval(secs => session_timeout)
+ORDER BY group_name
+"""
+
+LOCK_GROUPS = "SELECT name FROM groups WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE"
+
 SWEEP_MEMBERS = """
 WITH gone AS (
     DELETE FROM members
     WHERE (group_name, member_id) IN (
         SELECT group_name, member_id FROM members
-        WHERE last_heartbeat < clock_timestamp() - make_interval(secs => session_timeout)
+        WHERE group_name = ANY($1::text[])
+          AND last_heartbeat < clock_timestamp() - make_interval(secs => session_timeout)
         FOR UPDATE SKIP LOCKED)
     RETURNING group_name, member_id
 ), rel AS (
@@ -112,6 +122,7 @@ AFTER_SWEEP = """
 UPDATE groups g
    SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $2)),
        state = 'preparing_rebalance',
+       last_active_at = clock_timestamp(),
        leader = CASE WHEN g.leader = ANY($3::text[]) OR g.leader IS NULL THEN
                     (SELECT m.member_id FROM members m WHERE m.group_name = g.name
                      AND m.member_id <> ALL($3::text[])
@@ -199,14 +210,17 @@ RETURNING leader
 NOTIFY = "SELECT pg_notify($1, $2)"
 
 
-async def join(conn: Conn, *args: Any) -> asyncpg.Record:
-    row = await conn.fetchrow(JOIN, *args)
+async def join(conn: asyncpg.Connection, *args: Any) -> asyncpg.Record:
+    async with conn.transaction():
+        await conn.execute(LOCK_GROUPS, [args[0]])
+        row = await conn.fetchrow(JOIN, *args)
     assert row is not None, "group row missing at join: record_group must run first"
     return row
 
 
 async def leave(conn: asyncpg.Connection, group: str, member_id: str, delay: float, channel: str) -> None:
     async with conn.transaction():
+        await conn.execute(LOCK_GROUPS, [group])
         await conn.execute(LEAVE, group, member_id, delay)
         await conn.execute(NOTIFY, channel, group)
 
@@ -217,8 +231,12 @@ async def heartbeat(conn: Conn, groups: list[str], members: list[str], lease_tim
 
 async def sweep(conn: asyncpg.Connection, delay: float, channel: str) -> list[tuple[str, str]]:
     """Remove members whose session expired (any process); returns (group, member) removed."""
+    candidates = [r[0] for r in await conn.fetch(EXPIRED_GROUPS)]
+    if not candidates:
+        return []
     async with conn.transaction():
-        gone = [(r[0], r[1]) for r in await conn.fetch(SWEEP_MEMBERS)]
+        await conn.execute(LOCK_GROUPS, candidates)
+        gone = [(r[0], r[1]) for r in await conn.fetch(SWEEP_MEMBERS, candidates)]
         if gone:
             groups = sorted({g for g, _ in gone})
             await conn.execute(AFTER_SWEEP, groups, delay, [m for _, m in gone])
