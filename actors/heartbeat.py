@@ -31,8 +31,7 @@ from actors.messages import (
 )
 from actors.rebalancer import Rebalancer
 from actors.runtime import Actor, ActorRef, Supervisor
-from storage import groups as group_sql
-from storage import membership
+from storage import membership, retention
 from storage.logs import get_logger
 
 MonitorMessage = RegisterMember | UnregisterMember | Beat | SweepNow | LeaderSeen
@@ -115,7 +114,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         try:
             async with self._pool.acquire() as conn:
                 gone = await membership.sweep(conn, self.config.rebalance_delay, self.config.groups_channel)
-                dead = await group_sql.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
+                dead = await retention.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             self._log.warning("sweep_failed", error=str(exc))
             return 0

@@ -138,22 +138,6 @@ async def group_partitions(conn: Conn, name: str) -> list[asyncpg.Record]:
 
 
 
-# A group with no live member and no activity (heartbeats, claims) for the
-# timeout is dead: it stops holding retention back until it returns.
-MARK_DEAD_GROUPS = """
-UPDATE groups g SET status = 'dead', state = 'empty', updated_at = clock_timestamp()
-WHERE g.status = 'active'
-  AND g.last_active_at < clock_timestamp() - make_interval(secs => $1)
-  AND NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = g.name
-                  AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout))
-RETURNING g.name
-"""
-
-
-async def mark_dead_groups(conn: Conn, after_seconds: float) -> list[str]:
-    """Mark groups dead after `after_seconds` without a live member or any activity."""
-    return [r[0] for r in await conn.fetch(MARK_DEAD_GROUPS, after_seconds)]
-
 
 # close(cancel=True): the group stops holding retention, unless someone else still reads.
 CANCEL_GROUP = """

@@ -79,7 +79,7 @@ ADVANCE_LOG_START = "UPDATE partitions SET log_start = GREATEST(log_start, $2) W
 TOPIC_PARTITIONS = "SELECT id FROM partitions WHERE topic = $1 ORDER BY id"
 
 MARK_DEAD_GROUPS = """
-UPDATE groups g SET status = 'dead', updated_at = clock_timestamp()
+UPDATE groups g SET status = 'dead', state = 'empty', updated_at = clock_timestamp()
 WHERE g.status = 'active'
   AND g.last_active_at < clock_timestamp() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = g.name
