@@ -72,7 +72,7 @@ class Sizes:
 
 
 FULL = Sizes(single=20_000, batched=200_000, memory=1_000_000)
-QUICK = Sizes(single=2_000, batched=20_000, memory=100_000)
+QUICK = Sizes(single=1_000, batched=20_000, memory=100_000)
 
 
 def payload(i: int) -> dict[str, Any]:
