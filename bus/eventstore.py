@@ -64,6 +64,7 @@ _MAX_EMPTY_CLAIMS = 1000
 # How many times one claim_next puts back a partition whose hint was too low
 # (to hand out the truly earliest one) before it settles for what it holds.
 _MAX_REFINEMENTS = 8
+_MAX_REMEMBERED_CLAIMS = 10_000
 # Discovery scans the log in windows of this many positions (one transaction each).
 _SCAN_WINDOW = 200_000
 
@@ -369,6 +370,10 @@ class EventStore:
         self._bus = bus
         self.name = validate_name(name, "event store name")
         self._log = log.bind(store=name)
+        # offset_id -> (last fetched position, fetch cut short) of the claims this
+        # object handed out, so ack can tell "nothing more pending" without a
+        # write at claim time.
+        self._claims: dict[int, tuple[int, bool]] = {}
 
     @property
     def _pool(self) -> asyncpg.Pool:
@@ -575,7 +580,7 @@ class EventStore:
                     continue
                 more = len(rows) > max_messages
                 rows = rows[:max_messages]
-                await self._pool.execute(sql.RECORD_FETCH, row["id"], worker, rows[-1]["position"], more)
+                self._remember_claim(row["id"], rows[-1]["position"], more)
                 break
             else:
                 return None
@@ -590,6 +595,12 @@ class EventStore:
             guard=Guard(conditions, messages[-1].position),
             attempts=row["attempts"],
         )
+
+    def _remember_claim(self, offset_id: int, last: int, more: bool) -> None:
+        self._claims.pop(offset_id, None)
+        if len(self._claims) >= _MAX_REMEMBERED_CLAIMS:  # claims never acked: forget the oldest
+            del self._claims[next(iter(self._claims))]
+        self._claims[offset_id] = (last, more)
 
     async def _discover(self, group: str, names: list[str], tags: list[str | None]) -> None:
         """Scan the events appended since the last discovery: new partitions, lowered hints."""
@@ -624,8 +635,9 @@ class EventStore:
         _positive_int(offset_id, "offset_id")
         validate_offset(position, "position")
         worker = None if worker_id is None else _worker(worker_id)
+        last, more = self._claims.pop(offset_id, (None, None))
         with db.translate_errors():
-            done = await self._pool.fetchval(sql.ACK, self.name, group, offset_id, position, worker)
+            done = await self._pool.fetchval(sql.ACK, self.name, group, offset_id, position, worker, last, more)
         if done is None:
             await self._explain_missing(group, offset_id, worker)
 
@@ -634,6 +646,7 @@ class EventStore:
         validate_name(group, "group name")
         _positive_int(offset_id, "offset_id")
         worker = None if worker_id is None else _worker(worker_id)
+        self._claims.pop(offset_id, None)
         with db.translate_errors():
             done = await self._pool.fetchval(sql.RELEASE, self.name, group, offset_id, worker)
         if done is None:
@@ -661,6 +674,7 @@ class EventStore:
         worker = None if worker_id is None else _worker(worker_id)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         text = text.replace("\x00", "")
+        self._claims.pop(offset_id, None)
         with db.translate_errors():
             async with self._pool.acquire() as conn, conn.transaction():
                 row = await conn.fetchrow(sql.NACK, self.name, group, offset_id, text, delay, worker)

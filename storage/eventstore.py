@@ -227,8 +227,7 @@ WHERE o.id = t.id
 # whose holder stopped heartbeating for $5 seconds), if the group is active.
 CLAIM_PARTITION = """
 UPDATE es_offsets o
-SET claimed_by = $4, claimed_at = clock_timestamp(), claim_bumps = o.bumps,
-    claim_last = NULL, claim_more = NULL
+SET claimed_by = $4, claimed_at = clock_timestamp(), claim_bumps = o.bumps
 WHERE o.id = (
         SELECT c.id FROM es_offsets c
         WHERE c.store = $1 AND c.group_name = $2 AND c.names = $3::text[]
@@ -281,20 +280,20 @@ SET next_position = CASE WHEN bumps = claim_bumps THEN $3 ELSE next_position END
 WHERE id = $1 AND claimed_by = $2
 """
 
-RECORD_FETCH = """
-UPDATE es_offsets SET claim_last = $3, claim_more = $4 WHERE id = $1 AND claimed_by = $2
-"""
 
 # Advance (never backwards) and release. The hint: unchanged if discovery moved
 # it during the claim; just past the ack if more may be pending; else none.
+# $6/$7: the claim's last fetched position and whether the fetch was cut
+# short, known to the process that claimed (NULL elsewhere: then the hint is
+# the conservative "just past the ack", which costs one empty claim at most).
 ACK = """
 UPDATE es_offsets
 SET position = GREATEST(position, $4),
     next_position = CASE
         WHEN claim_bumps IS NULL OR bumps <> claim_bumps THEN next_position
-        WHEN claim_more OR claim_last IS NULL OR $4 < claim_last THEN GREATEST(next_position, $4 + 1)
+        WHEN $6::bigint IS NULL OR $7::boolean OR $4 < $6::bigint THEN GREATEST(next_position, $4 + 1)
         ELSE NULL END,
-    claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL, claim_last = NULL, claim_more = NULL,
+    claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL,
     attempts = 0, retry_at = NULL, last_error = NULL
 WHERE store = $1 AND group_name = $2 AND id = $3 AND ($5::text IS NULL OR claimed_by = $5)
 RETURNING id
@@ -302,7 +301,7 @@ RETURNING id
 
 RELEASE = """
 UPDATE es_offsets
-SET claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL, claim_last = NULL, claim_more = NULL
+SET claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL
 WHERE store = $1 AND group_name = $2 AND id = $3 AND ($4::text IS NULL OR claimed_by = $4)
 RETURNING id
 """
@@ -316,7 +315,7 @@ UPDATE es_offsets o
 SET attempts = o.attempts + 1, last_error = $4,
     retry_at = clock_timestamp() + make_interval(
         secs => coalesce($5::float8, LEAST(300.0, g.retry_backoff * power(2.0, o.attempts)))),
-    claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL, claim_last = NULL, claim_more = NULL
+    claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL
 FROM es_groups g
 WHERE g.store = $1 AND g.name = $2
   AND o.store = $1 AND o.group_name = $2 AND o.id = $3 AND ($6::text IS NULL OR o.claimed_by = $6)
@@ -329,7 +328,7 @@ UPDATE es_offsets SET claimed_at = clock_timestamp() WHERE store = $1 AND claime
 
 RELEASE_STALE = """
 UPDATE es_offsets
-SET claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL, claim_last = NULL, claim_more = NULL
+SET claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL
 WHERE store = $1 AND claimed_by IS NOT NULL AND claimed_at < clock_timestamp() - make_interval(secs => $2)
 """
 

@@ -75,8 +75,6 @@ CREATE TABLE es_offsets (
     claimed_by       text NULL,
     claimed_at       timestamptz NULL,
     claim_bumps      bigint NULL,
-    claim_last       bigint NULL,
-    claim_more       boolean NULL,
     attempts         integer NOT NULL DEFAULT 0,
     retry_at         timestamptz NULL,
     last_error       text NULL,

@@ -528,3 +528,15 @@ async def test_handled_types_may_be_given_as_tags(store: EventStore, group: str)
     await store.append(DeviceReading(device_id="d1", value=0.0))
     c = await store.claim_next(group, partition_by=DEVICE, handled_types=["test.device.reading"], worker_id="w")
     assert positions(c) == [1]
+
+
+async def test_an_ack_from_another_process_still_leaves_nothing_pending(es_bus: bus.Bus, store: EventStore) -> None:
+    await store.register_group("g")
+    await store.append([DeviceReading(device_id="d1", value=0.0)] * 2)
+    c = await claim_device(store, "g")
+    assert c is not None
+    elsewhere = es_bus.event_store(store.name)  # knows nothing of the claim's fetch
+    await elsewhere.ack("g", c.offset_id, c.messages[-1].position)
+    assert await claim_device(elsewhere, "g") is None
+    await store.append(DeviceReading(device_id="d1", value=1.0))
+    assert positions(await claim_device(elsewhere, "g")) == [3]
