@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 
-Executor = asyncpg.Connection | asyncpg.Pool
+Executor: TypeAlias = "asyncpg.Connection | asyncpg.Pool"
 
 # -- appending -------------------------------------------------------------------
 
