@@ -34,3 +34,9 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture
+async def b(connect: Any) -> Any:
+    """A Bus on a fresh schema whose retention cleaner is off: the job, not the cleaner, removes history here."""
+    return await connect(cleaner_interval=0)
