@@ -113,9 +113,6 @@ class Admin:
             g = await group_sql.get_group(pool, group)
             if g is None:
                 raise GroupNotFoundError(f"group {group!r} does not exist; list groups with `bus groups`")
-            parts = await group_sql.group_partitions(pool, group)
-            # Cursors are created at the group's recorded start, so lag respects it.
-            await group_sql.materialize_offsets(pool, group, [p["partition_id"] for p in parts if p["committed"] is None])
             rows = await group_sql.describe_partitions(pool, group)
             members = await group_sql.members(pool, group)
             topics = await group_sql.group_topics(pool, group)

@@ -61,21 +61,28 @@ SELECT_GROUP_TOPICS = "SELECT topic FROM group_topics WHERE group_name = $1 ORDE
 # start gives: 'earliest' the log start; 'latest'/'timestamp' the first message
 # created at or after start_time (or the end when there is none); 'offsets' the
 # given offset. Never below the log start. Existing cursors are left alone.
-MATERIALIZE_OFFSETS = """
+# The offset a group's recorded start gives on partition p (aliases: g groups, p partitions).
+START_OFFSET = """
+GREATEST(p.log_start, CASE g.start_mode
+    WHEN 'earliest' THEN p.log_start
+    WHEN 'offsets' THEN COALESCE((g.start_offsets -> p.topic ->> p.name)::bigint, p.log_start)
+    ELSE COALESCE((SELECT m."offset" FROM messages m
+                   WHERE m.partition_id = p.id AND m.created_at >= g.start_time
+                   ORDER BY m.created_at, m."offset" LIMIT 1),
+                  p.next_offset)
+END)"""
+
+MATERIALIZE_OFFSETS = (
+    """
 INSERT INTO offsets (group_name, partition_id, committed)
-SELECT g.name, p.id,
-       GREATEST(p.log_start, CASE g.start_mode
-           WHEN 'earliest' THEN p.log_start
-           WHEN 'offsets' THEN COALESCE((g.start_offsets -> p.topic ->> p.name)::bigint, p.log_start)
-           ELSE COALESCE((SELECT m."offset" FROM messages m
-                          WHERE m.partition_id = p.id AND m.created_at >= g.start_time
-                          ORDER BY m.created_at, m."offset" LIMIT 1),
-                         p.next_offset)
-       END)
+SELECT g.name, p.id, """
+    + START_OFFSET
+    + """
 FROM groups g JOIN partitions p ON p.id = ANY($2::bigint[])
 WHERE g.name = $1
 ON CONFLICT (group_name, partition_id) DO NOTHING
 """
+)
 
 # Every partition of every topic the group reads, with its cursor (if any).
 SELECT_GROUP_PARTITIONS = """
@@ -173,19 +180,30 @@ SELECT member_id, instance_id, host, pid, last_heartbeat, joined_at, generation,
 FROM members WHERE group_name = $1 ORDER BY member_id
 """
 
-# Lag never counts what the group's start skipped: cursors sit at the start.
-DESCRIBE_PARTITIONS = """
-SELECT p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.next_offset,
-       o.committed, o.owner, o.lease_expires_at > clock_timestamp() AS lease_live,
-       GREATEST(p.next_offset - GREATEST(COALESCE(o.committed, p.log_start), p.log_start), 0) AS lag,
+# Lag never counts what the group's start skipped: a partition without a cursor
+# yet is measured from the offset the recorded start gives (read-only: admin
+# views never write cursors, so they never contend with a rebalance).
+DESCRIBE_PARTITIONS = (
+    """
+SELECT q.*, GREATEST(q.next_offset - q.position, 0) AS lag,
        (SELECT EXTRACT(EPOCH FROM clock_timestamp() - m.created_at) FROM messages m
-         WHERE m.partition_id = p.id AND m."offset" >= GREATEST(COALESCE(o.committed, p.log_start), p.log_start)
+         WHERE m.partition_id = q.partition_id AND m."offset" >= q.position
          ORDER BY m."offset" LIMIT 1) AS lag_seconds
-FROM group_topics gt JOIN partitions p ON p.topic = gt.topic
-LEFT JOIN offsets o ON o.group_name = gt.group_name AND o.partition_id = p.id
-WHERE gt.group_name = $1
-ORDER BY p.topic, p.id
+FROM (
+    SELECT p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.next_offset,
+           o.committed, o.owner, o.lease_expires_at > clock_timestamp() AS lease_live,
+           GREATEST(COALESCE(o.committed, """
+    + START_OFFSET
+    + """), p.log_start) AS position
+    FROM groups g
+    JOIN group_topics gt ON gt.group_name = g.name
+    JOIN partitions p ON p.topic = gt.topic
+    LEFT JOIN offsets o ON o.group_name = g.name AND o.partition_id = p.id
+    WHERE g.name = $1
+) AS q
+ORDER BY q.topic, q.partition_id
 """
+)
 
 # The new committed offset of each partition for an admin reset ($2 mode, $3 time, $4 offset, $5 topic filter).
 RESET_PLAN = """
@@ -212,7 +230,7 @@ ON CONFLICT (group_name, partition_id) DO UPDATE
        owner = NULL, owner_generation = NULL, lease_expires_at = NULL
 """
 
-LOCK_GROUP = "SELECT name FROM groups WHERE name = $1 FOR UPDATE"
+LOCK_GROUP = "SELECT name FROM groups WHERE name = $1 FOR NO KEY UPDATE"
 
 LIVE_MEMBER_COUNT = """
 SELECT count(*) FROM members WHERE group_name = $1

@@ -99,7 +99,9 @@ WHERE last_heartbeat < clock_timestamp() - make_interval(secs => session_timeout
 ORDER BY group_name
 """
 
-LOCK_GROUPS = "SELECT name FROM groups WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE"
+# NO KEY UPDATE: the row is serialized among group writers, while foreign-key
+# checks (KEY SHARE) of inserts into members/offsets never wait on it.
+LOCK_GROUPS = "SELECT name FROM groups WHERE name = ANY($1::text[]) ORDER BY name FOR NO KEY UPDATE"
 
 SWEEP_MEMBERS = """
 WITH gone AS (
@@ -146,7 +148,7 @@ PARTITION_NAMES = "SELECT id, topic, name FROM partitions WHERE id = ANY($1::big
 LOCK_GROUP_FOR_REBALANCE = """
 SELECT name, generation, state, leader, assignor, rebalance_due_at,
        rebalance_due_at IS NOT NULL AND rebalance_due_at <= clock_timestamp() AS due
-FROM groups WHERE name = $1 FOR UPDATE
+FROM groups WHERE name = $1 FOR NO KEY UPDATE
 """
 
 LIVE_MEMBERS = """

@@ -1,0 +1,247 @@
+"""`bus demo`: the main job, on the embedded PostgreSQL by default.
+
+1. The log: a 12-partition topic, a few thousand messages published across
+   partitions, read back, a per-partition table.
+2. Consumer groups: three member processes form a group; producers keep
+   publishing; one member is SIGKILLed mid-run; its partitions are taken
+   over; the lag table refreshes live until the backlog is drained; a final
+   check proves every acknowledged message was delivered.
+
+Member processes run `python -m bus.demo member ...` (this module).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+import bus
+
+TOPIC = "demo.orders"
+PARTITIONS = 12
+TIMINGS = dict(
+    heartbeat_interval=0.5, session_timeout=3.0, rebalance_delay=0.3, max_poll_interval=1.0, lease_time=10.0
+)
+FAST_TIMINGS = dict(
+    heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.1, max_poll_interval=0.5, lease_time=5.0
+)
+
+
+def _member_cmd(
+    dsn: str, schema: str, group: str, out: Path, timings: dict[str, float], delay_ms: float
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bus.demo",
+        "member",
+        dsn,
+        schema,
+        group,
+        str(out),
+        str(delay_ms),
+        *(f"{k}={v}" for k, v in timings.items()),
+    ]
+
+
+async def _member(argv: list[str]) -> None:
+    dsn, schema, group, out, delay_ms, *kvs = argv
+    config: dict[str, Any] = {"schema": schema, **{k: float(v) for k, v in (kv.split("=", 1) for kv in kvs)}}
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    pid = os.getpid()
+    pause = float(delay_ms) / 1000.0
+    with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 - a local file, written line by line
+
+        async def handler(m: bus.Message) -> None:
+            if pause:
+                await asyncio.sleep(pause)
+            fh.write(f"{m.partition} {m.offset} {pid}\n")
+
+        async with bus.connect(dsn, **config) as b:
+            sub = await b.subscribe(group, handler, topics=[TOPIC], batch_size=50)
+            await stop.wait()
+            await sub.stop()
+
+
+def _deliveries(files: list[Path]) -> set[tuple[str, int]]:
+    got: set[tuple[str, int]] = set()
+    for f in files:
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                got.add((parts[0], int(parts[1])))
+    return got
+
+
+def _lag_table(d: Any, title: str) -> Table:
+    t = Table(title=title)
+    for col in ("partition", "committed", "end", "lag", "owner"):
+        t.add_column(col, justify="right" if col in ("committed", "end", "lag") else "left")
+    for p in d.partitions:
+        t.add_row(
+            p.partition,
+            "-" if p.committed is None else str(p.committed),
+            str(p.end_offset),
+            str(p.lag),
+            p.owner or "-",
+        )
+    t.caption = (
+        f"generation {d.generation} · state {d.state} · members {len(d.members)} · total lag {d.total_lag}"
+    )
+    return t
+
+
+async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -> bool:
+    """Run the demo; True when the final check passed."""
+    timings = FAST_TIMINGS if fast else TIMINGS
+    run_id = uuid.uuid4().hex[:6]
+    group = f"demo-billing-{run_id}"
+    async with bus.connect(**timings) as b:
+        console.rule("[bold]1. The log")
+        console.print(f"database: {b.dsn} · schema {b.config.schema}")
+        try:
+            await b.delete_topic(TOPIC)
+        except bus.TopicNotFoundError:
+            pass
+        await b.create_topic(TOPIC, partitions=PARTITIONS)
+        t0 = time.perf_counter()
+        first = messages // 2
+        records: list[bus.Record] = []
+        for start in range(0, first, 500):
+            batch = [
+                bus.Outgoing({"order": i, "amount": i % 97}, key=f"customer-{i % 50}")
+                for i in range(start, min(first, start + 500))
+            ]
+            records += await b.publish_many(TOPIC, batch)
+        elapsed = time.perf_counter() - t0
+        console.print(
+            f"published {len(records)} messages in {elapsed:.2f}s ({len(records) / elapsed:,.0f}/s)"
+        )
+        table = Table("partition", "messages", "first offset", "last offset", "first key")
+        for p in range(PARTITIONS):
+            msgs: list[bus.Message] = []
+            offset = 0
+            while True:
+                chunk = await b.read(TOPIC, partition=str(p), offset=offset, max_messages=1000)
+                if not chunk:
+                    break
+                msgs += chunk
+                offset = chunk[-1].offset + 1
+            table.add_row(
+                str(p),
+                str(len(msgs)),
+                str(msgs[0].offset if msgs else "-"),
+                str(msgs[-1].offset if msgs else "-"),
+                msgs[0].key if msgs else "-",
+            )
+        console.print(table)
+
+        console.rule("[bold]2. A consumer group of three processes, one killed mid-run")
+        tmp = Path(tempfile.mkdtemp(prefix="bus-demo-"))
+        files = [tmp / f"member-{i}.txt" for i in range(4)]
+        for f in files:
+            f.touch()
+        procs = [
+            subprocess.Popen(  # noqa: ASYNC220 - long-lived children, not awaited
+                _member_cmd(b.dsn, b.config.schema, group, files[i], timings, 2.0), stdout=subprocess.DEVNULL
+            )
+            for i in range(3)
+        ]
+        ok = False
+        try:
+            acked = list(records)
+            rest = messages - first
+            published = 0
+            killed: dict[str, Any] = {}
+            done_at: float | None = None
+            deadline = time.monotonic() + 120
+            with Live(console=console, refresh_per_second=4) as live:
+                while time.monotonic() < deadline:
+                    if published < rest:
+                        n = min(200, rest - published)
+                        acked += await b.publish_many(
+                            TOPIC,
+                            [
+                                bus.Outgoing({"order": first + published + i}, key=f"customer-{i % 50}")
+                                for i in range(n)
+                            ],
+                        )
+                        published += n
+                    try:
+                        d = await b.admin.describe_group(group)
+                    except bus.GroupNotFoundError:
+                        await asyncio.sleep(0.2)
+                        continue
+                    owners = {p.owner for p in d.partitions if p.owner}
+                    if (
+                        not killed
+                        and len(owners) == 3
+                        and d.state == "stable"
+                        and published >= min(rest, 600)
+                    ):
+                        victim = procs[0]
+                        member = next((m for m in d.members if m.pid == victim.pid), None)
+                        victim.send_signal(signal.SIGKILL)
+                        victim.wait()
+                        killed = {
+                            "at": time.monotonic(),
+                            "member": member.member_id if member else "?",
+                            "partitions": [tp.partition for tp in member.partitions] if member else [],
+                        }
+                    if killed and "took_over" not in killed:
+                        still = {p.owner for p in d.partitions}
+                        if killed["member"] not in still and all(p.owner for p in d.partitions):
+                            killed["took_over"] = time.monotonic() - killed["at"]
+                    note = ""
+                    if killed:
+                        note = f"killed {killed['member']} (pid {procs[0].pid}) owning partitions {killed['partitions']}"
+                        if "took_over" in killed:
+                            note += f" · taken over after {killed['took_over']:.1f}s"
+                    live.update(
+                        Group(_lag_table(d, f"group {group} · published {len(acked)}/{messages}"), note)
+                    )
+                    if published >= rest and d.total_lag == 0 and "took_over" in killed:
+                        done_at = done_at or time.monotonic()
+                        if time.monotonic() - done_at > 0.5:
+                            break
+                    await asyncio.sleep(0.25)
+            console.print()
+            delivered = _deliveries(files)
+            missing = [(r.partition, r.offset) for r in acked if (r.partition, r.offset) not in delivered]
+            console.rule("[bold]Result")
+            summary = Table("check", "value")
+            summary.add_row("messages acknowledged", str(len(acked)))
+            summary.add_row("distinct messages delivered to the group", str(len(delivered)))
+            summary.add_row("member killed", str(killed.get("member", "-")))
+            summary.add_row("takeover time", f"{killed['took_over']:.2f}s" if "took_over" in killed else "-")
+            summary.add_row("lost (acknowledged, never delivered)", str(len(missing)))
+            console.print(summary)
+            ok = not missing and "took_over" in killed
+            console.print("[green]nothing lost[/green]" if ok else f"[red]FAILED[/red]: {missing[:10]}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        return ok
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "member":
+    asyncio.run(_member(sys.argv[2:]))
