@@ -1,0 +1,601 @@
+"""Consumer groups: throughput by member processes, latency, failover and rebalance time.
+
+Four measurements, each next to a baseline from the same run on the same PostgreSQL:
+
+1. **Consume throughput** with 1, 2 and 4 member processes over a pre-filled
+   topic (16 partitions, 200,000 messages of ~100 bytes; quick: 20,000), from
+   "members told to go" until the group's committed offsets add up to every
+   message. Bus: `b.consumer(...)` polling 500 at a time with auto-commit (one
+   commit per poll). Baseline: a raw asyncpg consumer per process that owns a
+   fixed share of the partitions and, per partition, loops "read the next 500
+   rows by offset + UPDATE the cursor row" in one transaction. Both sides
+   read the same `messages` table and update the same `offsets` table.
+2. **Publish→handler latency** at a paced 200 messages/s (quick 10 s, full
+   30 s): the payload carries `time.time()` at send; an in-process
+   subscription's handler measures arrival. Baseline: raw LISTEN/NOTIFY at the
+   same pace (one connection LISTENs, another runs `SELECT pg_notify(...)`
+   with the send time).
+3. **Failover** after SIGKILL of one of 3 member processes (fast timings:
+   heartbeat 0.2 s, session 1.5 s, rebalance delay 0.1 s): until every
+   partition of the killed member is leased by a live member and a message
+   published on each right after the kill has been handled. Baseline: the
+   bound session_timeout + heartbeat_interval + rebalance_delay + 1 s.
+4. **Rebalance** of a 10-member group over 100 partitions when an 11th member
+   joins: until the group is `stable` and every partition is leased by the
+   member it is assigned to. Baseline: rebalance_delay + heartbeat_interval.
+
+Members run as OS processes (`benchmarks/groups_member.py`), so the numbers
+include what real deployments pay: one pool, one Notifier and one
+HeartbeatMonitor per process. Run it alone with `bus bench groups` (or
+`python -m benchmarks.groups [--quick]`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import asyncpg
+
+import bus
+from benchmarks.rawpeers import drop_schema
+from benchmarks.result import Result
+from storage import groups as group_sql
+from storage.logs import get_logger
+
+log = get_logger(__name__, scenario="groups")
+
+SCENARIO = "groups"
+ROOT = Path(__file__).resolve().parents[1]
+
+THROUGHPUT_TOPIC = "bench.groups"
+THROUGHPUT_PARTITIONS = 16
+BATCH = 500
+PAYLOAD_BYTES = 100
+PROCESS_COUNTS = (1, 2, 4)
+
+LATENCY_TOPIC = "bench.latency"
+LATENCY_PARTITIONS = 4
+LATENCY_RATE = 200.0  # messages per second
+LATENCY_CHANNEL = "bench_latency"
+
+FAILOVER_TOPIC = "bench.failover"
+FAILOVER_PARTITIONS = 6
+FAILOVER_MEMBERS = 3
+
+REBALANCE_TOPIC = "bench.rebalance"
+REBALANCE_PARTITIONS = 100
+REBALANCE_MEMBERS = 10
+
+# The fast timings of the group tests: short sessions, short debounce.
+FAST: dict[str, Any] = {
+    "heartbeat_interval": 0.2,
+    "session_timeout": 1.5,
+    "rebalance_delay": 0.1,
+    "max_poll_interval": 0.5,
+    "lease_time": 5.0,
+}
+# Throughput members: default session and heartbeat, a short join debounce
+# (members start within a few ms of each other), no retention cleaner.
+THROUGHPUT_CONFIG: dict[str, Any] = {"rebalance_delay": 0.1, "cleaner_interval": 0}
+
+# Progress checks of the parent (the benchmark's own queries, constants like every statement).
+COMMITTED_SUM = "SELECT COALESCE(sum(committed), 0) FROM offsets WHERE group_name = $1"
+PARTITION_IDS = "SELECT id, name FROM partitions WHERE topic = $1 ORDER BY id"
+LIVE_OWNERS = """
+SELECT p.name, o.owner
+FROM offsets o JOIN partitions p ON p.id = o.partition_id
+WHERE o.group_name = $1 AND o.owner IS NOT NULL AND o.lease_expires_at > clock_timestamp()
+"""
+# Stable, at a generation newer than $2, with every assigned partition leased by its assignee.
+SETTLED = """
+SELECT g.state = 'stable' AND g.generation > $2
+       AND (SELECT count(*) FROM members m WHERE m.group_name = g.name) = $3
+       AND (SELECT count(*) FROM members m CROSS JOIN LATERAL unnest(m.assignment) AS a(pid)
+            JOIN offsets o ON o.group_name = m.group_name AND o.partition_id = a.pid
+            WHERE m.group_name = g.name AND o.owner = m.member_id
+              AND o.lease_expires_at > clock_timestamp()) = $4 AS settled,
+       g.generation
+FROM groups g WHERE g.name = $1
+"""
+NOTIFY = "SELECT pg_notify($1, $2)"
+
+STEP = 0.01  # how often the parent looks at progress, seconds
+
+
+# -- member processes ------------------------------------------------------------------
+
+
+def _temp_path(prefix: str, suffix: str) -> Path:
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix)
+    os.close(fd)
+    return Path(name)
+
+
+def _open_for_write(path: Path) -> BinaryIO:
+    return path.open("wb")
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+class MemberProcess:
+    """One `benchmarks.groups_member` process: started, told to go, stopped or killed."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, stderr_path: Path) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self._stderr_path = stderr_path
+        self._lines: list[str] = []
+        self._changed = asyncio.Event()
+        self._pump = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def start(cls, mode: str, dsn: str, schema: str, group: str, topic: str, *options: str) -> MemberProcess:
+        """Spawn a member; it connects and then waits for `go`."""
+        stderr_path = _temp_path("bench-member-", ".log")
+        with _open_for_write(stderr_path) as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "benchmarks.groups_member", mode, dsn, schema, group, topic, *options,
+                cwd=ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+            )
+        return cls(proc, stderr_path)
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            self._lines.append(line.decode().strip())
+            self._changed.set()
+        self._changed.set()
+
+    async def wait_for(self, word: str, timeout: float = 60.0) -> str:  # noqa: ASYNC109
+        """The first stdout line starting with `word`; raises when the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self._lines:
+                if line.startswith(word):
+                    return line
+            if self._pump.done():
+                raise RuntimeError(f"member {self.pid} exited before {word!r}: {self.stderr_tail()}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"member {self.pid} did not say {word!r} within {timeout}s: {self.stderr_tail()}")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def stderr_tail(self, n: int = 2000) -> str:
+        """The end of the process's stderr (for error messages)."""
+        try:
+            return self._stderr_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def send(self, word: str) -> None:
+        """Write one line to the process's stdin."""
+        assert self.proc.stdin is not None
+        if not self.proc.stdin.is_closing():
+            self.proc.stdin.write((word + "\n").encode())
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, no commit, no release."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+
+    async def stop(self, timeout: float = 20.0) -> None:  # noqa: ASYNC109
+        """Ask it to stop (it leaves its group cleanly); kill it if it does not."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                self.kill()
+                await self.proc.wait()
+        with contextlib.suppress(Exception):
+            await self._pump
+        _remove(self._stderr_path)
+
+
+async def _start_all(starts: list[Awaitable[MemberProcess]]) -> list[MemberProcess]:
+    """Start members together, wait until each is connected; on failure stop those that started."""
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    procs = [r for r in results if isinstance(r, MemberProcess)]
+    try:
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        await asyncio.gather(*(p.wait_for("ready") for p in procs))
+    except BaseException:
+        await _stop_all(procs)
+        raise
+    return procs
+
+
+async def _stop_all(procs: list[MemberProcess]) -> None:
+    await asyncio.gather(*(p.stop() for p in procs), return_exceptions=True)
+
+
+async def _until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:  # noqa: ASYNC109
+    """Look every STEP until `check()` is truthy; its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not done within {timeout}s")
+        await asyncio.sleep(STEP)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+# -- 1. throughput ---------------------------------------------------------------------
+
+
+async def _prefill(b: bus.Bus, topic: str, messages: int) -> None:
+    pad = b"x" * PAYLOAD_BYTES
+    chunk = 2000
+    for first in range(0, messages, chunk):
+        batch = [
+            bus.Outgoing((b"%08d" % i) + pad[8:], partition=str(i % THROUGHPUT_PARTITIONS))
+            for i in range(first, min(first + chunk, messages))
+        ]
+        await b.publish_many(topic, batch)
+
+
+async def _consume_round(
+    b: bus.Bus, procs: list[MemberProcess], group: str, total: int
+) -> float:
+    """Tell `procs` to go; seconds until `group` has committed all `total` messages."""
+    started = time.perf_counter()
+    for p in procs:
+        p.send("go")
+
+    async def done() -> bool:
+        return int(await b.pool.fetchval(COMMITTED_SUM, group)) >= total
+
+    await _until(done, timeout=600, what=f"group {group} consuming {total} messages")
+    return time.perf_counter() - started
+
+
+async def _throughput(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
+    schema = b.config.schema
+    total = 20_000 if quick else 200_000
+    await b.create_topic(THROUGHPUT_TOPIC, partitions=THROUGHPUT_PARTITIONS)
+    t0 = time.perf_counter()
+    await _prefill(b, THROUGHPUT_TOPIC, total)
+    log.info("prefilled", messages=total, seconds=round(time.perf_counter() - t0, 1))
+    pids = [int(r[0]) for r in await b.pool.fetch(PARTITION_IDS, THROUGHPUT_TOPIC)]
+    config = json.dumps(THROUGHPUT_CONFIG)
+    rates: dict[tuple[str, int], float] = {}
+    for n in PROCESS_COUNTS:
+        raw_group, bus_group = f"raw-{n}", f"bus-{n}"
+        # The raw group's cursors exist before it starts (the bus makes its own at its first rebalance).
+        async with b.pool.acquire() as conn:
+            await group_sql.record_group(
+                conn, raw_group, start_mode="earliest", start_time=None, start_offsets_json=None, lookback_seconds=0
+            )
+            await group_sql.materialize_offsets(conn, raw_group, pids)
+        starts: list[Awaitable[MemberProcess]] = [
+            MemberProcess.start("raw", dsn, schema, raw_group, THROUGHPUT_TOPIC, "--batch", str(BATCH),
+                                "--partitions", ",".join(str(p) for p in pids[i::n]))
+            for i in range(n)
+        ]
+        starts += [
+            MemberProcess.start("poll", dsn, schema, bus_group, THROUGHPUT_TOPIC, "--batch", str(BATCH),
+                                "--config", config)
+            for _ in range(n)
+        ]
+        procs = await _start_all(starts)
+        try:
+            raw_procs, bus_procs = procs[:n], procs[n:]
+            rates[("raw", n)] = total / await _consume_round(b, raw_procs, raw_group, total)
+            await _stop_all(raw_procs)
+            rates[("bus", n)] = total / await _consume_round(b, bus_procs, bus_group, total)
+        finally:
+            await _stop_all(procs)
+        log.info("throughput", processes=n, bus=round(rates[("bus", n)]), raw=round(rates[("raw", n)]))
+    rows = [
+        Result(
+            SCENARIO,
+            f"consume throughput, {n} member process{'es' if n > 1 else ''}",
+            rates[("bus", n)],
+            "msg/s",
+            rates[("raw", n)],
+            "raw asyncpg cursor consumer",
+            target="≥ 0.6×",
+            extra={
+                "messages": total,
+                "partitions": THROUGHPUT_PARTITIONS,
+                "batch": BATCH,
+                "per_process": rates[("bus", n)] / n,
+                "baseline_per_process": rates[("raw", n)] / n,
+            },
+        )
+        for n in PROCESS_COUNTS
+    ]
+    lo, hi = PROCESS_COUNTS[0], PROCESS_COUNTS[-1]
+    rows.append(
+        Result(
+            SCENARIO,
+            f"consume throughput scaling, {hi} vs {lo} process",
+            rates[("bus", hi)] / rates[("bus", lo)],
+            "×",
+            rates[("raw", hi)] / rates[("raw", lo)],
+            "raw scaling",
+            target="≥ 1.0",  # rising with processes (the value itself, not the ratio)
+            extra={"cpus": os.cpu_count()},
+        )
+    )
+    return rows
+
+
+# -- 2. latency ------------------------------------------------------------------------
+
+
+async def _paced(duration: float, send: Callable[[int], Awaitable[None]]) -> int:
+    """Call `send(i)` at LATENCY_RATE per second for `duration` seconds (absolute schedule, no drift)."""
+    count = int(duration * LATENCY_RATE)
+    start = time.perf_counter()
+    for i in range(count):
+        delay = start + i / LATENCY_RATE - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await send(i)
+    return count
+
+
+async def _bus_latency(b: bus.Bus, duration: float) -> list[float]:
+    await b.create_topic(LATENCY_TOPIC, partitions=LATENCY_PARTITIONS)
+    latencies: list[float] = []
+    warm = asyncio.Event()
+    warm_seen: set[int] = set()
+
+    async def handler(m: bus.Message) -> None:
+        now = time.time()
+        body = json.loads(m.payload)
+        if body["i"] < 0:
+            warm_seen.add(body["i"])
+            if len(warm_seen) == LATENCY_PARTITIONS:
+                warm.set()
+            return
+        latencies.append((now - body["t"]) * 1000.0)
+
+    sub = await b.subscribe("latency", handler, topics=[LATENCY_TOPIC], start="latest")
+    try:
+        await sub.wait_assigned()
+        # One message per partition first: every worker has its lease and is listening.
+        for p in range(LATENCY_PARTITIONS):
+            await b.publish(LATENCY_TOPIC, {"t": time.time(), "i": -1 - p}, partition=str(p))
+        await asyncio.wait_for(warm.wait(), 30)
+        pad = "x" * 60
+
+        async def send(i: int) -> None:
+            await b.publish(LATENCY_TOPIC, {"t": time.time(), "i": i, "pad": pad})
+
+        count = await _paced(duration, send)
+        await _until(lambda: _true(len(latencies) >= count), timeout=30, what="bus latency messages handled")
+    finally:
+        await sub.stop()
+    return sorted(latencies)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _raw_latency(dsn: str, duration: float) -> list[float]:
+    listener = await asyncpg.connect(dsn)
+    sender = await asyncpg.connect(dsn)
+    latencies: list[float] = []
+    try:
+        def on_notify(_c: Any, _pid: int, _channel: str, payload: str) -> None:
+            latencies.append((time.time() - float(payload)) * 1000.0)
+
+        await listener.add_listener(LATENCY_CHANNEL, on_notify)
+        for _ in range(10):  # warm-up
+            await sender.fetchval(NOTIFY, LATENCY_CHANNEL, repr(time.time()))
+        await _until(lambda: _true(len(latencies) >= 10), timeout=10, what="raw notify warm-up")
+        latencies.clear()
+
+        async def send(i: int) -> None:
+            await sender.fetchval(NOTIFY, LATENCY_CHANNEL, repr(time.time()))
+
+        count = await _paced(duration, send)
+        await _until(lambda: _true(len(latencies) >= count), timeout=30, what="raw notifications received")
+    finally:
+        await listener.close()
+        await sender.close()
+    return sorted(latencies)
+
+
+async def _latency(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
+    duration = 10.0 if quick else 30.0
+    raw = await _raw_latency(dsn, duration)
+    ours = await _bus_latency(b, duration)
+    p50, p99 = _percentile(ours, 0.5), _percentile(ours, 0.99)
+    r50, r99 = _percentile(raw, 0.5), _percentile(raw, 0.99)
+    extra = {
+        "p50": p50, "p99": p99, "baseline_p50": r50, "baseline_p99": r99,
+        "max": ours[-1], "baseline_max": raw[-1], "messages": len(ours),
+        "rate": LATENCY_RATE, "seconds": duration,
+    }
+    return [
+        Result(SCENARIO, f"publish→handler latency p50, {LATENCY_RATE:.0f} msg/s", p50, "ms", r50,
+               "raw LISTEN/NOTIFY", higher_is_better=False, target="≤ 3×", extra=extra),
+        Result(SCENARIO, f"publish→handler latency p99, {LATENCY_RATE:.0f} msg/s", p99, "ms", r99,
+               "raw LISTEN/NOTIFY", higher_is_better=False, target="≤ 5 ms", extra={"p99": p99, "baseline_p99": r99}),
+    ]
+
+
+# -- 3. failover -----------------------------------------------------------------------
+
+
+def _handled(out: Path) -> set[tuple[str, int, int]]:
+    got = set()
+    for line in out.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            got.add((parts[0], int(parts[1]), int(parts[2])))
+    return got
+
+
+async def _failover(b: bus.Bus, dsn: str) -> list[Result]:
+    schema = b.config.schema
+    group = "failover"
+    await b.create_topic(FAILOVER_TOPIC, partitions=FAILOVER_PARTITIONS)
+    out = _temp_path("bench-failover-", ".txt")
+    config = json.dumps({**FAST, "cleaner_interval": 0})
+    procs = await _start_all([
+        MemberProcess.start("subscribe", dsn, schema, group, FAILOVER_TOPIC, "--out", str(out), "--config", config)
+        for _ in range(FAILOVER_MEMBERS)
+    ])
+    try:
+        for p in procs:
+            p.send("go")
+
+        async def three_own_all() -> bool:
+            d = await b.admin.describe_group(group)
+            owners = {r[0]: r[1] for r in await b.pool.fetch(LIVE_OWNERS, group)}
+            return d.state == "stable" and len(owners) == FAILOVER_PARTITIONS and len(set(owners.values())) == FAILOVER_MEMBERS
+
+        await _until(three_own_all, timeout=60, what="three members owning every partition")
+        d = await b.admin.describe_group(group)
+        victim = procs[0]
+        member = next(m for m in d.members if m.pid == victim.pid)
+        parts = sorted(tp.partition for tp in member.partitions)
+        started = time.perf_counter()
+        victim.kill()
+        records = [await b.publish(FAILOVER_TOPIC, {"after_kill": p}, partition=p) for p in parts]
+        leased_at: float | None = None
+        handled_at: float | None = None
+
+        async def recovered() -> bool:
+            nonlocal leased_at, handled_at
+            now = time.perf_counter()
+            if leased_at is None:
+                owners = {r[0]: r[1] for r in await b.pool.fetch(LIVE_OWNERS, group)}
+                if all(owners.get(p) not in (None, member.member_id) for p in parts):
+                    leased_at = now
+            if handled_at is None:
+                got = {(p, o) for p, o, pid in _handled(out) if pid != victim.pid}
+                if all((r.partition, r.offset) in got for r in records):
+                    handled_at = now
+            return leased_at is not None and handled_at is not None
+
+        await _until(recovered, timeout=60, what="failover")
+        assert leased_at is not None and handled_at is not None
+        elapsed = max(leased_at, handled_at) - started
+    finally:
+        await _stop_all(procs)
+        _remove(out)
+    bound = FAST["session_timeout"] + FAST["heartbeat_interval"] + FAST["rebalance_delay"] + 1.0
+    return [
+        Result(
+            SCENARIO,
+            f"failover after SIGKILL of 1 of {FAILOVER_MEMBERS} member processes",
+            elapsed,
+            "s",
+            bound,
+            "bound: session + heartbeat + rebalance delay + 1 s",
+            higher_is_better=False,
+            target="≤ 1.0×",
+            extra={
+                "leased_s": leased_at - started,
+                "handled_s": handled_at - started,
+                "partitions_moved": len(parts),
+                **FAST,
+            },
+        )
+    ]
+
+
+# -- 4. rebalance ----------------------------------------------------------------------
+
+
+async def _rebalance(b: bus.Bus, dsn: str) -> list[Result]:
+    schema = b.config.schema
+    group = "rebalance"
+    await b.create_topic(REBALANCE_TOPIC, partitions=REBALANCE_PARTITIONS)
+    config = json.dumps({**FAST, "cleaner_interval": 0})
+    # Ten members in one process, the eleventh in another (waiting for `go`).
+    procs = await _start_all([
+        MemberProcess.start("subscribe", dsn, schema, group, REBALANCE_TOPIC, "--members", str(REBALANCE_MEMBERS),
+                            "--config", config),
+        MemberProcess.start("subscribe", dsn, schema, group, REBALANCE_TOPIC, "--config", config),
+    ])
+    try:
+        ten, eleventh = procs
+        ten.send("go")
+
+        async def settled(after: int, members: int) -> int | None:
+            row = await b.pool.fetchrow(SETTLED, group, after, members, REBALANCE_PARTITIONS)
+            return int(row["generation"]) if row is not None and row["settled"] else None
+
+        generation = await _until(lambda: settled(0, REBALANCE_MEMBERS), timeout=60, what="ten members stable")
+        started = time.perf_counter()
+        eleventh.send("go")
+        await _until(lambda: settled(generation, REBALANCE_MEMBERS + 1), timeout=60, what="eleven members stable")
+        elapsed = time.perf_counter() - started
+        d = await b.admin.describe_group(group)
+        assert d.state == "stable" and len(d.members) == REBALANCE_MEMBERS + 1, d.state
+    finally:
+        await _stop_all(procs)
+    baseline = FAST["rebalance_delay"] + FAST["heartbeat_interval"]
+    return [
+        Result(
+            SCENARIO,
+            f"rebalance to stable, {REBALANCE_MEMBERS}→{REBALANCE_MEMBERS + 1} members, {REBALANCE_PARTITIONS} partitions",
+            elapsed,
+            "s",
+            baseline,
+            "rebalance delay + heartbeat interval",
+            higher_is_better=False,
+            extra={"assignor": d.assignor, "generation": d.generation, **FAST},
+        )
+    ]
+
+
+# -- the scenario ----------------------------------------------------------------------
+
+
+async def run(dsn: str, quick: bool) -> list[Result]:
+    """All four measurements on a fresh schema (dropped afterwards)."""
+    schema = "bench_groups_" + uuid.uuid4().hex[:10]
+    rows: list[Result] = []
+    b = await bus.connect(dsn, schema=schema, cleaner_interval=0)
+    try:
+        rows += await _throughput(b, dsn, quick)
+        rows += await _latency(b, dsn, quick)
+        rows += await _failover(b, dsn)
+        rows += await _rebalance(b, dsn)
+    finally:
+        await b.close()
+        await drop_schema(dsn, schema)
+    return rows
+
+
+if __name__ == "__main__":
+    from storage.embedded import ensure_server
+
+    target = os.environ.get("BUS_DSN") or ensure_server().dsn
+    for row in asyncio.run(run(target, quick="--quick" in sys.argv)):
+        ratio = "-" if row.ratio is None else f"{row.ratio:.2f}x"
+        print(f"{row.name:70s} {row.value:12.3f} {row.unit:6s} baseline {row.baseline or 0:12.3f} ratio {ratio}")
