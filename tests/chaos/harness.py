@@ -1,0 +1,364 @@
+"""The chaos run: a dedicated PostgreSQL, a producer, members of three groups, random faults.
+
+`run_chaos(seconds, seed)` starts an embedded server of its own (so restarting
+it disturbs no other test), a topic, one producer process and seven member
+processes in three groups (range and sticky handler subscriptions, and a
+round-robin poll + commit consumer), samples every cursor every 100 ms, and
+injects faults chosen by a seeded random generator:
+
+- `kill`: SIGKILL a member, start a replacement;
+- `terminate_backends`: `pg_terminate_backend` every bus connection;
+- `restart`: restart PostgreSQL (same port);
+- `zombie`: SIGSTOP a member past its session, then SIGCONT;
+- `slow`: make the slow member's handler block its process past its lease.
+
+Then it stops the producer, lets the groups drain, stops the members
+gracefully, and returns the recorded `History` with what went wrong outside
+the checker's reach (processes that died on their own, a drain that never
+finished).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+import bus
+from storage.embedded import ensure_server, restart_server, stop_server
+from tests.chaos.checker import Ack, Delivery, Fault, History, Sample
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = "chaos"
+TOPIC = "orders"
+PARTITIONS = 6
+RATE = 150.0
+
+# Sessions long enough to ride out a PostgreSQL restart, short enough that a zombie is swept quickly.
+MEMBER_CONFIG: dict[str, float] = dict(
+    heartbeat_interval=0.3, session_timeout=3.0, rebalance_delay=0.2, max_poll_interval=0.5, lease_time=4.0,
+)
+# The slow member: a short lease, and a stall longer than it (but shorter than its session).
+SLOW_CONFIG: dict[str, float] = {**MEMBER_CONFIG, "lease_time": 1.0, "slow_seconds": 2.0}
+ZOMBIE_PAUSE = MEMBER_CONFIG["session_timeout"] + 2.0
+
+# (group, mode, assignor, members, index of the slow member or -1)
+GROUPS: list[tuple[str, str, str, int, int]] = [
+    ("g-range", "handler", "range", 3, 0),
+    ("g-sticky", "handler", "sticky", 2, -1),
+    ("g-poll", "poll", "roundrobin", 2, -1),
+]
+KINDS = ("kill", "terminate_backends", "restart", "zombie", "slow")
+
+SAMPLE = """
+SELECT o.group_name, p.topic, p.name, o.committed, o.owner, o.lease_epoch
+FROM offsets o JOIN partitions p ON p.id = o.partition_id
+"""
+LAGGING = """
+SELECT count(*) FILTER (WHERE o.committed < p.next_offset) AS lagging, count(*) AS cursors
+FROM offsets o JOIN partitions p ON p.id = o.partition_id
+"""
+TERMINATE = """
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE application_name = 'bus' AND pid <> pg_backend_pid()
+"""
+
+
+@dataclass
+class Slot:
+    """A member position in a group; a killed member's replacement takes the same slot."""
+
+    name: str
+    group: str
+    mode: str
+    assignor: str
+    slow: bool
+    proc: subprocess.Popen[bytes] | None = None
+    started: int = 0
+
+
+@dataclass
+class Outcome:
+    """What a chaos run produced besides the history."""
+
+    seed: int
+    history: History
+    problems: list[str] = field(default_factory=list)
+    member_errors: Counter[str] = field(default_factory=Counter)
+    publish_failures: int = 0
+    drained_in: float | None = None
+
+
+class ChaosRun:
+    """One chaos run; see the module docstring."""
+
+    def __init__(self, seconds: float, seed: int) -> None:
+        self.seconds = seconds
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.home = Path(tempfile.mkdtemp(prefix="bus-chaos-"))
+        self.out = self.home / "out"
+        self.out.mkdir()
+        self.dsn = ""
+        self.slots: list[Slot] = []
+        self.producer: subprocess.Popen[bytes] | None = None
+        self.faults: list[Fault] = []
+        self.samples: list[Sample] = []
+        self.problems: list[str] = []
+        self.expected_exit: set[int] = set()
+        self._sampling = True
+
+    # -- processes -------------------------------------------------------------------
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        log = open(self.out / log_name, "ab")  # noqa: SIM115 (the child owns it for its life)
+        try:
+            return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+
+    def _start_member(self, slot: Slot) -> None:
+        slot.started += 1
+        tag = f"{slot.name}-{slot.started}"
+        config = SLOW_CONFIG if slot.slow else MEMBER_CONFIG
+        args = [f"{k}={v}" for k, v in config.items()] + [f"assignor={slot.assignor}"]
+        slot.proc = self._spawn(
+            ["tests.chaos.member", self.dsn, SCHEMA, slot.group, TOPIC, str(self.out / f"{tag}.tsv"),
+             slot.mode, "1" if slot.slow else "0", *args],
+            f"{tag}.log",
+        )
+
+    def _check_alive(self) -> None:
+        """A member that died without being killed is a bug: record it with its log, replace it."""
+        for slot in self.slots:
+            proc = slot.proc
+            if proc is not None and proc.poll() is not None and proc.pid not in self.expected_exit:
+                tail = (self.out / f"{slot.name}-{slot.started}.log").read_text(errors="replace")[-2000:]
+                self.problems.append(
+                    f"member {slot.name} (pid {proc.pid}) exited by itself with code {proc.returncode}:\n{tail}"
+                )
+                self._start_member(slot)
+        if self.producer is not None and self.producer.poll() is not None and self.producer.pid not in self.expected_exit:
+            tail = (self.out / "producer.log").read_text(errors="replace")[-2000:]
+            self.problems.append(f"the producer exited by itself with code {self.producer.returncode}:\n{tail}")
+            self.expected_exit.add(self.producer.pid)
+
+    # -- sampling --------------------------------------------------------------------
+
+    async def _connect(self, name: str) -> asyncpg.Connection:
+        return await asyncpg.connect(self.dsn, server_settings={"search_path": SCHEMA, "application_name": name})
+
+    async def _sampler(self) -> None:
+        conn: asyncpg.Connection | None = None
+        while self._sampling:
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await self._connect("chaos-sampler")
+                rows = await conn.fetch(SAMPLE)
+                t = time.time()
+                self.samples.extend(Sample(t, r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                conn = None  # the restart or a terminate: reconnect on the next tick
+            await asyncio.sleep(0.1)
+        if conn is not None and not conn.is_closed():
+            await conn.close()
+
+    # -- faults ----------------------------------------------------------------------
+
+    def _pick_member(self, *, slow: bool | None = None) -> Slot:
+        live = [s for s in self.slots if s.proc is not None and s.proc.poll() is None and (slow is None or s.slow == slow)]
+        return self.rng.choice(live)
+
+    async def _inject(self, kind: str) -> None:
+        t0 = time.time()
+        if kind == "kill":
+            slot = self._pick_member()
+            assert slot.proc is not None
+            pid = slot.proc.pid
+            self.expected_exit.add(pid)
+            slot.proc.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(slot.proc.wait)
+            self.faults.append(Fault("kill", t0, t0, pid, slot.name))
+            self._start_member(slot)
+        elif kind == "terminate_backends":
+            conn = await self._connect("chaos-admin")
+            try:
+                n = await conn.fetchval(TERMINATE)
+            finally:
+                await conn.close()
+            self.faults.append(Fault("terminate_backends", t0, time.time(), None, f"{n} connections"))
+        elif kind == "restart":
+            await asyncio.to_thread(restart_server, self.home)
+            self.faults.append(Fault("restart", t0, time.time(), None))
+        elif kind == "zombie":
+            slot = self._pick_member(slow=False)
+            assert slot.proc is not None
+            pid = slot.proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(ZOMBIE_PAUSE)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            self.faults.append(Fault("zombie", t0, time.time(), pid, slot.name))
+        elif kind == "slow":
+            slot = self._pick_member(slow=True)
+            assert slot.proc is not None
+            slot.proc.send_signal(signal.SIGUSR1)
+            # The interval comes from the member's own "S start/end" lines; this marks the request.
+            self.faults.append(Fault("slow_request", t0, t0, slot.proc.pid, slot.name))
+
+    async def _faults(self, until: float) -> None:
+        plan = list(KINDS)
+        self.rng.shuffle(plan)
+        while True:
+            await asyncio.sleep(self.rng.uniform(2.0, 4.0))
+            self._check_alive()
+            if time.monotonic() >= until:
+                return
+            kind = plan.pop(0) if plan else self.rng.choice(KINDS)
+            print(f"chaos: t={time.time():.3f} fault {kind}", flush=True)
+            await self._inject(kind)
+
+    # -- the run ---------------------------------------------------------------------
+
+    async def _drain(self, within: float) -> float | None:
+        conn = await self._connect("chaos-drain")
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < within:
+                self._check_alive()
+                row = await conn.fetchrow(LAGGING)
+                if row["lagging"] == 0 and row["cursors"] == len(GROUPS) * PARTITIONS:
+                    return time.monotonic() - t0
+                await asyncio.sleep(0.2)
+        finally:
+            await conn.close()
+        return None
+
+    async def _stop(self, proc: subprocess.Popen[bytes], what: str) -> None:
+        if proc.poll() is not None:
+            return
+        self.expected_exit.add(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            self.problems.append(f"{what} (pid {proc.pid}) did not stop within 30 s of SIGTERM; killed")
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+        else:
+            if proc.returncode != 0:
+                self.problems.append(f"{what} (pid {proc.pid}) stopped with code {proc.returncode}")
+
+    async def run(self) -> Outcome:
+        """Run the scenario and return the recorded history."""
+        server = await asyncio.to_thread(ensure_server, self.home)
+        self.dsn = server.dsn
+        sampler: asyncio.Task[None] | None = None
+        drained: float | None = None
+        try:
+            async with bus.connect(self.dsn, schema=SCHEMA) as b:
+                await b.create_topic(TOPIC, partitions=PARTITIONS)
+            self.producer = self._spawn(
+                ["tests.chaos.producer", self.dsn, SCHEMA, TOPIC, str(PARTITIONS), str(self.out / "acks.tsv"), str(RATE)],
+                "producer.log",
+            )
+            for group, mode, assignor, n, slow_index in GROUPS:
+                for i in range(n):
+                    slot = Slot(f"{group}-{i}", group, mode, assignor, slow=i == slow_index)
+                    self.slots.append(slot)
+                    self._start_member(slot)
+            sampler = asyncio.create_task(self._sampler())
+            await self._faults(time.monotonic() + self.seconds)
+            await self._stop(self.producer, "the producer")
+            drained = await self._drain(within=90.0)
+            if drained is None:
+                self.problems.append("the groups did not drain within 90 s after the producer stopped")
+            await asyncio.gather(*(self._stop(s.proc, f"member {s.name}") for s in self.slots if s.proc))
+        finally:
+            self._sampling = False
+            if sampler is not None:
+                await sampler
+            for s in self.slots:
+                if s.proc is not None and s.proc.poll() is None:
+                    s.proc.kill()
+            if self.producer is not None and self.producer.poll() is None:
+                self.producer.kill()
+            await asyncio.to_thread(stop_server, self.home)
+        outcome = Outcome(self.seed, self._history(), self.problems, drained_in=drained)
+        self._count_errors(outcome)
+        if os.environ.get("CHAOS_KEEP"):
+            print(f"chaos: recordings kept in {self.out}", flush=True)
+        else:
+            shutil.rmtree(self.home, ignore_errors=True)
+        return outcome
+
+    # -- reading back ----------------------------------------------------------------
+
+    def _history(self) -> History:
+        acks: list[Ack] = []
+        for line in (self.out / "acks.tsv").read_text().splitlines():
+            f = line.split("\t")
+            if f[0] == "A" and len(f) == 6:
+                acks.append(Ack(f[1], f[2], int(f[3]), f[4], float(f[5])))
+        deliveries: list[Delivery] = []
+        faults = list(self.faults)
+        for path in sorted(self.out.glob("*.tsv")):
+            if path.name == "acks.tsv":
+                continue
+            slow_start: float | None = None
+            pid = 0
+            for seq, line in enumerate(path.read_text().splitlines()):
+                f = line.split("\t")
+                if f[0] == "D" and len(f) == 10:
+                    pid = int(f[6])
+                    deliveries.append(Delivery(f[1], f[2], f[3], int(f[4]), f[5], pid, f[7], int(f[8]), float(f[9]), seq))
+                elif f[0] == "S" and len(f) == 3:
+                    if f[1] == "start":
+                        slow_start = float(f[2])
+                    elif slow_start is not None:
+                        faults.append(Fault("slow", slow_start, float(f[2]), pid or None))
+                        slow_start = None
+            if slow_start is not None:  # killed mid-stall: the stall lasted until the kill
+                faults.append(Fault("slow", slow_start, slow_start + SLOW_CONFIG["slow_seconds"], pid or None))
+        return History([g for g, *_ in GROUPS], acks, deliveries, self.samples, faults)
+
+    def _count_errors(self, outcome: Outcome) -> None:
+        for path in self.out.glob("*.tsv"):
+            for line in path.read_text().splitlines():
+                f = line.split("\t")
+                if f[0] == "E" and len(f) >= 4:
+                    outcome.member_errors[f"{f[2]}: {f[3].split('(')[0]}"] += 1
+                elif f[0] == "F":
+                    outcome.publish_failures += 1
+
+
+async def run_chaos(seconds: float, seed: int | None = None) -> Outcome:
+    """Run the chaos scenario for about `seconds` of faults; the seed is printed so a run can be replayed."""
+    if seed is None:
+        seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1, 1 << 31))
+    print(f"chaos: seed {seed} (replay with CHAOS_SEED={seed}), {seconds:.0f} s of faults", flush=True)
+    return await ChaosRun(seconds, seed).run()
+
+
+def describe(outcome: Outcome, report: Any) -> str:
+    """The counts a chaos run prints."""
+    lines = [f"chaos seed {outcome.seed}", report.summary()]
+    lines.append(f"publish failures (not acknowledged, not required): {outcome.publish_failures}")
+    if outcome.member_errors:
+        lines.append("errors members saw: " + ", ".join(f"{k} x{v}" for k, v in outcome.member_errors.most_common()))
+    lines.append(f"drained in: {outcome.drained_in:.1f} s" if outcome.drained_in is not None else "drained: NO")
+    lines += [f"problem: {p}" for p in outcome.problems]
+    return "\n".join(lines)

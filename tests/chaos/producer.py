@@ -1,0 +1,55 @@
+"""The chaos producer in its own OS process.
+
+    python -m tests.chaos.producer DSN SCHEMA TOPIC PARTITIONS OUTFILE RATE [PREFIX]
+
+Publishes {"id": "<prefix>-<n>"} to partition n % PARTITIONS at about RATE
+messages per second and appends "A topic partition offset id time" to OUTFILE
+only after `publish` returned (flushed per line). A publish that fails (the
+database restarted, the connection was terminated) is recorded as
+"F id time error" and not retried under the same id: it may or may not exist,
+and the checker only holds the bus to what was acknowledged. SIGTERM stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+
+import bus
+
+
+async def main() -> None:
+    dsn, schema, topic, parts, out, rate = sys.argv[1:7]
+    prefix = sys.argv[7] if len(sys.argv) > 7 else "p"
+    partitions, interval = int(parts), 1.0 / float(rate)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 (once, at start-up)
+        async with bus.connect(dsn, schema=schema) as b:
+            print("ready", flush=True)
+            n = 0
+            next_at = time.monotonic()
+            while not stop.is_set():
+                msg_id = f"{prefix}-{n}"
+                try:
+                    rec = await b.publish(topic, {"id": msg_id}, partition=str(n % partitions))
+                except Exception as exc:  # anything: recorded, the run goes on
+                    text = repr(exc).replace("\t", " ").replace("\n", " ")[:300]
+                    fh.write(f"F\t{msg_id}\t{time.time():.6f}\t{text}\n")
+                    await asyncio.sleep(0.1)
+                else:
+                    fh.write(f"A\t{rec.topic}\t{rec.partition}\t{rec.offset}\t{msg_id}\t{time.time():.6f}\n")
+                n += 1
+                next_at += interval
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    next_at = time.monotonic()
+    print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,30 @@
+"""The chaos run: faults at random (seeded, printed), then the history checker's verdict.
+
+`make test` runs a bounded run (CHAOS_SECONDS, default 40 s of faults);
+`make chaos` a longer one. The counts are printed (see them with -s).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.chaos.checker import check
+from tests.chaos.harness import describe, run_chaos
+
+SECONDS = float(os.environ.get("CHAOS_SECONDS", "40"))
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(SECONDS + 240)
+async def test_under_random_faults_no_acknowledged_message_is_lost_and_every_invariant_holds() -> None:
+    outcome = await run_chaos(SECONDS)
+    report = check(outcome.history)
+    text = describe(outcome, report)
+    print(text)
+    assert report.messages > 0 and report.deliveries >= report.messages, text
+    assert report.losses == 0, text
+    assert report.ok, text
+    assert not outcome.problems, text
