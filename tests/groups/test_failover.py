@@ -76,8 +76,12 @@ async def test_sigkilled_member_partitions_are_taken_over_within_the_bound_and_n
         t0 = time.monotonic()
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-        for i in range(300, 600):
-            acked.append(await b.publish("t", {"i": i}, partition=str(i % 6)))
+
+        async def keep_publishing() -> None:
+            for i in range(300, 600):
+                acked.append(await b.publish("t", {"i": i}, partition=str(i % 6)))
+
+        producer = asyncio.create_task(keep_publishing())
 
         async def taken_over():
             owners = await leased_by(b, "g")
@@ -85,6 +89,7 @@ async def test_sigkilled_member_partitions_are_taken_over_within_the_bound_and_n
 
         await eventually(taken_over, timeout=30, every=0.05)
         elapsed = time.monotonic() - t0
+        await producer
         bound = FAST["session_timeout"] + FAST["heartbeat_interval"] + FAST["rebalance_delay"] + 1.0
         assert elapsed <= bound, f"failover took {elapsed:.2f}s, bound {bound:.2f}s"
 
