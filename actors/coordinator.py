@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from actors import metrics
 from actors.messages import (
     GroupChanged,
     HeartbeatReply,
@@ -157,7 +158,7 @@ class Coordinator(Actor[CoordinatorMessage]):
                 self._failed.add(pid)
                 self._sink.on_error(error)
             case MemberFenced():
-                self._log.warning("member_fenced")
+                self._log.warning("member_fenced", generation=self.generation)
                 await self._stop_workers(set(self._workers), revoke_callback=True)
                 self._monitor.signal(UnregisterMember(self.spec.group, self.member_id))
                 self.generation = -1
@@ -187,6 +188,7 @@ class Coordinator(Actor[CoordinatorMessage]):
                 if pid in names:
                     self._start_worker(pid, names[pid])
             await self._sink.on_assign({names[p] for p in arriving if p in names})
+            metrics.assigned(self.spec.group, len([p for p in arriving if p in names]))
         self._failed &= wanted
 
     def _start_worker(self, pid: int, tp: tuple[str, str]) -> None:
@@ -214,6 +216,7 @@ class Coordinator(Actor[CoordinatorMessage]):
             # The user's on_revoke runs while the leases are still held, so a
             # manual commit inside it still applies.
             await self._sink.on_revoke({self._workers[p][0] for p in pids})
+        metrics.revoked(self.spec.group, len(pids))
         for pid in sorted(pids):
             _, ref = self._workers.pop(pid)
             await ref.stop(drain=False)

@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 
+from actors import metrics
 from actors.assignors import Member, Partition, assign
 from actors.messages import RebalanceCheck, SetLeader, Subscribe, Unsubscribe
 from actors.runtime import Actor, ActorRef
@@ -98,6 +99,7 @@ class Rebalancer(Actor[RebalanceCheck | SetLeader]):
                 )
             if outcome.ran:
                 self._log.info("rebalanced", generation=outcome.generation, moved=outcome.moved)
+                metrics.rebalanced(self.group, outcome.moved)
             elif outcome.reason == "not due":
                 self._wake_when_due(row["rebalance_due_at"])
         elif row["state"] == "rebalancing":

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from actors import metrics
 from actors.messages import CommitPosition, LeaseLost, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
 from actors.runtime import Actor, ActorRef
 from storage import leases
@@ -185,6 +186,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
             await self._check_lease()
             return
         self._position = rows[-1]["offset"] + 1
+        metrics.fetched(self.spec.group, self.spec.topic, len(rows))
         if self._sink.handler_mode:
             await self._run_handler(rows)
         else:
@@ -199,6 +201,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
         row = await leases.state(self._pool, self.spec.group, self.spec.partition_id)
         if row is None or row["owner"] != self.spec.member_id or row["lease_epoch"] != self._epoch or not row["live"]:
             self._log.info("lease_lost", epoch=self._epoch)
+            metrics.lease_lost(self.spec.group, self.spec.topic)
             if not self._sink.handler_mode and self._epoch is not None:
                 self._sink.revoked(self.spec.partition_id, self._epoch)
             self._epoch = None
@@ -215,6 +218,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
                     await self._sink.handle(self.spec.topic, self.spec.partition, row, attempt)
                     break
                 except Exception as exc:  # the user's handler: anything may come out
+                    metrics.handler_error(self.spec.group, self.spec.topic)
                     if attempt < self._sink.retry.max_attempts:
                         self._log.info("handler_retry", offset=row["offset"], attempt=attempt, error=repr(exc))
                         await asyncio.sleep(self._sink.retry.delay(attempt))
@@ -222,6 +226,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
                         continue
                     if await self._sink.dead_letter(self.spec.topic, self.spec.partition, row, exc, attempt):
                         self._log.warning("dead_lettered", offset=row["offset"], attempts=attempt, error=repr(exc))
+                        metrics.dead_lettered(self.spec.group, self.spec.topic)
                         break
                     # No dead-letter topic: stop this partition where it is; the
                     # failed message stays uncommitted for whoever fixes and resumes.

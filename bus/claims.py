@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from actors import metrics as _metrics
 from bus.client import to_message
 from bus.start import StartSpec, parse_start
 from bus.types import Message
@@ -135,6 +136,7 @@ class Claim:
                 if done is None:
                     await self._lost(conn, "ack")
         self._finished = True
+        _metrics.claim_acked(self.group, self.topic)
         self._log.debug("claim_acked", committed=offset + 1)
 
     async def release(self) -> bool:
@@ -171,6 +173,7 @@ class Claim:
         state = await sql.lease_state(conn, self.group, self._partition_id)
         holder = "nobody" if state is None or state["owner"] is None else repr(state["owner"])
         self._log.warning("claim_lease_lost", action=what, holder=holder)
+        _metrics.lease_lost(self.group, self.topic)
         raise LeaseLostError(
             f"{what} refused: the lease of group {self.group!r} on {self.topic}/{self.partition} expired and "
             f"was taken again (now held by {holder}); nothing was applied. Claim again, and use a longer "
@@ -239,6 +242,7 @@ async def claim(
                     lease = await sql.take_lease(conn, group, pid, worker_id, seconds, log_start)
                 await sql.touch_group(conn, group)
                 messages = [to_message(cand["topic"], cand["partition"], r) for r in rows]
+                _metrics.claimed(group, cand["topic"], len(messages))
                 log.debug(
                     "claimed",
                     group=group,

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from actors import metrics as _metrics
 from bus.codec import decode_headers, encode_headers, encode_payload, validate_key
 from bus.config import Config
 from bus.types import Message, Outgoing, Record, TopicInfo
@@ -144,6 +145,13 @@ class Bus:
         from bus.consumer import Subscription
 
         return await Subscription(self, group, handler, **options).start()
+
+    @property
+    def metrics(self) -> Any:
+        """The bus's Prometheus metrics (the `bus.metrics` module: registry, generate_latest, update_lag)."""
+        import bus.metrics
+
+        return bus.metrics
 
     @property
     def admin(self) -> Any:
@@ -335,6 +343,7 @@ class Bus:
                     async with db.on_schema(connection, self.config.schema):
                         done = await sink.publish_one(connection, pid, key, head, data, self.channels.messages)
             if done is not None:
+                _metrics.published(topic, 1)
                 return Record(topic, name, done[0], done[1])
             # The partition vanished (topic deleted elsewhere): forget and look again once.
             self._forget_topic(topic)
@@ -393,6 +402,7 @@ class Bus:
             else:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await run(conn)
+        _metrics.published(topic, len(encoded))
         return [r for r in results if r is not None]
 
     # -- the other delivery modes (each in its own module) ------------------------------

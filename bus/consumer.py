@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from actors import metrics as _metrics
 from actors.coordinator import MemberSpec
 from actors.messages import Seek
 from actors.worker import Batch, RetryPolicy
@@ -345,7 +346,7 @@ class Consumer(_MemberBase):
             try:
                 await self.commit()
             except StaleGenerationError as exc:
-                log.info("auto_commit_skipped", group=self.group, reason=str(exc))
+                log.info("auto_commit_skipped", group=self.group, member=self.member_id, generation=self.generation, reason=str(exc))
         limit = max_records or self.max_poll_records
         deadline = time.monotonic() + max(0.0, timeout)
         while not self._buffer:
@@ -365,6 +366,7 @@ class Consumer(_MemberBase):
             take = batch.rows[index : index + (limit - len(out))]
             out.extend(to_message(batch.topic, batch.partition, r) for r in take)
             self._buffered -= len(take)
+            _metrics.consumed(self.group, batch.topic, len(take))
             self._polled[batch.partition_id] = (batch.epoch, take[-1]["offset"] + 1)
             if index + len(take) < len(batch.rows):
                 self._buffer.appendleft((batch, index + len(take)))
@@ -508,6 +510,7 @@ class Subscription(_MemberBase):
 
         await self.handler(to_message(topic, partition, row, attempt))
         self.processed += 1
+        _metrics.consumed(self.group, topic)
 
     async def dead_letter(self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int) -> bool:
         if self.dead_letter_topic is None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from actors import metrics as _metrics
 from bus.client import to_message
 from bus.types import Message, Outgoing
 from storage import db
@@ -173,6 +174,7 @@ class QueueConsumer:
                             out.append(to_message(self.topic, r["partition"], r, attempt=r["attempts"]))
                     if not exhausted or len(out) >= limit or len(rows) < limit:
                         break
+        _metrics.queue_taken(self.topic, len(out))
         return out
 
     def _lease(self, msg: Message) -> tuple[int, int] | None:
@@ -192,6 +194,7 @@ class QueueConsumer:
         with db.translate_errors():
             ok = await sql.ack(self._bus.pool, pid, msg.offset, epoch)
         del self._in_flight[(msg.partition, msg.offset)]
+        _metrics.queue_acked(self.topic, int(bool(ok)))
         if not ok:
             raise self._lost(msg, "ack")
 
@@ -203,6 +206,7 @@ class QueueConsumer:
             return
         with db.translate_errors():
             done = await sql.ack_many(self._bus.pool, jobs)
+        _metrics.queue_acked(self.topic, len(done))
         lost = []
         for m, lease in leases:
             if lease is None:
@@ -242,6 +246,7 @@ class QueueConsumer:
                         raise self._lost(msg, "nack")
                     return
                 ok = await sql.nack(conn, pid, msg.offset, epoch, delay, reason)
+                _metrics.queue_nacked(self.topic)
         if not ok:
             raise self._lost(msg, "nack")
 
@@ -276,6 +281,7 @@ class QueueConsumer:
         if outgoing:
             await self._bus.publish_many(self.dead_letter, outgoing, connection=conn)
             self._log.warning("dead_lettered", count=len(outgoing), dead_letter=self.dead_letter)
+            _metrics.dead_lettered("", self.topic, len(outgoing))
         return len(outgoing)
 
     def _lost(self, msg: Message, what: str) -> LeaseLostError:
