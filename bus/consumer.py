@@ -22,7 +22,7 @@ import asyncpg
 
 from actors import metrics as _metrics
 from actors.coordinator import MemberSpec
-from actors.messages import Seek
+from actors.messages import Seek, Wake
 from actors.worker import Batch, RetryPolicy
 from bus.start import parse_start
 from bus.types import Message, Outgoing, TopicPartition
@@ -260,6 +260,9 @@ class Consumer(_MemberBase):
         self._tp_of: dict[int, TopicPartition] = {}
         self._workers: dict[int, Any] = {}
         self._closed = False
+        # Workers whose batch did not fit: poll() wakes them once it made room,
+        # instead of leaving them idle until their next poll-fallback tick.
+        self._refused: dict[int, Any] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -292,6 +295,7 @@ class Consumer(_MemberBase):
 
     def offer(self, batch: Batch) -> bool:
         if self._buffered and self._buffered + len(batch.rows) > self._capacity:
+            self._refused[batch.partition_id] = batch.worker
             return False
         self._buffer.append((batch, 0))
         self._buffered += len(batch.rows)
@@ -370,6 +374,10 @@ class Consumer(_MemberBase):
             self._polled[batch.partition_id] = (batch.epoch, take[-1]["offset"] + 1)
             if index + len(take) < len(batch.rows):
                 self._buffer.appendleft((batch, index + len(take)))
+        if out and self._refused:
+            refused, self._refused = self._refused, {}
+            for worker in refused.values():
+                worker.signal(Wake())
         return out
 
     def __aiter__(self) -> AsyncIterator[Message]:
