@@ -167,3 +167,63 @@ async def test_a_member_silent_past_its_session_is_removed_once_even_with_two_sw
     assert await b1.pool.fetchval("SELECT count(*) FROM members WHERE member_id='ghost'") == 0
     d = await b1.admin.describe_group("g")
     assert d.state == "preparing_rebalance"
+
+
+async def test_a_paused_member_past_its_session_is_fenced_and_rejoins_when_it_wakes(connect, dsn, schema, tmp_path) -> None:
+    b = await connect(**FAST)
+    await b.create_topic("t", partitions=4)
+    out = tmp_path / "d.txt"
+    out.touch()
+    procs = [start_member(dsn, schema, "g", "t", out) for _ in range(2)]
+    samples: list[dict[int, int]] = []
+    try:
+        async def two_own_all():
+            owners = await leased_by(b, "g")
+            return len(owners) == 4 and len(set(owners.values())) == 2
+
+        await eventually(two_own_all, timeout=30)
+        d = await b.admin.describe_group("g")
+        zombie = procs[0]
+        zombie_member = next(m.member_id for m in d.members if m.pid == zombie.pid)
+        zombie.send_signal(signal.SIGSTOP)
+
+        async def sample() -> None:
+            rows = await b.pool.fetch("SELECT partition_id, committed FROM offsets WHERE group_name='g'")
+            samples.append({r[0]: r[1] for r in rows})
+
+        for i in range(40):
+            await b.publish("t", {"i": i}, partition=str(i % 4))
+
+        async def survivor_owns_all():
+            await sample()
+            owners = await leased_by(b, "g")
+            return len(owners) == 4 and zombie_member not in owners.values()
+
+        await eventually(survivor_owns_all, timeout=30)
+        zombie.send_signal(signal.SIGCONT)
+        for i in range(40, 80):
+            await b.publish("t", {"i": i}, partition=str(i % 4))
+
+        async def zombie_rejoined_and_all_done():
+            await sample()
+            d = await b.admin.describe_group("g")
+            pids = {m.pid for m in d.members if m.live}
+            return zombie.pid in pids and zombie_member not in {m.member_id for m in d.members} and d.total_lag == 0
+
+        await eventually(zombie_rejoined_and_all_done, timeout=30)
+        got = {(p, o) for p, o, _ in deliveries(out)}
+        assert all((str(i % 4), i // 4) in got for i in range(80))
+        # committed offsets never moved backwards while the zombie woke up
+        for before, after in zip(samples, samples[1:], strict=False):
+            for pid, committed in before.items():
+                assert after.get(pid, committed) >= committed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
