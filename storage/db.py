@@ -146,6 +146,8 @@ class translate_errors:
                 asyncpg.AdminShutdownError,
                 asyncpg.ConnectionDoesNotExistError,
                 asyncpg.InterfaceError,
+                # asyncpg's own state errors on a connection the server dropped mid-operation.
+                asyncpg.InternalClientError,
             ),
         ):
             raise StorageUnavailableError(
