@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import asyncpg
 
@@ -22,6 +22,9 @@ from storage.logs import get_logger
 from storage.names import validate_schema
 
 log = get_logger(__name__)
+
+#: Anything statements can run on: one connection, or the pool (one statement, autocommit).
+Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
 _MIGRATION_FILE = re.compile(r"(\d{3})_([a-z0-9_]+)\.sql")
 # A fixed key for pg_advisory_xact_lock (any int8); the schema name is mixed in
@@ -105,6 +108,17 @@ def migrations() -> list[tuple[int, str, str]]:
 async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
     """Apply the pending migrations into `schema`; returns the versions applied."""
     validate_schema(schema)
+    try:
+        return await _migrate(conn, schema)
+    except (asyncpg.InsufficientPrivilegeError, asyncpg.InvalidSchemaNameError) as exc:
+        # The bus needs only its own schema: say which right is missing instead of a raw server error.
+        raise StorageUnavailableError(
+            f"PostgreSQL refused to create or use schema {schema!r} ({exc}); connect as a role that owns it, "
+            "or that may create schemas (GRANT CREATE ON DATABASE), or choose another schema"
+        ) from exc
+
+
+async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
     applied_now: list[int] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _MIGRATION_LOCK, schema)
