@@ -28,7 +28,7 @@ class Result:
     def ratio(self) -> float | None:
         if self.baseline in (None, 0):
             return None
-        return self.value / self.baseline  # type: ignore[operator]
+        return self.value / self.baseline
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -109,7 +109,7 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
     timings = FAST_TIMINGS if fast else TIMINGS
     run_id = uuid.uuid4().hex[:6]
     group = f"demo-billing-{run_id}"
-    async with bus.connect(**timings) as b:
+    async with bus.connect(None, **timings) as b:
         console.rule("[bold]1. The log")
         console.print(f"database: {b.dsn} · schema {b.config.schema}")
         try:
@@ -232,14 +232,14 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
             ok = not missing and "took_over" in killed
             console.print("[green]nothing lost[/green]" if ok else f"[red]FAILED[/red]: {missing[:10]}")
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
                 try:
-                    p.wait(timeout=15)
+                    proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
-                    p.kill()
+                    proc.kill()
         return ok
 
 

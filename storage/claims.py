@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncpg
 
-Conn = asyncpg.Connection | asyncpg.Pool
+from storage.db import Conn
 
 # Topics a wildcard claim targets (labels, like add_matching_topics).
 SELECT_LABELLED_TOPICS = """

@@ -11,7 +11,7 @@ from datetime import datetime
 
 import asyncpg
 
-Conn = asyncpg.Connection | asyncpg.Pool
+from storage.db import Conn
 
 # $1 name, $2 start_mode, $3 start_time (timestamp mode), $4 start_offsets json,
 # $5 lookback seconds (latest mode), $6 assignor, $7 namespace, $8 task

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncpg
 
-Conn = asyncpg.Connection | asyncpg.Pool
+from storage.db import Conn
 
 # Take the lease if it is free, expired, or already ours (a restarted static
 # member), and only while the partition is assigned to this member.

@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-Conn = asyncpg.Connection | asyncpg.Pool
+from storage.db import Conn
 
 # $1 group, $2 member_id, $3 instance_id, $4 client_id, $5 host, $6 pid, $7 topics,
 # $8 session_timeout, $9 rebalance_delay. A static member (instance_id) that comes

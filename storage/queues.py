@@ -13,7 +13,7 @@ from datetime import datetime
 
 import asyncpg
 
-Conn = asyncpg.Connection | asyncpg.Pool
+from storage.db import Conn
 
 PUBLISH_ONE = """
 WITH p AS (

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncpg
 
-Conn = asyncpg.Connection | asyncpg.Pool
+from storage.db import Conn
 
 # Partitions with something below the watermark, from partition id $1 on.
 SELECT_CANDIDATES = """

@@ -249,7 +249,10 @@ class _Job:
             self.q(conn.execute(sql.SET_RUN_STATUS, run_id, "staged"))
             status = "staged"
         if status == "staged":
-            self._archive(run_id, root)
+            if plan:
+                self._archive(run_id, root)
+            else:  # nothing is history yet: no Spark work at all
+                self.q(conn.execute(sql.SET_ARCHIVE_FILES, run_id, []))
             status = "archived"
         if status == "archived":
             if self.q(conn.fetchval(sql.KEEP_MISMATCH, run_id)):

@@ -106,6 +106,30 @@ def jdbc_target(dsn: str, schema: str) -> tuple[str, dict[str, str]]:
     return url, props
 
 
+def submit_command(job_args: list[str], *, master: str = "local[*]", jdbc_jar_path: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) to run the job with the pyspark package's own `spark-submit`."""
+    import sys
+
+    import pyspark
+
+    spark_home = str(Path(pyspark.__file__).parent)
+    env = {
+        **os.environ,
+        "SPARK_HOME": spark_home,
+        "JAVA_HOME": java_home(),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    if master.startswith("local"):
+        # Local runs talk over loopback; skips a host-name lookup at start-up.
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    argv = [str(Path(spark_home) / "bin" / "spark-submit"), "--master", master]
+    jar = jdbc_jar(jdbc_jar_path)
+    argv += ["--jars", jar] if jar else ["--packages", JDBC_PACKAGE]
+    job = Path(__file__).with_name("job.py")
+    return [*argv, str(job), *job_args], env
+
+
 def spark_session(master: str | None = None, *, jdbc_jar_path: str | None = None, app_name: str = "bus-compact") -> Any:
     """A SparkSession for the job (`master` default `local[*]`), with the JDBC driver and Java 17.
 
@@ -119,9 +143,12 @@ def spark_session(master: str | None = None, *, jdbc_jar_path: str | None = None
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    builder = SparkSession.builder
+    # Under spark-submit the master comes from its --master; do not override it.
+    if master is not None or not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        builder = builder.master(master or "local[*]")
     builder = (
-        SparkSession.builder.master(master or "local[*]")
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "8")
