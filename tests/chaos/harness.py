@@ -169,8 +169,10 @@ class ChaosRun:
                 rows = await conn.fetch(SAMPLE)
                 t = time.time()
                 self.samples.extend(Sample(t, r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                conn = None  # the restart or a terminate: reconnect on the next tick
+            except Exception:  # the observer must outlive any fault: drop the connection, reconnect
+                if conn is not None:
+                    conn.terminate()
+                conn = None
             await asyncio.sleep(0.1)
         if conn is not None and not conn.is_closed():
             await conn.close()

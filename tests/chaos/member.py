@@ -78,8 +78,18 @@ async def run_handler(b: bus.Bus, rec: Recorder, topic: str, assignor: str, stop
 
 
 async def run_poll(b: bus.Bus, rec: Recorder, topic: str, assignor: str, stop: asyncio.Event) -> None:
+    c: Any = None
+
+    async def commit_before_revoke(partitions: set[bus.TopicPartition]) -> None:
+        # Kafka's pattern: commit what was handled while the leases are still ours, so a
+        # clean handover re-delivers nothing.
+        try:
+            await c.commit()
+        except bus.errors.BusError as exc:
+            rec.error("revoke_commit", exc)
+
     c = b.consumer(rec.group, topics=[topic], start="earliest", auto_commit=False, max_poll_records=50,
-                   assignor=assignor)
+                   assignor=assignor, on_revoke=commit_before_revoke)
     async with c:
         print("joined", flush=True)
         while not stop.is_set():
