@@ -43,3 +43,15 @@ async def bulk_append(
     async with conn.transaction():
         await conn.execute(BULK_APPEND, partition_id, rows, keys, payload_bytes, tombstone_every, start, step_seconds)
         return int(await conn.fetchval(BUMP_NEXT_OFFSET, partition_id, rows))
+
+
+# The pure-SQL baseline the benchmark compares the job with: the same
+# compaction (newest record per key survives) done inside PostgreSQL, without
+# archive, then VACUUM so the space is reusable like after the job.
+SQL_BASELINE_COMPACT = """
+DELETE FROM messages m
+USING (SELECT partition_id, key, max("offset") AS newest FROM messages GROUP BY partition_id, key) n
+WHERE m.partition_id = n.partition_id AND m.key = n.key AND m."offset" < n.newest
+"""
+SQL_BASELINE_VACUUM = "VACUUM messages"
+ANALYZE_MESSAGES = "ANALYZE messages"

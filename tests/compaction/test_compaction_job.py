@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +13,7 @@ import pytest
 
 import bus
 from storage.compaction import CompactionCrash, run_compaction
+from storage.compaction.spark import submit_command
 from tests.compaction.compaction_model import (
     LAST_RUN,
     archive_rows,
@@ -29,8 +28,6 @@ from tests.compaction.compaction_model import (
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 DAY = 86400.0
-JOB_SCRIPT = Path(__file__).resolve().parents[2] / "storage" / "compaction" / "job.py"
-SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 
 
 async def _history(b: bus.Bus, scale: int = 1) -> None:
@@ -174,15 +171,12 @@ async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(b: bus.Bus,
     await _history(b, scale=10)
     async with b.pool.acquire() as conn:
         rows, parts = await snapshot(conn)
-    env = {**os.environ, "BUS_COMPACT_CRASH_AT": "mid_delete"}
-    job, submit = JOB_SCRIPT, SPARK_SUBMIT
-    proc = await asyncio.to_thread(
-        subprocess.run,
-        [str(submit), "--master", "local[2]", str(job), "--dsn", b.dsn, "--schema", b.config.schema,
-         "--archive", str(tmp_path / "archive")],
-        env=env, capture_output=True, text=True, timeout=240,
+    argv, env = submit_command(
+        ["--dsn", b.dsn, "--schema", b.config.schema, "--archive", str(tmp_path / "archive")], master="local[2]"
     )
-    assert proc.returncode != 0 and "injected crash at mid_delete" in proc.stderr
+    env["BUS_COMPACT_CRASH_AT"] = "mid_delete"
+    proc = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0 and "injected crash at mid_delete" in proc.stderr, proc.stderr[-3000:]
     report = await _compact(b, spark, tmp_path / "archive")
     assert report.resumed
     await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)

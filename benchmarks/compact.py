@@ -1,0 +1,185 @@
+"""Compaction: the Spark job end to end vs the same compaction in pure SQL, on the same database.
+
+Data: 4 compact topics × 8 partitions, ~10,000 keys per topic, ~150-byte
+payloads, 2,000,000 rows (quick: 200,000), bulk-loaded with generate_series.
+Measured in this run, each on a fresh schema with identical data:
+
+* baseline: `DELETE ... USING (newest offset per key)` then `VACUUM` (no archive);
+* fresh: `spark-submit storage/compaction/job.py` in a new process (JVM start-up included);
+* warm: a second run in one in-process SparkSession, on fresh data.
+
+Peak memory is the resident set of the job's process tree (Python + JVM),
+sampled every 100 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import psutil
+
+import bus
+from benchmarks.result import Result
+from storage.compaction import run_compaction
+from storage.compaction.bulk import ANALYZE_MESSAGES, SQL_BASELINE_COMPACT, SQL_BASELINE_VACUUM, bulk_append
+from storage.compaction.spark import spark_session, submit_command
+from storage.logs import get_logger
+
+log = get_logger(__name__)
+
+TOPICS = 4
+PARTITIONS = 8
+KEYS_PER_TOPIC = 10_000
+PAYLOAD = 150
+
+
+class PeakRss:
+    """Samples the resident memory of a process and its children (a context manager)."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+                total = 0
+                for p in procs:
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                pass
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mib(self) -> float:
+        return self.peak / 2**20
+
+
+async def _load(dsn: str, rows: int) -> str:
+    """A fresh schema with the benchmark data; returns the schema."""
+    schema = "bench_compact_" + uuid.uuid4().hex[:10]
+    per_partition = rows // (TOPICS * PARTITIONS)
+    start = datetime.now(UTC) - timedelta(days=2)
+    async with bus.connect(dsn, schema=schema, cleaner_interval=0) as b:
+        ids = []
+        for t in range(TOPICS):
+            info = await b.create_topic(f"state-{t}", PARTITIONS, cleanup="compact")
+            for p in range(PARTITIONS):
+                pid = await b.partition_id(info, str(p), create=False)
+                assert pid is not None
+                ids.append(pid)
+
+        async def one(pid: int) -> None:
+            async with b.pool.acquire() as conn:
+                await bulk_append(conn, pid, per_partition, keys=KEYS_PER_TOPIC // PARTITIONS,
+                                  payload_bytes=PAYLOAD, start=start, step_seconds=0.01)
+
+        await asyncio.gather(*(one(pid) for pid in ids))
+        async with b.pool.acquire() as conn:
+            await conn.execute(ANALYZE_MESSAGES)
+    return schema
+
+
+async def _drop(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')  # generated bench schema name
+    finally:
+        await conn.close()
+
+
+async def _sql_baseline(dsn: str, schema: str) -> tuple[float, int]:
+    from storage import db
+
+    conn = await db.connect(dsn, schema)
+    try:
+        t0 = time.perf_counter()
+        status = await conn.execute(SQL_BASELINE_COMPACT)
+        await conn.execute(SQL_BASELINE_VACUUM)
+        return time.perf_counter() - t0, int(status.split()[-1])
+    finally:
+        await conn.close()
+
+
+def _fresh(dsn: str, schema: str, archive: str) -> tuple[float, float]:
+    argv, env = submit_command(["--dsn", dsn, "--schema", schema, "--archive", archive], master="local[2]")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PeakRss(proc.pid) as rss:
+        out, err = proc.communicate()
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"spark-submit failed ({proc.returncode}): {err[-2000:]}")
+    log.info("compact_fresh", out=out.strip())
+    return seconds, rss.mib
+
+
+async def run(dsn: str, quick: bool) -> list[Result]:
+    """Baseline, fresh and warm runs on identical data; see the module docstring."""
+    rows = 200_000 if quick else 2_000_000
+    tmp = Path(tempfile.mkdtemp(prefix="bus-compact-bench-"))
+    schemas: list[str] = []
+    try:
+        schema = await _load(dsn, rows)
+        schemas.append(schema)
+        sql_seconds, sql_removed = await _sql_baseline(dsn, schema)
+
+        schema = await _load(dsn, rows)
+        schemas.append(schema)
+        fresh_seconds, fresh_mib = await asyncio.to_thread(_fresh, dsn, schema, str(tmp / "fresh"))
+
+        spark = await asyncio.to_thread(spark_session, "local[2]")
+        schema = await _load(dsn, rows)
+        schemas.append(schema)
+        with PeakRss() as first_rss:
+            first = await asyncio.to_thread(run_compaction, dsn, schema, spark=spark, archive=str(tmp / "first"))
+        schema = await _load(dsn, rows)
+        schemas.append(schema)
+        with PeakRss() as warm_rss:
+            t0 = time.perf_counter()
+            warm = await asyncio.to_thread(run_compaction, dsn, schema, spark=spark, archive=str(tmp / "warm"))
+            warm_seconds = time.perf_counter() - t0
+        await asyncio.to_thread(spark.stop)
+    finally:
+        for s in schemas:
+            await _drop(dsn, s)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    extra: dict[str, Any] = {"rows": rows, "removed_sql": sql_removed, "removed_job": warm.rows_removed,
+                             "archived_job": warm.rows_archived, "first_in_session_s": round(first.seconds, 2)}
+    return [
+        Result("compact", f"warm session, {rows:,} rows (archive + delete)", warm_seconds, "s",
+               baseline=sql_seconds, baseline_name="pure SQL DELETE + VACUUM", higher_is_better=False,
+               target="≤ 1.5× SQL", extra={**extra, "peak_rss_mib": round(max(first_rss.mib, warm_rss.mib), 1)}),
+        Result("compact", f"fresh spark-submit, {rows:,} rows (start-up included)", fresh_seconds, "s",
+               baseline=sql_seconds, baseline_name="pure SQL DELETE + VACUUM", higher_is_better=False,
+               target="≤ 3× SQL", extra={**extra, "peak_rss_mib": round(fresh_mib, 1)}),
+        Result("compact", "peak memory, fresh spark-submit (Python + JVM)", fresh_mib, "MiB",
+               higher_is_better=False, extra={"rows": rows}),
+    ]
