@@ -472,7 +472,10 @@ async def _failover(b: bus.Bus, dsn: str) -> list[Result]:
             p.send("go")
 
         async def three_own_all() -> bool:
-            d = await b.admin.describe_group(group)
+            try:
+                d = await b.admin.describe_group(group)
+            except bus.errors.GroupNotFoundError:  # no member has joined yet
+                return False
             owners = {r[0]: r[1] for r in await b.pool.fetch(LIVE_OWNERS, group)}
             return d.state == "stable" and len(owners) == FAILOVER_PARTITIONS and len(set(owners.values())) == FAILOVER_MEMBERS
 
