@@ -174,6 +174,8 @@ def machine_info(dsn: str) -> dict[str, Any]:
         "platform": platform.platform(),
         "postgres": postgres,
         "commit": _git_commit(),
+        # Other work on the machine moves every number; the reader should know it was there.
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
 
 
@@ -306,7 +308,8 @@ def render_markdown(
             lines.append(f"- `{o.scenario}`: {o.status}: {o.note or ''}".rstrip())
         lines.append("")
     lines.append(
-        "Machine: {cpu} CPUs ({model}), {mem} GiB RAM, Python {py}, PostgreSQL {pg}, {plat}; commit {commit}.".format(
+        "Machine: {cpu} CPUs ({model}), {mem} GiB RAM, Python {py}, PostgreSQL {pg}, {plat}; commit {commit}; "
+        "load average (1 min) {load_start} at start, {load_end} at end.".format(
             cpu=machine.get("cpu_count"),
             model=machine.get("cpu_model") or "unknown model",
             mem=machine.get("memory_gib"),
@@ -314,6 +317,8 @@ def render_markdown(
             pg=machine.get("postgres"),
             plat=machine.get("platform"),
             commit=machine.get("commit") or "unknown",
+            load_start=machine.get("load_avg_1m_at_start", "?"),
+            load_end=machine.get("load_avg_1m_at_end", "?"),
         )
     )
     lines.append("")
@@ -450,6 +455,7 @@ def main(
 
         dsn = ensure_server().dsn
     machine = machine_info(dsn)
+    machine["load_avg_1m_at_start"] = machine.pop("load_avg_1m")
     console.print(
         f"bus bench{' --quick' if quick else ''}: {', '.join(names)} on PostgreSQL {machine['postgres']}, "
         f"{machine['cpu_count']} CPUs, Python {machine['python']}"
@@ -462,6 +468,8 @@ def main(
         log.info("bench_scenario_done", scenario=name, status=outcome.status, seconds=round(outcome.seconds, 1))
         if outcome.status == "ok":
             console.print(f"[green]done[/green] {name} in {outcome.seconds:.1f} s ({len(outcome.rows)} rows)")
+    if hasattr(os, "getloadavg"):
+        machine["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     rows = [r for o in outcomes for r in o.rows]
     print_table(console, rows, outcomes)
     stem = (today or date.today()).isoformat() + ("-quick" if quick else "")

@@ -256,6 +256,15 @@ def _row(name: str, bus_t: Timing, raw_t: Timing, target: float, **extra: Any) -
     )
 
 
+def _count(n: int) -> str:
+    """1_000_000 -> "1M", 100_000 -> "100k" (short labels for the table)."""
+    if n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)
+
+
 def _rss() -> int:
     return int(psutil.Process(os.getpid()).memory_info().rss)
 
@@ -292,14 +301,14 @@ async def memory_run(b: bus.Bus, total: int) -> list[Result]:
         "rate_msg_s": round(messages / elapsed, 1),
     }
     log.info("publish_memory", **info)
-    label = f"{messages:,} msgs in batches of {MEMORY_BATCH}"
+    label = f"{_count(messages)} msgs, batches of {MEMORY_BATCH}"
     return [
         Result(SCENARIO, f"RSS at start ({label})", info["start_mib"], "MiB", higher_is_better=False, extra=info),
         Result(SCENARIO, f"RSS peak ({label})", info["peak_mib"], "MiB", higher_is_better=False, extra=info),
         Result(SCENARIO, f"RSS at end ({label})", info["end_mib"], "MiB", higher_is_better=False, extra=info),
         Result(
             SCENARIO,
-            f"RSS growth, peak − start ({label})",
+            f"RSS growth peak − start ({label})",
             round((peak - start) / MIB, 1),
             "MiB",
             higher_is_better=False,
