@@ -130,11 +130,17 @@ async def main() -> None:
         rec = Recorder(fh, group, slow_seconds)
         if slow == "1":
             loop.add_signal_handler(signal.SIGUSR1, lambda: setattr(rec, "slow_next", True))
-        async with bus.connect(dsn, **config) as b:
-            if mode == "poll":
-                await run_poll(b, rec, topic, assignor, stop)
-            else:
-                await run_handler(b, rec, topic, assignor, stop)
+        # Joining may meet the database down (a restart): the documented answer is to retry.
+        while not stop.is_set():
+            try:
+                async with bus.connect(dsn, **config) as b:
+                    if mode == "poll":
+                        await run_poll(b, rec, topic, assignor, stop)
+                    else:
+                        await run_handler(b, rec, topic, assignor, stop)
+            except bus.errors.StorageUnavailableError as exc:
+                rec.error("start", exc)
+                await asyncio.sleep(0.5)
     print("stopped", flush=True)
 
 

@@ -27,7 +27,13 @@ async def main() -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 (once, at start-up)
-        async with bus.connect(dsn, schema=schema) as b:
+        while True:
+            try:
+                b = await bus.connect(dsn, schema=schema)
+                break
+            except bus.errors.StorageUnavailableError:
+                await asyncio.sleep(0.5)  # the database is restarting: retry, as documented
+        async with b:
             print("ready", flush=True)
             n = 0
             next_at = time.monotonic()
