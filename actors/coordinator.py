@@ -38,6 +38,7 @@ from actors.messages import (
 from actors.runtime import Actor, ActorRef, RestartStrategy, Supervisor
 from actors.worker import PartitionWorker, Sink, WorkerSpec
 from storage import membership
+from storage.db import TRANSIENT_ERRORS
 from storage.logs import get_logger
 
 CoordinatorMessage = HeartbeatReply | MemberFenced | GroupChanged | Sync | WorkerFailed | LeaseLost
@@ -118,8 +119,15 @@ class Coordinator(Actor[CoordinatorMessage]):
             await self._supervisor.stop()
         self._monitor.signal(UnregisterMember(self.spec.group, self.member_id))
         if self.spec.instance_id is None:
-            async with self._pool.acquire() as conn:
-                await membership.leave(conn, self.spec.group, self.member_id, self.spec.rebalance_delay, self.spec.groups_channel)
+            try:
+                async with self._pool.acquire() as conn:
+                    await membership.leave(
+                        conn, self.spec.group, self.member_id, self.spec.rebalance_delay, self.spec.groups_channel
+                    )
+            except TRANSIENT_ERRORS as exc:
+                # Unreachable database: the session expires and the sweep removes us.
+                self._log.warning("leave_failed", error=repr(exc))
+                return
         self._log.info("member_left", member=self.member_id)
 
     async def _join(self) -> None:
@@ -145,6 +153,20 @@ class Coordinator(Actor[CoordinatorMessage]):
     # -- messages ------------------------------------------------------------------
 
     async def receive(self, message: CoordinatorMessage) -> None:
+        try:
+            await self._receive(message)
+        except TRANSIENT_ERRORS as exc:
+            # The next heartbeat reply or NOTIFY brings another Sync.
+            self._log.warning("coordinator_retry_later", error=repr(exc))
+
+    async def on_failure(self, exc: BaseException) -> None:
+        # A restart joins as a new member: let go of this one's workers and registration.
+        self._monitor.signal(UnregisterMember(self.spec.group, self.member_id))
+        self._notifier.signal(Unsubscribe(self.self_ref))
+        if self._supervisor is not None:
+            await self._supervisor.stop()
+
+    async def _receive(self, message: CoordinatorMessage) -> None:
         match message:
             case HeartbeatReply(member_generation=gen):
                 if gen != self.generation:
@@ -187,9 +209,17 @@ class Coordinator(Actor[CoordinatorMessage]):
             for pid in sorted(arriving):
                 if pid in names:
                     self._start_worker(pid, names[pid])
-            await self._sink.on_assign({names[p] for p in arriving if p in names})
+            await self._callback(self._sink.on_assign, {names[p] for p in arriving if p in names})
             metrics.assigned(self.spec.group, len([p for p in arriving if p in names]))
         self._failed &= wanted
+
+    async def _callback(self, fn: Callable[[set[tuple[str, str]]], Awaitable[None]], tps: set[tuple[str, str]]) -> None:
+        # The user's on_assign/on_revoke: its failure is reported, never fatal to membership.
+        try:
+            await fn(tps)
+        except Exception as exc:
+            self._log.error("rebalance_callback_failed", error=repr(exc))
+            self._sink.on_error(f"{getattr(fn, '__name__', 'callback')} raised {exc!r}")
 
     def _start_worker(self, pid: int, tp: tuple[str, str]) -> None:
         assert self._supervisor is not None
@@ -215,7 +245,7 @@ class Coordinator(Actor[CoordinatorMessage]):
         if revoke_callback:
             # The user's on_revoke runs while the leases are still held, so a
             # manual commit inside it still applies.
-            await self._sink.on_revoke({self._workers[p][0] for p in pids})
+            await self._callback(self._sink.on_revoke, {self._workers[p][0] for p in pids})
         metrics.revoked(self.spec.group, len(pids))
         for pid in sorted(pids):
             _, ref = self._workers.pop(pid)

@@ -32,6 +32,7 @@ from actors.messages import (
 from actors.rebalancer import Rebalancer
 from actors.runtime import Actor, ActorRef, Supervisor
 from storage import membership, retention
+from storage.db import TRANSIENT_ERRORS
 from storage.logs import get_logger
 
 MonitorMessage = RegisterMember | UnregisterMember | Beat | SweepNow | LeaderSeen
@@ -94,7 +95,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             rows = await membership.heartbeat(
                 self._pool, [g for g, _ in keys], [m for _, m in keys], self.config.lease_time
             )
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except TRANSIENT_ERRORS as exc:
             # Missing a beat is survivable (the session is longer); the next one retries.
             self._log.warning("heartbeat_failed", error=str(exc))
             return
@@ -115,7 +116,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             async with self._pool.acquire() as conn:
                 gone = await membership.sweep(conn, self.config.rebalance_delay, self.config.groups_channel)
                 dead = await retention.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except TRANSIENT_ERRORS as exc:
             self._log.warning("sweep_failed", error=str(exc))
             return 0
         for group, member in gone:

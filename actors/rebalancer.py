@@ -22,6 +22,7 @@ from actors.messages import RebalanceCheck, SetLeader, Subscribe, Unsubscribe
 from actors.runtime import Actor, ActorRef
 from storage import groups as group_sql
 from storage import membership
+from storage.db import TRANSIENT_ERRORS
 from storage.logs import get_logger
 
 FINGERPRINT_EVERY = 4  # checks between looks for new partitions/topics
@@ -83,7 +84,10 @@ class Rebalancer(Actor[RebalanceCheck | SetLeader]):
                 self.leader_id = member_id
                 self.self_ref.signal(RebalanceCheck())
             case RebalanceCheck(discover=discover):
-                await self._check(discover)
+                try:
+                    await self._check(discover)
+                except TRANSIENT_ERRORS as exc:
+                    self._log.warning("rebalance_retry_later", error=repr(exc))
 
     async def _check(self, discover: bool) -> None:
         self._checks += 1

@@ -19,6 +19,7 @@ from actors import metrics
 from actors.messages import CommitPosition, LeaseLost, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
 from actors.runtime import Actor, ActorRef
 from storage import leases
+from storage.db import TRANSIENT_ERRORS
 from storage.logs import get_logger
 
 
@@ -139,7 +140,12 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
     async def receive(self, message: Wake | Seek | CommitPosition) -> Any:
         match message:
             case Wake():
-                await self._work()
+                try:
+                    await self._work()
+                except TRANSIENT_ERRORS as exc:
+                    # The database is away (restart, failover, dropped connection):
+                    # the next tick retries; the lease, if it ran out, is re-taken.
+                    self._log.warning("fetch_failed", error=repr(exc))
             case Seek(offset=offset):
                 if self._epoch is not None and not self._sink.handler_mode:
                     self._sink.revoked(self.spec.partition_id, self._epoch)

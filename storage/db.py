@@ -142,6 +142,24 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
     return applied_now
 
 
+#: Errors an actor outlives by retrying on its next tick: a lost or refused
+#: connection, a server restarting, a deadlock victim. Anything else is a bug
+#: and goes to the supervisor.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
+    asyncpg.QueryCanceledError,
+    StorageUnavailableError,
+    TimeoutError,
+)
+
+
 class translate_errors:
     """Turn lost connections and server shutdowns into StorageUnavailableError (a context manager)."""
 
