@@ -248,6 +248,9 @@ class ChaosRun:
             acks = self.out / "acks.tsv"
             if joined and acks.exists() and acks.stat().st_size > 0:
                 return
+            self._check_alive()
+            if self.producer is not None and self.producer.poll() is not None:
+                return  # recorded as a problem; the run goes on so its history is still checked
             await asyncio.sleep(0.2)
         self.problems.append(f"the members did not all join within {within:.0f} s")
 
@@ -328,7 +331,8 @@ class ChaosRun:
 
     def _history(self) -> History:
         acks: list[Ack] = []
-        for line in (self.out / "acks.tsv").read_text().splitlines():
+        ack_file = self.out / "acks.tsv"
+        for line in (ack_file.read_text() if ack_file.exists() else "").splitlines():
             f = line.split("\t")
             if f[0] == "A" and len(f) == 6:
                 acks.append(Ack(f[1], f[2], int(f[3]), f[4], float(f[5])))
