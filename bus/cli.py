@@ -148,7 +148,7 @@ def reset_offsets(
 def compact(
     master: str = typer.Option(None, "--master", help="local[*] (default), local[2], spark://host:7077"),
     archive: str = typer.Option(None, "--archive", help="archive URI/dir (default $BUS_HOME/archive)"),
-    topics_: list[str] = typer.Option(None, "--topics", help="only these topics"),
+    topics_: list[str] = typer.Option(None, "--topics", help="only these topics"),  # noqa: B008 - typer's idiom
     status: bool = typer.Option(False, "--status", help="show recorded runs instead of running"),
 ) -> None:
     """Run the Spark compaction and archive job with a progress display."""

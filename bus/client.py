@@ -27,7 +27,7 @@ from storage.errors import (
     ValidationError,
 )
 from storage.logs import get_logger
-from storage.names import validate_name, validate_offset, validate_partition
+from storage.names import MAX_SECONDS, validate_name, validate_offset, validate_partition
 
 log = get_logger(__name__)
 
@@ -44,8 +44,8 @@ def _seconds(value: timedelta | float | int | None, what: str) -> float | None:
         seconds = float(value)
     else:
         raise ValidationError(f"{what} must be a timedelta, a number of seconds, or None")
-    if seconds <= 0:
-        raise ValidationError(f"{what} must be positive (or None to keep forever)")
+    if not 0 < seconds <= MAX_SECONDS:  # also refuses NaN and infinity
+        raise ValidationError(f"{what} must be a positive number of seconds up to {MAX_SECONDS:.0e} (or None to keep forever)")
     return seconds
 
 
@@ -198,8 +198,8 @@ class Bus:
         if task is not None:
             validate_name(task, "task")
         limit = self.config.max_message_bytes if max_message_bytes is None else max_message_bytes
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-            raise ValidationError("max_message_bytes must be a positive integer")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 1 << 30:
+            raise ValidationError("max_message_bytes must be a positive integer up to 1 GiB (PostgreSQL's limit)")
         wanted = TopicInfo(
             name=name,
             partitions=partitions,
@@ -335,13 +335,14 @@ class Bus:
             if pid is None:
                 break
             # Queue topics also insert the message's job row, in the same statement.
-            sink = queue_sql if info.semantics == "queue" else log_sql
+            statement = queue_sql.PUBLISH_ONE if info.semantics == "queue" else log_sql.PUBLISH_ONE
+            channel = self.channels.messages
             with db.translate_errors():
                 if connection is None:
-                    done = await sink.publish_one(self.pool, pid, key, head, data, self.channels.messages)
+                    done = await log_sql.publish_one(self.pool, pid, key, head, data, channel, statement)
                 else:
                     async with db.on_schema(connection, self.config.schema):
-                        done = await sink.publish_one(connection, pid, key, head, data, self.channels.messages)
+                        done = await log_sql.publish_one(connection, pid, key, head, data, channel, statement)
             if done is not None:
                 _metrics.published(topic, 1)
                 return Record(topic, name, done[0], done[1])
@@ -381,13 +382,14 @@ class Bus:
             # Lock partitions in id order so two batches never deadlock.
             for name in sorted(by_partition, key=ids.__getitem__):
                 indexes = by_partition[name]
-                rows = await (queue_sql if info.semantics == "queue" else log_sql).publish_batch(
+                rows = await log_sql.publish_batch(
                     conn,
                     ids[name],
                     [encoded[i][0] for i in indexes],
                     [encoded[i][1] for i in indexes],
                     [encoded[i][2] for i in indexes],
                     self.channels.messages,
+                    queue_sql.PUBLISH_BATCH if info.semantics == "queue" else log_sql.PUBLISH_BATCH,
                 )
                 if len(rows) != len(indexes):
                     self._forget_topic(topic)

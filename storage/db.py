@@ -142,16 +142,22 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
     return applied_now
 
 
-#: Errors an actor outlives by retrying on its next tick: a lost or refused
-#: connection, a server restarting, a deadlock victim. Anything else is a bug
-#: and goes to the supervisor.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+#: A lost, refused or dropped connection (asyncpg's own state errors included).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     asyncpg.ConnectionDoesNotExistError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
+#: Errors an actor outlives by retrying on its next tick: a lost or refused
+#: connection, a server restarting, a deadlock victim. Anything else is a bug
+#: and goes to the supervisor.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
     asyncpg.DeadlockDetectedError,
     asyncpg.SerializationError,
     asyncpg.QueryCanceledError,
@@ -169,19 +175,7 @@ class translate_errors:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is None:
             return False
-        if isinstance(
-            exc,
-            (
-                OSError,
-                asyncpg.PostgresConnectionError,
-                asyncpg.CannotConnectNowError,
-                asyncpg.AdminShutdownError,
-                asyncpg.ConnectionDoesNotExistError,
-                asyncpg.InterfaceError,
-                # asyncpg's own state errors on a connection the server dropped mid-operation.
-                asyncpg.InternalClientError,
-            ),
-        ):
+        if isinstance(exc, CONNECTION_ERRORS):
             raise StorageUnavailableError(
                 f"PostgreSQL is unavailable ({type(exc).__name__}: {exc}); the operation did not complete, retry it"
             ) from exc

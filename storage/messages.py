@@ -58,9 +58,14 @@ async def publish_one(
     headers: str | None,
     payload: bytes | None,
     channel: str,
+    statement: str = PUBLISH_ONE,
 ) -> tuple[int, datetime] | None:
-    """Append one message; None if the partition no longer exists."""
-    row = await conn.fetchrow(PUBLISH_ONE, partition_id, key, headers, payload, channel)
+    """Append one message; None if the partition no longer exists.
+
+    `statement` is PUBLISH_ONE, or a variant with the same parameters and
+    result (queue topics: storage.queues.PUBLISH_ONE also inserts the job).
+    """
+    row = await conn.fetchrow(statement, partition_id, key, headers, payload, channel)
     return None if row is None else (row[0], row[1])
 
 
@@ -71,9 +76,10 @@ async def publish_batch(
     headers: list[str | None],
     payloads: list[bytes | None],
     channel: str,
+    statement: str = PUBLISH_BATCH,
 ) -> list[tuple[int, datetime]]:
     """Append messages to one partition in one statement; [] if the partition no longer exists."""
-    rows = await conn.fetch(PUBLISH_BATCH, partition_id, keys, headers, payloads, channel)
+    rows = await conn.fetch(statement, partition_id, keys, headers, payloads, channel)
     return [(r[0], r[1]) for r in rows]
 
 

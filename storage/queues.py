@@ -9,8 +9,6 @@ itself. An ack deletes the row; every ack/nack is fenced by `lease_epoch`.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import asyncpg
 
 from storage.db import Conn
@@ -141,27 +139,6 @@ RETURNING errors::text AS errors
 JOB_STATE = 'SELECT lease_epoch, leased_by FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2'
 
 PENDING_JOBS = "SELECT count(*) FROM queue_jobs WHERE topic = $1"
-
-
-async def publish_one(
-    conn: Conn, partition_id: int, key: str | None, headers: str | None, payload: bytes | None, channel: str
-) -> tuple[int, datetime] | None:
-    """Append one message and its job; None if the partition no longer exists."""
-    row = await conn.fetchrow(PUBLISH_ONE, partition_id, key, headers, payload, channel)
-    return None if row is None else (row[0], row[1])
-
-
-async def publish_batch(
-    conn: asyncpg.Connection,
-    partition_id: int,
-    keys: list[str | None],
-    headers: list[str | None],
-    payloads: list[bytes | None],
-    channel: str,
-) -> list[tuple[int, datetime]]:
-    """Append messages and their jobs to one partition in one statement."""
-    rows = await conn.fetch(PUBLISH_BATCH, partition_id, keys, headers, payloads, channel)
-    return [(r[0], r[1]) for r in rows]
 
 
 async def take(
