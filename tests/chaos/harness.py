@@ -280,6 +280,8 @@ class ChaosRun:
             proc.kill()
             await asyncio.to_thread(proc.wait)
         else:
+            if proc.returncode == -signal.SIGTERM and what.startswith("member"):
+                return  # stopped while still starting up (before its SIGTERM handler existed): nothing to leave
             if proc.returncode != 0:
                 self.problems.append(f"{what} (pid {proc.pid}) stopped with code {proc.returncode}")
 
