@@ -48,10 +48,11 @@ from typing import Any, BinaryIO
 import asyncpg
 
 import bus
-from benchmarks.rawpeers import drop_schema
+from benchmarks.rawpeers import create_pool, drop_schema
 from benchmarks.result import Result
 from storage import groups as group_sql
 from storage.logs import get_logger
+from storage.names import validate_schema
 
 log = get_logger(__name__, scenario="groups")
 
@@ -108,7 +109,23 @@ SELECT g.state = 'stable' AND g.generation > $2
        g.generation
 FROM groups g WHERE g.name = $1
 """
+GROUP_STATE = "SELECT state FROM groups WHERE name = $1"
+MEMBER_PARTITIONS = """
+SELECT m.member_id, p.name
+FROM members m CROSS JOIN LATERAL unnest(m.assignment) AS a(pid) JOIN partitions p ON p.id = a.pid
+WHERE m.group_name = $1 AND m.pid = $2
+"""
 NOTIFY = "SELECT pg_notify($1, $2)"
+# The durable raw baseline: what a hand-written outbox does, a row written and a NOTIFY, one commit.
+CREATE_RAW_LATENCY = """
+CREATE TABLE IF NOT EXISTS raw_latency (
+    id bigserial PRIMARY KEY, payload bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+INSERT_AND_NOTIFY = """
+WITH i AS (INSERT INTO raw_latency (payload) VALUES ($3) RETURNING id)
+SELECT pg_notify($1, $2) FROM i
+"""
 
 STEP = 0.01  # how often the parent looks at progress, seconds
 
@@ -193,8 +210,10 @@ class MemberProcess:
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signal.SIGKILL)
 
-    async def stop(self, timeout: float = 20.0) -> None:  # noqa: ASYNC109
-        """Ask it to stop (it leaves its group cleanly); kill it if it does not."""
+    async def stop(self, timeout: float = 20.0, *, graceful: bool = True) -> None:  # noqa: ASYNC109
+        """Ask it to stop (it leaves its group cleanly); kill it if it does not (or at once if not `graceful`)."""
+        if not graceful:
+            self.kill()
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
@@ -223,8 +242,8 @@ async def _start_all(starts: list[Awaitable[MemberProcess]]) -> list[MemberProce
     return procs
 
 
-async def _stop_all(procs: list[MemberProcess]) -> None:
-    await asyncio.gather(*(p.stop() for p in procs), return_exceptions=True)
+async def _stop_all(procs: list[MemberProcess], *, graceful: bool = True) -> None:
+    await asyncio.gather(*(p.stop(graceful=graceful) for p in procs), return_exceptions=True)
 
 
 async def _until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:  # noqa: ASYNC109
@@ -260,22 +279,20 @@ async def _prefill(b: bus.Bus, topic: str, messages: int) -> None:
         await b.publish_many(topic, batch)
 
 
-async def _consume_round(
-    b: bus.Bus, procs: list[MemberProcess], group: str, total: int
-) -> float:
+async def _consume_round(mon: asyncpg.Pool, procs: list[MemberProcess], group: str, total: int) -> float:
     """Tell `procs` to go; seconds until `group` has committed all `total` messages."""
     started = time.perf_counter()
     for p in procs:
         p.send("go")
 
     async def done() -> bool:
-        return int(await b.pool.fetchval(COMMITTED_SUM, group)) >= total
+        return int(await mon.fetchval(COMMITTED_SUM, group)) >= total
 
     await _until(done, timeout=600, what=f"group {group} consuming {total} messages")
     return time.perf_counter() - started
 
 
-async def _throughput(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
+async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> list[Result]:
     schema = b.config.schema
     total = 20_000 if quick else 200_000
     await b.create_topic(THROUGHPUT_TOPIC, partitions=THROUGHPUT_PARTITIONS)
@@ -306,9 +323,9 @@ async def _throughput(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
         procs = await _start_all(starts)
         try:
             raw_procs, bus_procs = procs[:n], procs[n:]
-            rates[("raw", n)] = total / await _consume_round(b, raw_procs, raw_group, total)
+            rates[("raw", n)] = total / await _consume_round(mon, raw_procs, raw_group, total)
             await _stop_all(raw_procs)
-            rates[("bus", n)] = total / await _consume_round(b, bus_procs, bus_group, total)
+            rates[("bus", n)] = total / await _consume_round(mon, bus_procs, bus_group, total)
         finally:
             await _stop_all(procs)
         log.info("throughput", processes=n, bus=round(rates[("bus", n)]), raw=round(rates[("raw", n)]))
@@ -362,9 +379,13 @@ async def _paced(duration: float, send: Callable[[int], Awaitable[None]]) -> int
     return count
 
 
-async def _bus_latency(b: bus.Bus, duration: float) -> list[float]:
+async def _bus_latency(b: bus.Bus, duration: float) -> tuple[list[float], list[float], list[float]]:
+    """Sorted (publish→handler, inside publish(), publish returned→handler) in ms."""
     await b.create_topic(LATENCY_TOPIC, partitions=LATENCY_PARTITIONS)
     latencies: list[float] = []
+    sent: dict[int, float] = {}
+    returned: dict[int, float] = {}
+    arrived: dict[int, float] = {}
     warm = asyncio.Event()
     warm_seen: set[int] = set()
 
@@ -377,6 +398,7 @@ async def _bus_latency(b: bus.Bus, duration: float) -> list[float]:
                 warm.set()
             return
         latencies.append((now - body["t"]) * 1000.0)
+        arrived[body["i"]] = now
 
     sub = await b.subscribe("latency", handler, topics=[LATENCY_TOPIC], start="latest")
     try:
@@ -388,36 +410,47 @@ async def _bus_latency(b: bus.Bus, duration: float) -> list[float]:
         pad = "x" * 60
 
         async def send(i: int) -> None:
-            await b.publish(LATENCY_TOPIC, {"t": time.time(), "i": i, "pad": pad})
+            sent[i] = time.time()
+            await b.publish(LATENCY_TOPIC, {"t": sent[i], "i": i, "pad": pad})
+            returned[i] = time.time()
 
         count = await _paced(duration, send)
         await _until(lambda: _true(len(latencies) >= count), timeout=30, what="bus latency messages handled")
     finally:
         await sub.stop()
-    return sorted(latencies)
+    inside = sorted((returned[i] - sent[i]) * 1000.0 for i in returned)
+    after = sorted((arrived[i] - returned[i]) * 1000.0 for i in arrived if i in returned)
+    return sorted(latencies), inside, after
 
 
 async def _true(value: bool) -> bool:
     return value
 
 
-async def _raw_latency(dsn: str, duration: float) -> list[float]:
+async def _raw_latency(dsn: str, duration: float, schema: str | None = None) -> list[float]:
+    """Sorted ms from `pg_notify` sent to received; with `schema`, the notify rides on a durable INSERT."""
     listener = await asyncpg.connect(dsn)
-    sender = await asyncpg.connect(dsn)
+    sender = await asyncpg.connect(dsn, server_settings={"search_path": validate_schema(schema or "public")})
+    statement, pad = NOTIFY, b"x" * PAYLOAD_BYTES
+    if schema is not None:
+        await sender.execute(CREATE_RAW_LATENCY)
+        statement = INSERT_AND_NOTIFY
     latencies: list[float] = []
     try:
         def on_notify(_c: Any, _pid: int, _channel: str, payload: str) -> None:
             latencies.append((time.time() - float(payload)) * 1000.0)
 
         await listener.add_listener(LATENCY_CHANNEL, on_notify)
-        for _ in range(10):  # warm-up
-            await sender.fetchval(NOTIFY, LATENCY_CHANNEL, repr(time.time()))
+        async def send(i: int) -> None:
+            if schema is None:
+                await sender.fetchval(statement, LATENCY_CHANNEL, repr(time.time()))
+            else:
+                await sender.fetchval(statement, LATENCY_CHANNEL, repr(time.time()), pad)
+
+        for i in range(10):  # warm-up
+            await send(i)
         await _until(lambda: _true(len(latencies) >= 10), timeout=10, what="raw notify warm-up")
         latencies.clear()
-
-        async def send(i: int) -> None:
-            await sender.fetchval(NOTIFY, LATENCY_CHANNEL, repr(time.time()))
-
         count = await _paced(duration, send)
         await _until(lambda: _true(len(latencies) >= count), timeout=30, what="raw notifications received")
     finally:
@@ -429,12 +462,18 @@ async def _raw_latency(dsn: str, duration: float) -> list[float]:
 async def _latency(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
     duration = 10.0 if quick else 30.0
     raw = await _raw_latency(dsn, duration)
-    ours = await _bus_latency(b, duration)
+    durable = await _raw_latency(dsn, duration / 2 if quick else duration, b.config.schema)
+    ours, inside, after = await _bus_latency(b, duration)
     p50, p99 = _percentile(ours, 0.5), _percentile(ours, 0.99)
     r50, r99 = _percentile(raw, 0.5), _percentile(raw, 0.99)
     extra = {
         "p50": p50, "p99": p99, "baseline_p50": r50, "baseline_p99": r99,
         "max": ours[-1], "baseline_max": raw[-1], "messages": len(ours),
+        # Where the time goes: the durable publish (INSERT, counter, NOTIFY, commit with
+        # fsync) vs the delivery after it returned; and a raw durable INSERT + NOTIFY.
+        "publish_call_p50": _percentile(inside, 0.5), "publish_call_p99": _percentile(inside, 0.99),
+        "after_publish_p50": _percentile(after, 0.5), "after_publish_p99": _percentile(after, 0.99),
+        "raw_insert_notify_p50": _percentile(durable, 0.5), "raw_insert_notify_p99": _percentile(durable, 0.99),
         "rate": LATENCY_RATE, "seconds": duration,
     }
     return [
@@ -457,7 +496,7 @@ def _handled(out: Path) -> set[tuple[str, int, int]]:
     return got
 
 
-async def _failover(b: bus.Bus, dsn: str) -> list[Result]:
+async def _failover(b: bus.Bus, mon: asyncpg.Pool, dsn: str) -> list[Result]:
     schema = b.config.schema
     group = "failover"
     await b.create_topic(FAILOVER_TOPIC, partitions=FAILOVER_PARTITIONS)
@@ -472,18 +511,15 @@ async def _failover(b: bus.Bus, dsn: str) -> list[Result]:
             p.send("go")
 
         async def three_own_all() -> bool:
-            try:
-                d = await b.admin.describe_group(group)
-            except bus.errors.GroupNotFoundError:  # no member has joined yet
-                return False
-            owners = {r[0]: r[1] for r in await b.pool.fetch(LIVE_OWNERS, group)}
-            return d.state == "stable" and len(owners) == FAILOVER_PARTITIONS and len(set(owners.values())) == FAILOVER_MEMBERS
+            state = await mon.fetchval(GROUP_STATE, group)
+            owners = {r[0]: r[1] for r in await mon.fetch(LIVE_OWNERS, group)}
+            return state == "stable" and len(owners) == FAILOVER_PARTITIONS and len(set(owners.values())) == FAILOVER_MEMBERS
 
         await _until(three_own_all, timeout=60, what="three members owning every partition")
-        d = await b.admin.describe_group(group)
         victim = procs[0]
-        member = next(m for m in d.members if m.pid == victim.pid)
-        parts = sorted(tp.partition for tp in member.partitions)
+        assigned = await mon.fetch(MEMBER_PARTITIONS, group, victim.pid)
+        victim_member = assigned[0]["member_id"]
+        parts = sorted(r["name"] for r in assigned)
         started = time.perf_counter()
         victim.kill()
         records = [await b.publish(FAILOVER_TOPIC, {"after_kill": p}, partition=p) for p in parts]
@@ -494,8 +530,8 @@ async def _failover(b: bus.Bus, dsn: str) -> list[Result]:
             nonlocal leased_at, handled_at
             now = time.perf_counter()
             if leased_at is None:
-                owners = {r[0]: r[1] for r in await b.pool.fetch(LIVE_OWNERS, group)}
-                if all(owners.get(p) not in (None, member.member_id) for p in parts):
+                owners = {r[0]: r[1] for r in await mon.fetch(LIVE_OWNERS, group)}
+                if all(owners.get(p) not in (None, victim_member) for p in parts):
                     leased_at = now
             if handled_at is None:
                 got = {(p, o) for p, o, pid in _handled(out) if pid != victim.pid}
@@ -507,7 +543,7 @@ async def _failover(b: bus.Bus, dsn: str) -> list[Result]:
         assert leased_at is not None and handled_at is not None
         elapsed = max(leased_at, handled_at) - started
     finally:
-        await _stop_all(procs)
+        await _stop_all(procs, graceful=False)  # measured already; the schema is dropped
         _remove(out)
     bound = FAST["session_timeout"] + FAST["heartbeat_interval"] + FAST["rebalance_delay"] + 1.0
     return [
@@ -533,7 +569,7 @@ async def _failover(b: bus.Bus, dsn: str) -> list[Result]:
 # -- 4. rebalance ----------------------------------------------------------------------
 
 
-async def _rebalance(b: bus.Bus, dsn: str) -> list[Result]:
+async def _rebalance(b: bus.Bus, mon: asyncpg.Pool, dsn: str) -> list[Result]:
     schema = b.config.schema
     group = "rebalance"
     await b.create_topic(REBALANCE_TOPIC, partitions=REBALANCE_PARTITIONS)
@@ -549,7 +585,7 @@ async def _rebalance(b: bus.Bus, dsn: str) -> list[Result]:
         ten.send("go")
 
         async def settled(after: int, members: int) -> int | None:
-            row = await b.pool.fetchrow(SETTLED, group, after, members, REBALANCE_PARTITIONS)
+            row = await mon.fetchrow(SETTLED, group, after, members, REBALANCE_PARTITIONS)
             return int(row["generation"]) if row is not None and row["settled"] else None
 
         generation = await _until(lambda: settled(0, REBALANCE_MEMBERS), timeout=60, what="ten members stable")
@@ -560,7 +596,7 @@ async def _rebalance(b: bus.Bus, dsn: str) -> list[Result]:
         d = await b.admin.describe_group(group)
         assert d.state == "stable" and len(d.members) == REBALANCE_MEMBERS + 1, d.state
     finally:
-        await _stop_all(procs)
+        await _stop_all(procs, graceful=False)  # measured already; the schema is dropped
     baseline = FAST["rebalance_delay"] + FAST["heartbeat_interval"]
     return [
         Result(
@@ -584,12 +620,16 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     schema = "bench_groups_" + uuid.uuid4().hex[:10]
     rows: list[Result] = []
     b = await bus.connect(dsn, schema=schema, cleaner_interval=0)
+    # The progress checks use their own connections: a tool that terminates the
+    # bus's connections (application_name 'bus') does not stop the clock.
+    mon = await create_pool(dsn, schema, min_size=1, max_size=2)
     try:
-        rows += await _throughput(b, dsn, quick)
+        rows += await _throughput(b, mon, dsn, quick)
         rows += await _latency(b, dsn, quick)
-        rows += await _failover(b, dsn)
-        rows += await _rebalance(b, dsn)
+        rows += await _failover(b, mon, dsn)
+        rows += await _rebalance(b, mon, dsn)
     finally:
+        await mon.close()
         await b.close()
         await drop_schema(dsn, schema)
     return rows
