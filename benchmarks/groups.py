@@ -462,7 +462,7 @@ async def _raw_latency(dsn: str, duration: float, schema: str | None = None) -> 
 async def _latency(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
     duration = 10.0 if quick else 30.0
     raw = await _raw_latency(dsn, duration)
-    durable = await _raw_latency(dsn, duration / 2 if quick else duration, b.config.schema)
+    durable = await _raw_latency(dsn, 3.0 if quick else duration, b.config.schema)
     ours, inside, after = await _bus_latency(b, duration)
     p50, p99 = _percentile(ours, 0.5), _percentile(ours, 0.99)
     r50, r99 = _percentile(raw, 0.5), _percentile(raw, 0.99)
@@ -496,55 +496,44 @@ def _handled(out: Path) -> set[tuple[str, int, int]]:
     return got
 
 
-async def _failover(b: bus.Bus, mon: asyncpg.Pool, dsn: str) -> list[Result]:
-    schema = b.config.schema
+async def _failover(b: bus.Bus, mon: asyncpg.Pool, procs: list[MemberProcess], out: Path) -> list[Result]:
+    """`procs`: FAILOVER_MEMBERS connected members of group "failover", logging deliveries to `out`."""
     group = "failover"
-    await b.create_topic(FAILOVER_TOPIC, partitions=FAILOVER_PARTITIONS)
-    out = _temp_path("bench-failover-", ".txt")
-    config = json.dumps({**FAST, "cleaner_interval": 0})
-    procs = await _start_all([
-        MemberProcess.start("subscribe", dsn, schema, group, FAILOVER_TOPIC, "--out", str(out), "--config", config)
-        for _ in range(FAILOVER_MEMBERS)
-    ])
-    try:
-        for p in procs:
-            p.send("go")
+    for p in procs:
+        p.send("go")
 
-        async def three_own_all() -> bool:
-            state = await mon.fetchval(GROUP_STATE, group)
+    async def three_own_all() -> bool:
+        state = await mon.fetchval(GROUP_STATE, group)
+        owners = {r[0]: r[1] for r in await mon.fetch(LIVE_OWNERS, group)}
+        return state == "stable" and len(owners) == FAILOVER_PARTITIONS and len(set(owners.values())) == FAILOVER_MEMBERS
+
+    await _until(three_own_all, timeout=60, what="three members owning every partition")
+    victim = procs[0]
+    assigned = await mon.fetch(MEMBER_PARTITIONS, group, victim.pid)
+    victim_member = assigned[0]["member_id"]
+    parts = sorted(r["name"] for r in assigned)
+    started = time.perf_counter()
+    victim.kill()
+    records = [await b.publish(FAILOVER_TOPIC, {"after_kill": p}, partition=p) for p in parts]
+    leased_at: float | None = None
+    handled_at: float | None = None
+
+    async def recovered() -> bool:
+        nonlocal leased_at, handled_at
+        now = time.perf_counter()
+        if leased_at is None:
             owners = {r[0]: r[1] for r in await mon.fetch(LIVE_OWNERS, group)}
-            return state == "stable" and len(owners) == FAILOVER_PARTITIONS and len(set(owners.values())) == FAILOVER_MEMBERS
+            if all(owners.get(p) not in (None, victim_member) for p in parts):
+                leased_at = now
+        if handled_at is None:
+            got = {(p, o) for p, o, pid in _handled(out) if pid != victim.pid}
+            if all((r.partition, r.offset) in got for r in records):
+                handled_at = now
+        return leased_at is not None and handled_at is not None
 
-        await _until(three_own_all, timeout=60, what="three members owning every partition")
-        victim = procs[0]
-        assigned = await mon.fetch(MEMBER_PARTITIONS, group, victim.pid)
-        victim_member = assigned[0]["member_id"]
-        parts = sorted(r["name"] for r in assigned)
-        started = time.perf_counter()
-        victim.kill()
-        records = [await b.publish(FAILOVER_TOPIC, {"after_kill": p}, partition=p) for p in parts]
-        leased_at: float | None = None
-        handled_at: float | None = None
-
-        async def recovered() -> bool:
-            nonlocal leased_at, handled_at
-            now = time.perf_counter()
-            if leased_at is None:
-                owners = {r[0]: r[1] for r in await mon.fetch(LIVE_OWNERS, group)}
-                if all(owners.get(p) not in (None, victim_member) for p in parts):
-                    leased_at = now
-            if handled_at is None:
-                got = {(p, o) for p, o, pid in _handled(out) if pid != victim.pid}
-                if all((r.partition, r.offset) in got for r in records):
-                    handled_at = now
-            return leased_at is not None and handled_at is not None
-
-        await _until(recovered, timeout=60, what="failover")
-        assert leased_at is not None and handled_at is not None
-        elapsed = max(leased_at, handled_at) - started
-    finally:
-        await _stop_all(procs, graceful=False)  # measured already; the schema is dropped
-        _remove(out)
+    await _until(recovered, timeout=60, what="failover")
+    assert leased_at is not None and handled_at is not None
+    elapsed = max(leased_at, handled_at) - started
     bound = FAST["session_timeout"] + FAST["heartbeat_interval"] + FAST["rebalance_delay"] + 1.0
     return [
         Result(
@@ -569,34 +558,23 @@ async def _failover(b: bus.Bus, mon: asyncpg.Pool, dsn: str) -> list[Result]:
 # -- 4. rebalance ----------------------------------------------------------------------
 
 
-async def _rebalance(b: bus.Bus, mon: asyncpg.Pool, dsn: str) -> list[Result]:
-    schema = b.config.schema
+async def _rebalance(b: bus.Bus, mon: asyncpg.Pool, procs: list[MemberProcess]) -> list[Result]:
+    """`procs`: a connected process hosting ten members of group "rebalance", and one hosting the eleventh."""
     group = "rebalance"
-    await b.create_topic(REBALANCE_TOPIC, partitions=REBALANCE_PARTITIONS)
-    config = json.dumps({**FAST, "cleaner_interval": 0})
-    # Ten members in one process, the eleventh in another (waiting for `go`).
-    procs = await _start_all([
-        MemberProcess.start("subscribe", dsn, schema, group, REBALANCE_TOPIC, "--members", str(REBALANCE_MEMBERS),
-                            "--config", config),
-        MemberProcess.start("subscribe", dsn, schema, group, REBALANCE_TOPIC, "--config", config),
-    ])
-    try:
-        ten, eleventh = procs
-        ten.send("go")
+    ten, eleventh = procs
+    ten.send("go")
 
-        async def settled(after: int, members: int) -> int | None:
-            row = await mon.fetchrow(SETTLED, group, after, members, REBALANCE_PARTITIONS)
-            return int(row["generation"]) if row is not None and row["settled"] else None
+    async def settled(after: int, members: int) -> int | None:
+        row = await mon.fetchrow(SETTLED, group, after, members, REBALANCE_PARTITIONS)
+        return int(row["generation"]) if row is not None and row["settled"] else None
 
-        generation = await _until(lambda: settled(0, REBALANCE_MEMBERS), timeout=60, what="ten members stable")
-        started = time.perf_counter()
-        eleventh.send("go")
-        await _until(lambda: settled(generation, REBALANCE_MEMBERS + 1), timeout=60, what="eleven members stable")
-        elapsed = time.perf_counter() - started
-        d = await b.admin.describe_group(group)
-        assert d.state == "stable" and len(d.members) == REBALANCE_MEMBERS + 1, d.state
-    finally:
-        await _stop_all(procs, graceful=False)  # measured already; the schema is dropped
+    generation = await _until(lambda: settled(0, REBALANCE_MEMBERS), timeout=60, what="ten members stable")
+    started = time.perf_counter()
+    eleventh.send("go")
+    await _until(lambda: settled(generation, REBALANCE_MEMBERS + 1), timeout=60, what="eleven members stable")
+    elapsed = time.perf_counter() - started
+    d = await b.admin.describe_group(group)
+    assert d.state == "stable" and len(d.members) == REBALANCE_MEMBERS + 1, d.state
     baseline = FAST["rebalance_delay"] + FAST["heartbeat_interval"]
     return [
         Result(
@@ -610,6 +588,34 @@ async def _rebalance(b: bus.Bus, mon: asyncpg.Pool, dsn: str) -> list[Result]:
             extra={"assignor": d.assignor, "generation": d.generation, **FAST},
         )
     ]
+
+
+async def _membership(b: bus.Bus, mon: asyncpg.Pool, dsn: str) -> list[Result]:
+    """Failover, then rebalance; their member processes start together (startup is not measured)."""
+    schema = b.config.schema
+    await b.create_topic(FAILOVER_TOPIC, partitions=FAILOVER_PARTITIONS)
+    await b.create_topic(REBALANCE_TOPIC, partitions=REBALANCE_PARTITIONS)
+    out = _temp_path("bench-failover-", ".txt")
+    config = json.dumps({**FAST, "cleaner_interval": 0})
+    starts = [
+        MemberProcess.start("subscribe", dsn, schema, "failover", FAILOVER_TOPIC, "--out", str(out), "--config", config)
+        for _ in range(FAILOVER_MEMBERS)
+    ]
+    # Ten members in one process, the eleventh in another (each waits for `go`).
+    starts += [
+        MemberProcess.start("subscribe", dsn, schema, "rebalance", REBALANCE_TOPIC,
+                            "--members", str(REBALANCE_MEMBERS), "--config", config),
+        MemberProcess.start("subscribe", dsn, schema, "rebalance", REBALANCE_TOPIC, "--config", config),
+    ]
+    procs = await _start_all(starts)
+    try:
+        rows = await _failover(b, mon, procs[:FAILOVER_MEMBERS], out)
+        await _stop_all(procs[:FAILOVER_MEMBERS], graceful=False)  # measured; nothing to leave cleanly
+        rows += await _rebalance(b, mon, procs[FAILOVER_MEMBERS:])
+    finally:
+        await _stop_all(procs, graceful=False)  # the schema is dropped next
+        _remove(out)
+    return rows
 
 
 # -- the scenario ----------------------------------------------------------------------
@@ -626,8 +632,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     try:
         rows += await _throughput(b, mon, dsn, quick)
         rows += await _latency(b, dsn, quick)
-        rows += await _failover(b, mon, dsn)
-        rows += await _rebalance(b, mon, dsn)
+        rows += await _membership(b, mon, dsn)
     finally:
         await mon.close()
         await b.close()
