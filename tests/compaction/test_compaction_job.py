@@ -176,7 +176,9 @@ async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(b: bus.Bus,
     )
     env["BUS_COMPACT_CRASH_AT"] = "mid_delete"
     proc = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode != 0 and "injected crash at mid_delete" in proc.stderr, proc.stderr[-3000:]
+    # spark-submit's PythonRunner forwards the driver's stderr to its stdout.
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "injected crash at mid_delete" in output, output[-3000:]
     report = await _compact(b, spark, tmp_path / "archive")
     assert report.resumed
     await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)
