@@ -1,0 +1,84 @@
+"""Quick checks that need no Spark: the JDBC target, Java 17, the driver jar, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from storage.compaction import SparkSetupError, jdbc_target, run_compaction
+from storage.compaction.spark import java_home, jdbc_jar
+from storage.compaction.sql import ctid_predicate
+from storage.errors import ValidationError
+
+TEMURIN_25 = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
+
+
+def test_a_tcp_dsn_becomes_a_jdbc_url_on_the_schema_with_credentials_as_properties() -> None:
+    url, props = jdbc_target("postgresql://bob:s%40cret@127.0.0.1:5433/app?sslmode=disable", "t_abc")
+    assert url.startswith("jdbc:postgresql://127.0.0.1:5433/app?currentSchema=t_abc&")
+    assert "bob" not in url and "cret" not in url
+    assert props["user"] == "bob" and props["password"] == "s@cret" and props["sslmode"] == "disable"
+    assert props["driver"] == "org.postgresql.Driver"
+
+
+def test_a_unix_socket_dsn_is_refused_with_a_hint_about_tcp() -> None:
+    with pytest.raises(ValidationError, match="TCP host"):
+        jdbc_target("postgresql://postgres@/postgres?host=/tmp/sock", "bus")
+
+
+def test_an_invalid_schema_is_refused_before_anything_runs() -> None:
+    with pytest.raises(ValidationError, match="invalid schema"):
+        jdbc_target("postgresql://postgres@127.0.0.1:5432/postgres", "bus; DROP TABLE x")
+
+
+def test_a_java_home_that_is_not_java_17_is_refused_with_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not TEMURIN_25.exists():
+        pytest.skip("no second JDK on this machine to point JAVA_HOME at")
+    monkeypatch.setenv("JAVA_HOME", str(TEMURIN_25))
+    with pytest.raises(SparkSetupError, match="Java 17 is required.*Java 25"):
+        java_home()
+
+
+def test_a_missing_java_home_is_refused_with_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nojava"))
+    with pytest.raises(SparkSetupError, match="OpenJDK 17"):
+        java_home()
+
+
+def test_without_java_home_debian_java_17_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not Path("/usr/lib/jvm/java-17-openjdk-amd64/bin/java").exists():
+        pytest.skip("Debian's OpenJDK 17 is not installed")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert java_home() == "/usr/lib/jvm/java-17-openjdk-amd64"
+
+
+def test_a_configured_jdbc_jar_that_does_not_exist_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BUS_JDBC_JAR", str(tmp_path / "missing.jar"))
+    with pytest.raises(SparkSetupError, match="does not exist"):
+        jdbc_jar()
+
+
+def test_a_configured_jdbc_jar_wins_over_the_system_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    jar = tmp_path / "driver.jar"
+    jar.write_bytes(b"PK")
+    monkeypatch.setenv("BUS_JDBC_JAR", str(jar))
+    assert jdbc_jar() == str(jar)
+
+
+def test_block_range_predicates_accept_only_block_numbers() -> None:
+    assert ctid_predicate(0, 8) == "row_ctid >= '(0,0)'::tid AND row_ctid < '(8,0)'::tid"
+    assert ctid_predicate(8, None) == "row_ctid >= '(8,0)'::tid"
+    for bad in ("1'; DROP TABLE messages; --", -1, 1.5, True):
+        with pytest.raises(ValueError):
+            ctid_predicate(bad, None)  # type: ignore[arg-type]
+
+
+def test_an_unknown_crash_point_is_refused() -> None:
+    with pytest.raises(ValidationError, match="crash_at"):
+        run_compaction("postgresql://postgres@127.0.0.1:5432/postgres", "bus", crash_at="halfway")
+
+
+def test_an_invalid_topic_name_is_refused() -> None:
+    with pytest.raises(ValidationError, match="topic name"):
+        run_compaction("postgresql://postgres@127.0.0.1:5432/postgres", "bus", topics=["bad name;"])
