@@ -64,6 +64,9 @@ THROUGHPUT_PARTITIONS = 16
 BATCH = 500
 PAYLOAD_BYTES = 100
 PROCESS_COUNTS = (1, 2, 4)
+QUICK_MESSAGES, FULL_MESSAGES = 20_000, 200_000
+QUICK_LATENCY_SECONDS, FULL_LATENCY_SECONDS = 10.0, 30.0
+QUICK_DURABLE_SECONDS = 3.0  # the raw durable INSERT+NOTIFY reference (an extra, not the baseline)
 
 LATENCY_TOPIC = "bench.latency"
 LATENCY_PARTITIONS = 4
@@ -294,7 +297,7 @@ async def _consume_round(mon: asyncpg.Pool, procs: list[MemberProcess], group: s
 
 async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> list[Result]:
     schema = b.config.schema
-    total = 20_000 if quick else 200_000
+    total = QUICK_MESSAGES if quick else FULL_MESSAGES
     await b.create_topic(THROUGHPUT_TOPIC, partitions=THROUGHPUT_PARTITIONS)
     t0 = time.perf_counter()
     await _prefill(b, THROUGHPUT_TOPIC, total)
@@ -460,9 +463,9 @@ async def _raw_latency(dsn: str, duration: float, schema: str | None = None) -> 
 
 
 async def _latency(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
-    duration = 10.0 if quick else 30.0
+    duration = QUICK_LATENCY_SECONDS if quick else FULL_LATENCY_SECONDS
     raw = await _raw_latency(dsn, duration)
-    durable = await _raw_latency(dsn, 3.0 if quick else duration, b.config.schema)
+    durable = await _raw_latency(dsn, QUICK_DURABLE_SECONDS if quick else duration, b.config.schema)
     ours, inside, after = await _bus_latency(b, duration)
     p50, p99 = _percentile(ours, 0.5), _percentile(ours, 0.99)
     r50, r99 = _percentile(raw, 0.5), _percentile(raw, 0.99)
