@@ -22,6 +22,7 @@ instead and leaves `latest.md` alone, so it never replaces real numbers.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import importlib
 import inspect
 import json
@@ -32,7 +33,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -234,6 +236,31 @@ def write_results(
 ) -> dict[str, Path]:
     """Write `<stem>.json`, `<stem>.md`, the charts and (when asked) `latest.md`; returns the paths."""
     results_dir.mkdir(parents=True, exist_ok=True)
+    # Two `bus bench` runs may finish at once (one per scenario): the
+    # read-merge-write below must not lose the other's rows.
+    with _directory_lock(results_dir):
+        return _write_results(outcomes, machine, results_dir, stem, quick=quick, update_latest=update_latest)
+
+
+@contextmanager
+def _directory_lock(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _write_results(
+    outcomes: Sequence[Outcome],
+    machine: dict[str, Any],
+    results_dir: Path,
+    stem: str,
+    *,
+    quick: bool,
+    update_latest: bool,
+) -> dict[str, Path]:
     json_path = results_dir / f"{stem}.json"
     ran = {o.scenario for o in outcomes if o.status != "skipped"}
     # Keep rows of scenarios not run now (an earlier run the same day); replace the others.
