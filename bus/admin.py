@@ -14,7 +14,7 @@ from storage import db
 from storage import groups as group_sql
 from storage import topics as topic_sql
 from storage.errors import GroupHasMembersError, GroupNotFoundError, TopicNotFoundError, ValidationError
-from storage.names import validate_name
+from storage.names import MAX_OFFSET, MAX_SECONDS, validate_name
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -198,9 +198,14 @@ class Admin:
         """Remove messages of `topic` older than `older_than` that only dead or cancelled groups still hold back."""
         validate_name(topic, "topic name")
         await self._bus.topic(topic)
-        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
-        if seconds < 0:
-            raise ValidationError("older_than must be >= 0")
+        if isinstance(older_than, timedelta):
+            seconds = older_than.total_seconds()
+        elif isinstance(older_than, (int, float)) and not isinstance(older_than, bool):
+            seconds = float(older_than)
+        else:
+            raise ValidationError(f"older_than must be a timedelta or a number of seconds, got {older_than!r}")
+        if not 0 <= seconds <= MAX_SECONDS:  # also refuses NaN and infinity
+            raise ValidationError("older_than must be from 0 seconds to about 31 years")
         from storage import retention
 
         with db.translate_errors():
@@ -227,8 +232,8 @@ def _reset_target(to: Any) -> tuple[str, datetime | None, int | None]:
     if isinstance(to, datetime):
         return "timestamp", (to if to.tzinfo else to.astimezone()), None
     if isinstance(to, int) and not isinstance(to, bool):
-        if to < 0:
-            raise ValidationError("a reset offset must be >= 0")
+        if not 0 <= to <= MAX_OFFSET:
+            raise ValidationError("a reset offset must be an integer from 0 to 2**63 - 1")
         return "offset", None, to
     raise ValidationError(f"reset target {to!r} not understood: use 'earliest', 'latest', a datetime or an offset")
 

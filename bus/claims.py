@@ -39,7 +39,7 @@ from storage import db
 from storage import groups as groups_sql
 from storage.errors import GroupStoppedError, LeaseLostError, TopicNotFoundError, ValidationError
 from storage.logs import get_logger
-from storage.names import validate_name, validate_offset
+from storage.names import MAX_SECONDS, validate_name, validate_offset
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -182,8 +182,8 @@ class Claim:
 
 
 def _positive(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValidationError(f"{what} must be a positive number of seconds, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
+        raise ValidationError(f"{what} must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}")
     return float(value)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from storage.errors import ValidationError
+from storage.names import utf8_text
 
 _encoder = msgspec.json.Encoder()
 _headers_decoder = msgspec.json.Decoder(dict[str, str])
@@ -34,7 +35,7 @@ def encode_payload(payload: Any, *, allow_tombstone: bool, limit: int) -> bytes 
             )
         try:
             data = _encoder.encode(payload)
-        except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        except (TypeError, msgspec.EncodeError, OverflowError, UnicodeEncodeError) as exc:
             raise ValidationError(
                 f"payload of type {type(payload).__name__} cannot be encoded as JSON ({exc}); "
                 "pass bytes, a msgspec.Struct, or dict/list/str/number values"
@@ -65,8 +66,9 @@ def encode_headers(headers: Any) -> str | None:
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
     ):
         raise ValidationError("headers must be a dict of str to str")
-    if any("\x00" in k or "\x00" in v for k, v in headers.items()):
-        raise ValidationError("headers may not contain NUL characters")
+    for k, v in headers.items():
+        utf8_text(k, "header names")
+        utf8_text(v, "header values")
     return _encoder.encode(headers).decode()
 
 
@@ -81,6 +83,4 @@ def validate_key(key: Any) -> str | None:
         return None
     if not isinstance(key, str):
         raise ValidationError(f"key must be a str or None, not {type(key).__name__}")
-    if "\x00" in key:
-        raise ValidationError("key may not contain NUL characters")
-    return key
+    return utf8_text(key, "key")

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from storage.errors import ValidationError
-from storage.names import validate_schema
+from storage.names import MAX_SECONDS, validate_schema
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
@@ -54,16 +54,24 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         values.update({k: v for k, v in overrides.items() if v is not None or k == "new_lookback"})
         try:
             config = msgspec.convert(values, cls, strict=False)
-        except msgspec.ValidationError as exc:
+        except (msgspec.ValidationError, UnicodeEncodeError) as exc:  # str -> number parses via UTF-8
             raise ValidationError(f"invalid configuration: {exc}") from exc
         validate_schema(config.schema)
         for name in ("heartbeat_interval", "session_timeout", "lease_time", "max_poll_interval"):
-            if getattr(config, name) <= 0:
-                raise ValidationError(f"invalid configuration: {name} must be > 0")
+            if not 0 < getattr(config, name) <= MAX_SECONDS:  # also refuses NaN and infinity
+                raise ValidationError(f"invalid configuration: {name} must be > 0 (and finite)")
         if config.heartbeat_interval >= config.session_timeout:
             raise ValidationError("invalid configuration: heartbeat_interval must be shorter than session_timeout")
         if config.default_start not in ("earliest", "latest"):
             raise ValidationError("invalid configuration: default_start must be 'earliest' or 'latest'")
-        if config.max_message_bytes <= 0:
-            raise ValidationError("invalid configuration: max_message_bytes must be > 0")
+        if not 0 < config.max_message_bytes <= 1 << 30:
+            raise ValidationError("invalid configuration: max_message_bytes must be > 0 and at most 1 GiB")
+        for name in ("rebalance_delay", "group_heartbeat_timeout", "claim_ttl", "new_lookback"):
+            value = getattr(config, name)
+            if value is not None and not 0 <= value <= MAX_SECONDS:
+                raise ValidationError(f"invalid configuration: {name} must be a finite number of seconds >= 0")
+        if not config.cleaner_interval <= MAX_SECONDS:  # <= 0 disables the cleaner; NaN/inf are mistakes
+            raise ValidationError("invalid configuration: cleaner_interval must be finite (0 or less disables it)")
+        if not 0 <= config.pool_min_size <= config.pool_max_size <= 10_000 or config.pool_max_size < 1:
+            raise ValidationError("invalid configuration: need 0 <= pool_min_size <= pool_max_size <= 10000, pool_max_size >= 1")
         return config

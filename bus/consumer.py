@@ -64,7 +64,7 @@ def _validate_topics(topics: Any, namespace: str | None, task: str | None) -> tu
         if namespace is None and task is None:
             raise ValidationError("name the topics to read (topics=[...]) or a label (namespace=... / task=...)")
         return ()
-    if isinstance(topics, str) or not all(isinstance(t, str) for t in topics):
+    if not isinstance(topics, (list, tuple)) or not all(isinstance(t, str) for t in topics):
         raise ValidationError("topics must be a list of topic names")
     if not topics:
         raise ValidationError("topics is empty: name at least one topic")

@@ -293,6 +293,8 @@ def _condition_arrays(conditions: Iterable[QueryCondition]) -> tuple[list[str], 
     tags: list[str] = []
     keys: list[str] = []
     values: list[str] = []
+    if not isinstance(conditions, (list, tuple)):
+        raise ValidationError("conditions must be a list of bus.QueryCondition (or None for every event)")
     for c in conditions:
         if not isinstance(c, QueryCondition) or not all(
             isinstance(v, str) for v in (c.message_type, c.key, c.value)
@@ -308,6 +310,8 @@ def _condition_arrays(conditions: Iterable[QueryCondition]) -> tuple[list[str], 
 
 
 def _validate_attribute_names(partition_by: str | Sequence[str]) -> list[str]:
+    if not isinstance(partition_by, (str, list, tuple)):
+        raise ValidationError("partition_by must be an attribute name or a list of them, e.g. ['course_name']")
     names = [partition_by] if isinstance(partition_by, str) else list(partition_by)
     if not names:
         raise ValidationError("partition_by needs at least one attribute name, e.g. ['course_name']")
@@ -322,6 +326,8 @@ def _validate_attribute_names(partition_by: str | Sequence[str]) -> list[str]:
 def _handled_classes(handled_types: Sequence[type[Event] | str]) -> list[type[Event]]:
     if isinstance(handled_types, (str, type)):
         handled_types = [handled_types]
+    if not isinstance(handled_types, (list, tuple, set, frozenset)):
+        raise ValidationError("handled_types must be a list of tagged bus.Event classes (or their tags)")
     classes: list[type[Event]] = []
     for item in handled_types:
         if isinstance(item, str):

@@ -43,7 +43,7 @@ from storage import db
 from storage import queues as sql
 from storage.errors import LeaseLostError, TopicNotFoundError, ValidationError
 from storage.logs import get_logger
-from storage.names import validate_name
+from storage.names import MAX_SECONDS, validate_name
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -61,7 +61,10 @@ _POLL_MAX = 0.25
 
 
 def _seconds(value: Any, what: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+    if (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS
+        or (value == 0 and not allow_zero)
+    ):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValidationError(f"{what} must be a number of seconds {bound}, got {value!r}")
     return float(value)

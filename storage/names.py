@@ -50,7 +50,26 @@ def validate_schema(value: object) -> str:
     return value
 
 
+#: Offsets are PostgreSQL bigints.
+MAX_OFFSET = 2**63 - 1
+#: The longest duration (seconds, about 31 years) any timeout, lease or retention may have;
+#: also keeps NaN and infinity out (they fail the comparison).
+MAX_SECONDS = 1e9
+
+
 def validate_offset(value: object, what: str = "offset") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValidationError(f"invalid {what} {_describe(value)}: use an integer >= 0")
+    """An offset: an integer from 0 to 2**63 - 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OFFSET:
+        raise ValidationError(f"invalid {what} {_describe(value)}: use an integer >= 0 (at most 2**63 - 1)")
+    return value
+
+
+def utf8_text(value: str, what: str) -> str:
+    """`value` unchanged if PostgreSQL can store it: no NUL, no lone surrogate."""
+    if "\x00" in value:
+        raise ValidationError(f"{what} may not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{what} is not valid Unicode text (it holds a lone surrogate); pass proper str values") from None
     return value
