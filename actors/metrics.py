@@ -30,6 +30,7 @@ from actors.runtime import Actor, Message
 from storage import groups as group_sql
 from storage.logs import get_logger
 
+_prom: Any
 try:  # the optional `metrics` extra
     import prometheus_client as _prom
 except ImportError:  # pragma: no cover - exercised by a subprocess test

@@ -235,6 +235,7 @@ async def test_read_refuses_bad_input_with_a_bus_error(fz: Fuzz, topic: Any, par
          instance_id=None)
 @example(group="g", topics=["fz-fixed"], start={("fz-fixed", "0"): -1}, max_poll_records=10, assignor="range",
          instance_id=None)
+@example(group="g", topics=object(), start=None, max_poll_records=10, assignor="range", instance_id=None)
 async def test_consumer_refuses_bad_input_with_a_bus_error(
     fz: Fuzz, group: Any, topics: Any, start: Any, max_poll_records: Any, assignor: Any, instance_id: Any
 ) -> None:
