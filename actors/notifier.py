@@ -39,6 +39,9 @@ class Notifier(Actor[Subscribe | Unsubscribe | Notified | CheckConnection]):
         self.self_ref.schedule_every(self._check_interval, CheckConnection())
 
     async def on_stop(self) -> None:
+        if self._conn is not None:
+            # Our own close is not a lost connection.
+            self._conn.remove_termination_listener(self._on_lost)
         if self._conn is not None and not self._conn.is_closed():
             try:
                 await self._conn.close(timeout=2)
