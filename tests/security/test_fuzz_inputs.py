@@ -29,7 +29,7 @@ FAST: dict[str, Any] = dict(heartbeat_interval=0.2, session_timeout=1.5, rebalan
 HUGE = b"x" * (1024 * 1024 + 1)  # one byte over the default max_message_bytes
 
 SETTINGS = settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     database=None,  # deterministic per run: no example replay store in the working tree
