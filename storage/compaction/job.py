@@ -220,9 +220,13 @@ class _Job:
             try:
                 return self._run_locked(root, topics, started)
             finally:
-                self.q(conn.fetchval(sql.UNLOCK, sql.COMPACTION_LOCK_KEY))
+                # A lost connection already released the session lock; do not
+                # hide the original error behind a second one.
+                if not conn.is_closed():
+                    self.q(conn.fetchval(sql.UNLOCK, sql.COMPACTION_LOCK_KEY))
         finally:
-            self.q(conn.close())
+            if not conn.is_closed():
+                self.q(conn.close())
 
     def _run_locked(self, root: str, topics: list[str] | None, started: float) -> CompactionReport:
         conn = self.conn
