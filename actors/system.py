@@ -14,6 +14,7 @@ from typing import Any
 
 import asyncpg
 
+from actors.announcer import Announce, Announcer
 from actors.coordinator import Coordinator, MemberSink, MemberSpec
 from actors.heartbeat import HeartbeatMonitor, MonitorConfig
 from actors.messages import SweepNow
@@ -47,6 +48,7 @@ class GroupSystem:
         )
         self.notifier: ActorRef[Any] | None = None
         self.monitor: ActorRef[Any] | None = None
+        self.announcer: ActorRef[Any] | None = None
 
     def _escalated(self, child: str, exc: BaseException) -> None:
         self._errors.append((child, exc))
@@ -58,6 +60,7 @@ class GroupSystem:
             lambda: Notifier(self._listen, [self.messages_channel, cfg.groups_channel, cfg.topics_channel]),
             "notifier",
         )
+        self.announcer = self.root.spawn(lambda: Announcer(self._listen, self.messages_channel), "announcer")
         notifier = self.notifier
         self.monitor = self.root.spawn(lambda: HeartbeatMonitor(cfg, self._pool, notifier), "heartbeat")
 
@@ -69,6 +72,11 @@ class GroupSystem:
             lambda: Coordinator(spec, self._pool, sink, notifier, monitor),
             f"coordinator-{spec.group}-{next(self._names)}",
         )
+
+    def announce(self, partition_id: int) -> None:
+        """Wake the readers of a partition whose publish just committed (best effort)."""
+        if self.announcer is not None:
+            self.announcer.signal(Announce(partition_id))
 
     async def sweep(self) -> int:
         """Run the dead-member and dead-group sweep now; the number of members removed."""

@@ -335,11 +335,18 @@ class Bus:
             if pid is None:
                 break
             # Queue topics also insert the message's job row, in the same statement.
-            statement = queue_sql.PUBLISH_ONE if info.semantics == "queue" else log_sql.PUBLISH_ONE
+            queue = info.semantics == "queue"
+            statement = queue_sql.PUBLISH_ONE if queue else log_sql.PUBLISH_ONE
             channel = self.channels.messages
             with db.translate_errors():
                 if connection is None:
-                    done = await log_sql.publish_one(self.pool, pid, key, head, data, channel, statement)
+                    # Our own autocommit statement: wake readers after it committed (actors/announcer.py).
+                    quiet = not queue and self._system is not None
+                    done = await log_sql.publish_one(
+                        self.pool, pid, key, head, data, None if quiet else channel, statement
+                    )
+                    if quiet and done is not None:
+                        self._system.announce(pid)
                 else:
                     async with db.on_schema(connection, self.config.schema):
                         done = await log_sql.publish_one(connection, pid, key, head, data, channel, statement)
@@ -396,6 +403,32 @@ class Bus:
                     raise TopicNotFoundError(f"topic {topic!r} (partition {name!r}) no longer exists")
                 for i, (offset, created) in zip(indexes, rows, strict=True):
                     results[i] = Record(topic, name, offset, created)
+
+        if connection is None and info.semantics != "queue" and self._system is not None:
+            # One statement for every partition, committed on its own; wake-ups after commit.
+            index_of: dict[int, list[int]] = {ids[n]: by_partition[n] for n in by_partition}
+            order = [i for n in by_partition for i in by_partition[n]]
+            with db.translate_errors():
+                rows = await log_sql.publish_multi(
+                    self.pool,
+                    [ids[n] for n in by_partition for _ in by_partition[n]],
+                    [encoded[i][0] for i in order],
+                    [encoded[i][1] for i in order],
+                    [encoded[i][2] for i in order],
+                )
+            if len(rows) != len(encoded):
+                self._forget_topic(topic)
+                raise TopicNotFoundError(f"topic {topic!r} no longer exists (or lost partitions) while publishing")
+            names = {ids[n]: n for n in by_partition}
+            seen: dict[int, int] = {}
+            for pid, offset, created in sorted(rows, key=lambda r: (r[0], r[1])):
+                k = seen.get(pid, 0)
+                seen[pid] = k + 1
+                results[index_of[pid][k]] = Record(topic, names[pid], offset, created)
+            for pid in index_of:
+                self._system.announce(pid)
+            _metrics.published(topic, len(encoded))
+            return [r for r in results if r is not None]
 
         with db.translate_errors():
             if connection is not None:

@@ -61,7 +61,8 @@ async def test_group_states_go_empty_preparing_rebalancing_stable_and_back_to_em
     await eventually(lambda: seen[-1] == "empty")
     stop.set()
     await watcher
-    assert seen[:2] == ["empty", "preparing_rebalance"]
+    # The group row is born "empty" and the join moves it on at once; the watcher may see either first.
+    assert seen[0] in ("empty", "preparing_rebalance") and "preparing_rebalance" in seen[:2]
     assert "rebalancing" in seen  # the second member's join moved partitions
     assert seen[-1] == "empty"
     assert all(s in ("empty", "preparing_rebalance", "rebalancing", "stable") for s in seen)
