@@ -36,6 +36,17 @@ any point is finished by the next job exactly as it would have finished:
 
 Both Spark passes read `messages` split by heap block ranges (`ctid`), so the
 table is read once whatever the PostgreSQL version.
+
+Known limit: if the watermark moves back between the archive and the delete
+(an admin reset, a new `earliest` group), the delete keeps those records (it
+never removes at or above the re-checked watermark) although the archive
+already holds them; the plan row records the lower `cut`, and a later run
+that removes them archives them again. Nothing is lost; the archive may then
+hold such a record twice, once per run (`run_id` column).
+
+A retention cleaner running in bus processes (`cleaner_interval`) also
+deletes history of delete topics, without archiving; rows it removed first
+are simply absent from the archive.
 """
 
 from __future__ import annotations
