@@ -11,6 +11,7 @@ leaves the group.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import socket
@@ -247,6 +248,6 @@ class Coordinator(Actor[CoordinatorMessage]):
             # manual commit inside it still applies.
             await self._callback(self._sink.on_revoke, {self._workers[p][0] for p in pids})
         metrics.revoked(self.spec.group, len(pids))
-        for pid in sorted(pids):
-            _, ref = self._workers.pop(pid)
-            await ref.stop(drain=False)
+        # In parallel: each worker commits and releases on its own; the next owners wait on all of them.
+        refs = [self._workers.pop(pid)[1] for pid in sorted(pids)]
+        await asyncio.gather(*(ref.stop(drain=False) for ref in refs))

@@ -126,7 +126,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
             else:
                 position = self._sink.consumed(self.spec.partition_id, epoch)
                 self._sink.revoked(self.spec.partition_id, epoch)
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire() as conn, conn.transaction():  # commit then release: one flush
                 if position is not None:
                     await leases.commit(conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, position, epoch)])
                 await leases.release(

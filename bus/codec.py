@@ -49,13 +49,30 @@ def encode_payload(payload: Any, *, allow_tombstone: bool, limit: int) -> bytes 
 
 
 def _holds_a_set(value: Any) -> bool:
-    """True when a set hides in `value` or its plain containers (Structs declare their own field types)."""
-    if isinstance(value, (set, frozenset)):
+    """True when a set hides in `value` or its plain containers (Structs declare their own field types).
+
+    Iterative and dispatching on exact types: it runs on every structured payload.
+    """
+    kind = type(value)
+    if kind is set or kind is frozenset:
         return True
-    if isinstance(value, dict):
-        return any(_holds_a_set(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_holds_a_set(v) for v in value)
+    if kind is dict:
+        stack = list(value.values())
+    elif kind is list or kind is tuple:
+        stack = list(value)
+    else:
+        return False
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is float or kind is bool or item is None:
+            continue
+        if kind is set or kind is frozenset or isinstance(item, (set, frozenset)):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
     return False
 
 

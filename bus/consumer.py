@@ -250,7 +250,8 @@ class Consumer(_MemberBase):
         )
         self.auto_commit = auto_commit
         self.max_poll_records = max_poll_records
-        self._capacity = buffer_size or max(2 * max_poll_records, 1000)
+        # Room for a few fetches of several partitions at once, so fetching overlaps the user's work.
+        self._capacity = buffer_size or max(4 * max_poll_records, 2000)
         self._buffer: deque[tuple[Batch, int]] = deque()  # (batch, index of next row)
         self._buffered = 0
         self._ready = asyncio.Event()
