@@ -7,10 +7,18 @@
         await b.publish("orders", {"id": 1}, key="cust-1")
 """
 
-from bus.admin import Admin, GroupDescription, GroupSummary, MemberInfo, PartitionLag, ResetRow, SubscriptionInfo
+from bus.admin import (
+    Admin,
+    GroupDescription,
+    GroupSummary,
+    MemberInfo,
+    PartitionLag,
+    ResetRow,
+    SubscriptionInfo,
+)
 from bus.client import Bus, connect
-from bus.consumer import Consumer, Retry, Subscription
 from bus.config import Config
+from bus.consumer import Consumer, Retry, Subscription
 from bus.errors import (
     BusError,
     ConcurrentAppendError,
