@@ -16,6 +16,7 @@ from bus.admin import (
     ResetRow,
     SubscriptionInfo,
 )
+from bus.claims import Claim
 from bus.client import Bus, connect
 from bus.config import Config
 from bus.consumer import Consumer, Retry, Subscription
@@ -43,9 +44,12 @@ from bus.eventstore import (
     PositionedEvent,
     QueryCondition,
 )
+from bus.queues import QueueConsumer
 from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
 
 __all__ = [
+    "Claim",
+    "QueueConsumer",
     "Admin",
     "Consumer",
     "GroupDescription",
