@@ -389,11 +389,15 @@ class Consumer(_MemberBase):
             for m in await self.poll(timeout=self._bus.config.max_poll_interval):
                 yield m
 
-    async def commit(self) -> None:
+    async def commit(self, connection: asyncpg.Connection | None = None) -> None:
         """Commit the positions of everything polled so far, all or nothing.
 
         Raises StaleGenerationError (and applies nothing) if any of those
         partitions moved to another member since it was polled.
+
+        With `connection`, the commit runs inside the caller's open transaction:
+        the handler's own writes and the offsets commit (or roll back) together,
+        which makes processing effectively-once (invariant 5).
         """
         pending = [
             (pid, offset, epoch)
@@ -402,23 +406,34 @@ class Consumer(_MemberBase):
         ]
         if not pending or self.member_id is None:
             return
+        if connection is not None:
+            with db.translate_errors():
+                async with db.on_schema(connection, self._bus.config.schema), connection.transaction():
+                    await self._commit_on(connection, pending)
+            # Not remembered as committed: the caller may still roll back; a
+            # later commit re-sends it (committing is idempotent, never backwards).
+            return
         with db.translate_errors():
             async with self._bus.pool.acquire() as conn, conn.transaction():
-                applied = await leases.commit(conn, self.group, self.member_id, pending)
-                missing = {pid for pid, _, _ in pending} - applied
-                if missing:
-                    moved = sorted(str(self._tp_of.get(p, p)) for p in missing)
-                    # Report a moved partition once; its new owner re-reads those messages.
-                    for pid in missing:
-                        self._polled.pop(pid, None)
-                    # Raising rolls the whole transaction back: nothing applies.
-                    raise StaleGenerationError(
-                        f"group {self.group!r} moved on: partition(s) {', '.join(moved)} are no longer owned by "
-                        f"member {self.member_id} (rebalanced or lease lost); nothing was committed, their new "
-                        "owner will read those messages again"
-                    )
+                await self._commit_on(conn, pending)
         for pid, offset, epoch in pending:
             self._committed[pid] = (epoch, offset)
+
+    async def _commit_on(self, conn: asyncpg.Connection, pending: list[tuple[int, int, int]]) -> None:
+        assert self.member_id is not None
+        applied = await leases.commit(conn, self.group, self.member_id, pending)
+        missing = {pid for pid, _, _ in pending} - applied
+        if missing:
+            moved = sorted(str(self._tp_of.get(p, p)) for p in missing)
+            # Report a moved partition once; its new owner re-reads those messages.
+            for pid in missing:
+                self._polled.pop(pid, None)
+            # Raising rolls the whole transaction back: nothing applies.
+            raise StaleGenerationError(
+                f"group {self.group!r} moved on: partition(s) {', '.join(moved)} are no longer owned by "
+                f"member {self.member_id} (rebalanced or lease lost); nothing was committed, their new "
+                "owner will read those messages again"
+            )
 
     def commit_async(self) -> asyncio.Task[None]:
         """Commit in the background; the task raises what `commit()` would."""
