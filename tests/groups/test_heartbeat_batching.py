@@ -1,0 +1,51 @@
+"""The HeartbeatMonitor writes one heartbeat statement per interval for all local members."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from storage import membership
+from tests.groups.helpers import eventually
+
+
+async def test_one_heartbeat_statement_per_interval_covers_every_local_member(connect, fast, monkeypatch) -> None:
+    b = await connect(**fast)
+    await b.create_topic("a", partitions=2)
+    await b.create_topic("b", partitions=2)
+    calls: list[list[str]] = []
+    real = membership.heartbeat
+
+    async def counting(conn, groups, members, lease_time):  # type: ignore[no-untyped-def]
+        calls.append(list(members))
+        return await real(conn, groups, members, lease_time)
+
+    monkeypatch.setattr(membership, "heartbeat", counting)
+    consumers = [
+        await b.consumer("g1", topics=["a"]).start(),
+        await b.consumer("g1", topics=["a"]).start(),
+        await b.consumer("g2", topics=["b"]).start(),
+    ]
+    await eventually(lambda: calls and len(calls[-1]) == 3)
+    start = len(calls)
+    await asyncio.sleep(fast["heartbeat_interval"] * 5)
+    beats = calls[start:]
+    # about five beats (timing slack either way), each one statement carrying all three members
+    assert 2 <= len(beats) <= 8
+    assert all(len(members) == 3 for members in beats)
+    for c in consumers:
+        await c.close()
+
+
+@pytest.mark.parametrize("n", [1])
+async def test_heartbeats_keep_leases_alive_past_the_lease_time(connect, fast, n) -> None:
+    b = await connect(**{**fast, "lease_time": 0.6})
+    await b.create_topic("t", partitions=n)
+    c = await b.consumer("g", topics=["t"]).start()
+    await eventually(lambda: b.pool.fetchval("SELECT lease_epoch FROM offsets WHERE group_name='g' AND owner IS NOT NULL"))
+    epoch = await b.pool.fetchval("SELECT lease_epoch FROM offsets WHERE group_name='g'")
+    await asyncio.sleep(1.5)  # well past lease_time: only renewals keep it
+    row = await b.pool.fetchrow("SELECT lease_epoch, lease_expires_at > now() AS live FROM offsets WHERE group_name='g'")
+    assert row["live"] and row["lease_epoch"] == epoch
+    await c.close()
