@@ -264,6 +264,9 @@ class Consumer(_MemberBase):
         # Workers whose batch did not fit: poll() wakes them once it made room,
         # instead of leaving them idle until their next poll-fallback tick.
         self._refused: dict[int, Any] = {}
+        # partition id -> the worker being revoked (on_revoke has run or is running):
+        # poll() hands out nothing more of its batches (see on_revoke).
+        self._revoking: dict[int, Any] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -295,6 +298,10 @@ class Consumer(_MemberBase):
     # -- the Sink side -------------------------------------------------------------
 
     def offer(self, batch: Batch) -> bool:
+        if batch.partition_id in self._revoking:
+            if self._revoking[batch.partition_id] is batch.worker:
+                return False  # being revoked: the worker drops it when it stops
+            del self._revoking[batch.partition_id]  # a new worker: the partition came back
         if self._buffered and self._buffered + len(batch.rows) > self._capacity:
             self._refused[batch.partition_id] = batch.worker
             return False
@@ -313,14 +320,48 @@ class Consumer(_MemberBase):
             return None
         return polled[1]
 
-    def revoked(self, partition_id: int, epoch: int) -> None:
+    async def on_revoke(self, partitions: set[tuple[str, str]]) -> None:
+        """Kafka's contract for a clean revoke: the user's on_revoke is the last word on these partitions.
+
+        Before it runs, whatever is buffered from them is dropped and their
+        workers' further batches are refused, so nothing polled after the
+        callback's commit can belong to a partition that is leaving (its
+        commit would be refused and the new owner would read it again).
+
+        A move is reported once. Without auto_commit and with a user
+        on_revoke, the callback is that report: after it, the partitions'
+        polled positions are forgotten, so a later commit() neither reports
+        them again nor fails on them (all or nothing would otherwise let one
+        stale entry refuse the commits of partitions still held, the next
+        on_revoke's included). Without a callback, the next commit() reports
+        the move (StaleGenerationError, nothing applied). With auto_commit the
+        worker commits the polled position as it stops (see `consumed`).
+        """
+        tps = {TopicPartition(t, p) for t, p in partitions}
+        pids = {pid for pid, tp in self._tp_of.items() if tp in tps}
+        for pid in pids:
+            self._revoking[pid] = self._workers.get(pid)
+            self._drop_buffered(pid, None)
+        try:
+            await super().on_revoke(partitions)
+        finally:
+            if not self.auto_commit and self._on_revoke is not None:
+                for pid in pids:
+                    self._polled.pop(pid, None)
+                    self._committed.pop(pid, None)
+
+    def _drop_buffered(self, partition_id: int, epoch: int | None) -> None:
+        """Drop buffered batches of a partition (of one lease epoch, or of any when None)."""
         kept: deque[tuple[Batch, int]] = deque()
         for batch, index in self._buffer:
-            if batch.partition_id == partition_id and batch.epoch == epoch:
+            if batch.partition_id == partition_id and (epoch is None or batch.epoch == epoch):
                 self._buffered -= len(batch.rows) - index
             else:
                 kept.append((batch, index))
         self._buffer = kept
+
+    def revoked(self, partition_id: int, epoch: int) -> None:
+        self._drop_buffered(partition_id, epoch)
         # With auto_commit the worker committed this position on revoke; without
         # it, the position stays so that a later commit() reports the move.
         if self.auto_commit:

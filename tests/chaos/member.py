@@ -16,6 +16,12 @@ SLOW "1": SIGUSR1 makes the next handled message block the whole process
 recorded as "S start|end time" lines. Connection loss is the bus's to survive;
 errors the member sees are recorded as "E time kind message" lines. SIGTERM
 stops the member gracefully (commit, release, leave).
+
+The library's own events that make a process read some messages again (its
+member fenced and re-joined, a worker's lease lost, an actor restarted by its
+supervisor, a release or leave that failed) are recorded as
+"V time event detail" lines, so the checker can tell such a re-read from a
+duplicate nothing explains.
 """
 
 from __future__ import annotations
@@ -28,8 +34,15 @@ import time
 from typing import Any, TextIO
 
 import msgspec
+import structlog
 
 import bus
+
+# The library events a chaos member records (see the module docstring).
+RECORDED_EVENTS = frozenset({
+    "member_fenced", "member_joined", "member_expired", "lease_lost", "actor.failed", "actor.restarting",
+    "release_failed", "leave_failed", "partition_acquired", "supervisor.escalating",
+})
 
 
 class Recorder:
@@ -57,6 +70,17 @@ class Recorder:
         # Blocking on purpose: the heartbeat stalls too, so the lease expires under the handler.
         time.sleep(self.slow_seconds)
         self.fh.write(f"S\tend\t{time.time():.6f}\n")
+
+    def event(self, _logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        """A structlog processor: record the events in RECORDED_EVENTS, pass everything on."""
+        name = event_dict.get("event")
+        if name in RECORDED_EVENTS:
+            detail = " ".join(
+                f"{k}={v}" for k, v in event_dict.items() if k not in ("event", "exc_info", "timestamp", "level")
+            )
+            detail = detail.replace("\t", " ").replace("\n", " ")[:300]
+            self.fh.write(f"V\t{time.time():.6f}\t{name}\t{detail}\n")
+        return event_dict
 
     def error(self, kind: str, exc: BaseException) -> None:
         text = repr(exc).replace("\t", " ").replace("\n", " ")[:300]
@@ -128,6 +152,8 @@ async def main() -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 (once, at start-up)
         rec = Recorder(fh, group, slow_seconds)
+        # Every library event passes through rec.event first; what is shown stays as before.
+        structlog.configure(processors=[rec.event, *structlog.get_config()["processors"]])
         if slow == "1":
             loop.add_signal_handler(signal.SIGUSR1, lambda: setattr(rec, "slow_next", True))
         # Joining may meet the database down (a restart): the documented answer is to retry.
