@@ -124,7 +124,7 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
         await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _MIGRATION_LOCK, schema)
         # The one identifier interpolated anywhere: validated just above.
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        await conn.execute(f'SET LOCAL search_path TO "{schema}"')
+        await conn.execute(SET_LOCAL_SEARCH_PATH, search_path(schema))
         await conn.execute(
             """CREATE TABLE IF NOT EXISTS bus_migrations (
                    version integer PRIMARY KEY,
