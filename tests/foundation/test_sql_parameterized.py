@@ -2,7 +2,7 @@
 
 Every statement the bus runs is a constant string; values travel as $n
 parameters. The only identifier ever interpolated is the validated schema
-name in storage/db.py (CREATE SCHEMA / SET search_path during migrations).
+name in storage/db.py (CREATE SCHEMA during migrations).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ SQL_WORDS = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|WITH
 # (file, snippet of the interpolated statement): the validated-schema identifier spots.
 ALLOWED = {
     ("storage/db.py", 'CREATE SCHEMA IF NOT EXISTS "{schema}"'),
-    ("storage/db.py", 'SET LOCAL search_path TO "{schema}"'),
 }
 
 
