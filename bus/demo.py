@@ -240,7 +240,73 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+        ok = await _other_modes(b, console) and ok
         return ok
+
+
+class CourseCreated(bus.Event, tag="demo.course_created"):
+    course_name: str
+
+
+class UserJoinedCourse(bus.Event, tag="demo.user_joined_course"):
+    course_name: str
+    user_id: str
+
+
+async def _other_modes(b: bus.Bus, console: Console) -> bool:
+    """Claims, a queue and the event store, briefly."""
+    run = uuid.uuid4().hex[:6]
+    console.rule("[bold]3. Claims, a queue, the event store")
+    table = Table("mode", "what happened")
+
+    devices = f"demo.devices-{run}"
+    await b.create_topic(devices, partitions=None)
+    await b.publish_many(devices, [bus.Outgoing({"reading": i}, partition=f"device-{i % 20}") for i in range(400)])
+    taken: dict[str, int] = {}
+
+    async def worker(name: str) -> None:
+        while (claim := await b.claim(f"demo-readings-{run}", topic=devices, worker_id=name, max_messages=50)) is not None:
+            taken[name] = taken.get(name, 0) + len(claim.messages)
+            await claim.ack()
+
+    await asyncio.gather(worker("w-1"), worker("w-2"))
+    table.add_row("claims", f"2 workers leased 20 dynamic partitions on demand: {taken} messages, nothing twice")
+
+    jobs = f"demo.jobs-{run}"
+    await b.create_topic(jobs, partitions=2, semantics="queue")
+    await b.publish_many(jobs, [bus.Outgoing({"job": i}, key=f"k{i % 5}") for i in range(100)])
+    done: dict[str, int] = {}
+
+    async def consume(name: str) -> None:
+        async with b.queue_consumer(jobs, visibility_timeout=10.0, max_attempts=3) as q:
+            while batch := await q.take(max_messages=10, timeout=0.5):
+                for job in batch:
+                    await q.ack(job)
+                done[name] = done.get(name, 0) + len(batch)
+
+    await asyncio.gather(consume("c-1"), consume("c-2"))
+    table.add_row("queue", f"2 competing consumers took and acked {sum(done.values())} of 100 jobs: {done}")
+
+    store = b.event_store(f"demo-courses-{run}")
+    await store.append([CourseCreated(course_name="Algebra"), UserJoinedCourse(course_name="Algebra", user_id="joe")])
+    await store.register_group("enrollment")
+    claim = await store.claim_next(
+        "enrollment", partition_by=["course_name", "user_id"], handled_types=[CourseCreated, UserJoinedCourse], worker_id="w-1"
+    )
+    assert claim is not None
+    try:
+        await store.append(UserJoinedCourse(course_name="Algebra", user_id="joe"), guard=claim.guard)
+        await store.append(UserJoinedCourse(course_name="Algebra", user_id="joe"), guard=claim.guard)
+        guarded = "a second append with the same guard was accepted (unexpected)"
+    except bus.ConcurrentAppendError:
+        guarded = "a second append with the same guard raised ConcurrentAppendError"
+    await store.ack("enrollment", offset_id=claim.offset_id, position=claim.messages[-1].position)
+    table.add_row(
+        "event store",
+        f"partition {claim.partition_value} claimed with {len(claim.messages)} events (conditional AND); {guarded}",
+    )
+    console.print(table)
+    return sum(taken.values()) == 400 and sum(done.values()) == 100 and "raised" in guarded
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "member":
