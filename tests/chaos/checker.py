@@ -8,7 +8,15 @@ processes run on one host, so their clocks agree):
   payload id, pid, member id, generation), in the order the process saw them;
 - `Sample`: the committed offset, owner and lease epoch of every (group,
   partition) cursor, read every ~100 ms during the run;
-- `Fault`: what was injected, when, and at which process (None: every process).
+- `Fault`: what was injected, when, and at which process (None: every process);
+  and the faults the bus itself reported in a process (see OBSERVED): a member
+  whose session expired (swept, fenced, joined again), a partition lease that
+  ran out under its worker, an actor its supervisor restarted, a release that
+  failed. Those happen without injection too (a heartbeat late by more than the
+  session on two loaded cores is a real fault) and re-deliver from the last
+  commit just like an injected one, so they explain duplicates on the process
+  they hit; the checker also derives a `rejoin` fault wherever a process's
+  member id changes between two of its deliveries (a fence it came back from).
 
 `check(history)` verifies, and `Report.violations` lists every breach:
 
@@ -36,6 +44,18 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 TP = tuple[str, str]
+
+#: Fault kinds the harness injects; every other kind was observed (reported by the bus or derived).
+INJECTED = frozenset({"kill", "terminate_backends", "restart", "zombie", "slow", "slow_request"})
+#: Observed fault kinds, and what each stands for.
+OBSERVED = {
+    "member_expired": "a member's session expired and it was swept (its leases freed)",
+    "fenced": "a member learned it had been swept, and joined again",
+    "rejoin": "a process delivered under a new member id (derived from the deliveries)",
+    "lease_lost": "a worker found its partition lease gone (lapsed or taken)",
+    "actor_restart": "a worker or coordinator restarted by its supervisor after an error",
+    "release_failed": "a worker could not commit and release as it stopped (the lease runs out instead)",
+}
 
 
 @dataclass(frozen=True)
@@ -111,6 +131,8 @@ class Report:
     faults: Counter[str] = field(default_factory=Counter)
     duplicates: int = 0
     unexplained_duplicates: int = 0
+    # Explained duplicates by the kind of the fault that explains them (injected kinds preferred).
+    explained_by: Counter[str] = field(default_factory=Counter)
     losses: int = 0
     rewinds: int = 0
     samples: int = 0
@@ -128,8 +150,13 @@ class Report:
         lines = [
             f"messages acknowledged: {self.messages}",
             f"deliveries: {self.deliveries}",
-            "faults: " + (", ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"),
-            f"duplicates: {self.duplicates} (unexplained: {self.unexplained_duplicates})",
+            "faults injected: "
+            + (", ".join(f"{k}={v}" for k, v in sorted(self.faults.items()) if k in INJECTED) or "none"),
+            "faults observed: "
+            + (", ".join(f"{k}={v}" for k, v in sorted(self.faults.items()) if k not in INJECTED) or "none"),
+            f"duplicates: {self.duplicates} (unexplained: {self.unexplained_duplicates}; explained by "
+            + (", ".join(f"{k}={v}" for k, v in self.explained_by.most_common()) or "none")
+            + ")",
             f"rewinds (re-reads from the committed offset): {self.rewinds}",
             f"losses: {self.losses}",
             f"cursor samples: {self.samples}, commit advances checked against the owner: "
@@ -143,14 +170,15 @@ class Report:
 def check(h: History) -> Report:
     """Verify a recorded chaos history; see the module docstring for the invariants."""
     r = Report(messages=len(h.acks), deliveries=len(h.deliveries), samples=len(h.samples))
-    r.faults = Counter(f.kind for f in h.faults)
+    faults = h.faults + rejoin_faults(h.deliveries)
+    r.faults = Counter(f.kind for f in faults)
     by_key: dict[tuple[str, str, str, int], list[Delivery]] = defaultdict(list)
     for d in h.deliveries:
         by_key[(d.group, d.topic, d.partition, d.offset)].append(d)
     _check_payloads(h, by_key, r)
     _check_losses(h, by_key, r)
     _check_order(h, r)
-    _check_duplicates(h, by_key, r)
+    _check_duplicates(h, faults, by_key, r)
     samples = _samples_by_cursor(h)
     _check_monotonic(samples, r)
     first_seen = _first_delivery_times(h)
@@ -201,7 +229,27 @@ def _touches(f: Fault, pids: set[int]) -> bool:
     return f.pid is None or f.pid in pids
 
 
-def _check_duplicates(h: History, by_key: dict[tuple[str, str, str, int], list[Delivery]], r: Report) -> None:
+def rejoin_faults(deliveries: list[Delivery]) -> list[Fault]:
+    """A `rejoin` fault wherever one process's member id changed between two of its deliveries.
+
+    A process joins once per group; a new member id means its old one was
+    fenced (swept) and it joined again, re-reading from the last commit.
+    """
+    by_pid: dict[tuple[int, str], list[Delivery]] = defaultdict(list)
+    for d in deliveries:
+        by_pid[(d.pid, d.group)].append(d)
+    out: list[Fault] = []
+    for (pid, _group), ds in by_pid.items():
+        ds.sort(key=lambda d: (d.seq, d.t))
+        for prev, cur in zip(ds, ds[1:], strict=False):
+            if cur.member != prev.member:
+                out.append(Fault("rejoin", prev.t, cur.t, pid, f"{prev.member} -> {cur.member}"))
+    return out
+
+
+def _check_duplicates(
+    h: History, faults: list[Fault], by_key: dict[tuple[str, str, str, int], list[Delivery]], r: Report
+) -> None:
     for (g, topic, part, off), ds in by_key.items():
         if len(ds) < 2:
             continue
@@ -210,7 +258,11 @@ def _check_duplicates(h: History, by_key: dict[tuple[str, str, str, int], list[D
         for prev, cur in zip(ds, ds[1:], strict=False):
             r.duplicates += 1
             lo, hi = prev.t - h.slack, cur.t
-            if not any(_touches(f, pids) and f.start <= hi and f.end >= lo for f in h.faults):
+            why = [f.kind for f in faults if _touches(f, pids) and f.start <= hi and f.end >= lo]
+            if why:
+                injected = [k for k in why if k in INJECTED]
+                r.explained_by[(injected or why)[0]] += 1
+            else:
                 r.unexplained_duplicates += 1
                 r.violations.append(
                     f"duplicate: {g} got {topic}/{part}@{off} at {prev.t:.3f} (pid {prev.pid}) and again at "

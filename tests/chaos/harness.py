@@ -15,7 +15,13 @@ injects faults chosen by a seeded random generator:
 Then it stops the producer, lets the groups drain, stops the members
 gracefully, and returns the recorded `History` with what went wrong outside
 the checker's reach (processes that died on their own, a drain that never
-finished).
+finished). The faults the bus itself reported in a member (its "V" lines:
+session expired, fenced, lease lost, actor restarted, release failed) join the
+injected ones in the history (see the checker's OBSERVED).
+
+With CHAOS_KEEP=1 the recordings stay, injected faults included (faults.tsv);
+`python -m tests.chaos.harness OUTDIR` checks them again (without the cursor
+samples, which are not kept).
 """
 
 from __future__ import annotations
@@ -53,6 +59,13 @@ MEMBER_CONFIG: dict[str, float] = dict(
 # The slow member: a short lease, and a stall longer than it (but shorter than its session).
 SLOW_CONFIG: dict[str, float] = {**MEMBER_CONFIG, "lease_time": 1.0, "slow_seconds": 2.0}
 ZOMBIE_PAUSE = MEMBER_CONFIG["session_timeout"] + 2.0
+# Events a member records ("V" lines) that re-deliver from the last commit: observed fault kinds.
+EVENT_FAULTS = {
+    "member_fenced": "fenced",
+    "lease_lost": "lease_lost",
+    "release_failed": "release_failed",
+    "actor.restarting": "actor_restart",
+}
 
 # (group, mode, assignor, members, index of the slow member or -1)
 GROUPS: list[tuple[str, str, str, int, int]] = [
@@ -118,6 +131,7 @@ class ChaosRun:
         self.slots: list[Slot] = []
         self.producer: subprocess.Popen[bytes] | None = None
         self.faults: list[Fault] = []
+        self.fault_file = self.out / "faults.tsv"
         self.samples: list[Sample] = []
         self.problems: list[str] = []
         self.expected_exit: set[int] = set()
@@ -195,7 +209,7 @@ class ChaosRun:
             self.expected_exit.add(pid)
             slot.proc.send_signal(signal.SIGKILL)
             await asyncio.to_thread(slot.proc.wait)
-            self.faults.append(Fault("kill", t0, t0, pid, slot.name))
+            self._record(Fault("kill", t0, t0, pid, slot.name))
             self._start_member(slot)
         elif kind == "terminate_backends":
             conn = await self._connect("chaos-admin")
@@ -203,10 +217,10 @@ class ChaosRun:
                 n = await conn.fetchval(TERMINATE)
             finally:
                 await conn.close()
-            self.faults.append(Fault("terminate_backends", t0, time.time(), None, f"{n} connections"))
+            self._record(Fault("terminate_backends", t0, time.time(), None, f"{n} connections"))
         elif kind == "restart":
             await asyncio.to_thread(restart_server, self.home)
-            self.faults.append(Fault("restart", t0, time.time(), None))
+            self._record(Fault("restart", t0, time.time(), None))
         elif kind == "zombie":
             slot = self._pick_member(slow=False)
             assert slot.proc is not None
@@ -216,13 +230,18 @@ class ChaosRun:
                 await asyncio.sleep(ZOMBIE_PAUSE)
             finally:
                 os.kill(pid, signal.SIGCONT)
-            self.faults.append(Fault("zombie", t0, time.time(), pid, slot.name))
+            self._record(Fault("zombie", t0, time.time(), pid, slot.name))
         elif kind == "slow":
             slot = self._pick_member(slow=True)
             assert slot.proc is not None
             slot.proc.send_signal(signal.SIGUSR1)
             # The interval comes from the member's own "S start/end" lines; this marks the request.
-            self.faults.append(Fault("slow_request", t0, t0, slot.proc.pid, slot.name))
+            self._record(Fault("slow_request", t0, t0, slot.proc.pid, slot.name))
+
+    def _record(self, fault: Fault) -> None:
+        self.faults.append(fault)
+        with open(self.fault_file, "a") as fh:
+            fh.write(f"{fault.kind}\t{fault.start:.6f}\t{fault.end:.6f}\t{fault.pid or ''}\t{fault.detail}\n")
 
     async def _faults(self, until: float) -> None:
         plan = list(KINDS)
@@ -332,33 +351,7 @@ class ChaosRun:
     # -- reading back ----------------------------------------------------------------
 
     def _history(self) -> History:
-        acks: list[Ack] = []
-        ack_file = self.out / "acks.tsv"
-        for line in (ack_file.read_text() if ack_file.exists() else "").splitlines():
-            f = line.split("\t")
-            if f[0] == "A" and len(f) == 6:
-                acks.append(Ack(f[1], f[2], int(f[3]), f[4], float(f[5])))
-        deliveries: list[Delivery] = []
-        faults = list(self.faults)
-        for path in sorted(self.out.glob("*.tsv")):
-            if path.name == "acks.tsv":
-                continue
-            slow_start: float | None = None
-            pid = 0
-            for seq, line in enumerate(path.read_text().splitlines()):
-                f = line.split("\t")
-                if f[0] == "D" and len(f) == 10:
-                    pid = int(f[6])
-                    deliveries.append(Delivery(f[1], f[2], f[3], int(f[4]), f[5], pid, f[7], int(f[8]), float(f[9]), seq))
-                elif f[0] == "S" and len(f) == 3:
-                    if f[1] == "start":
-                        slow_start = float(f[2])
-                    elif slow_start is not None:
-                        faults.append(Fault("slow", slow_start, float(f[2]), pid or None))
-                        slow_start = None
-            if slow_start is not None:  # killed mid-stall: the stall lasted until the kill
-                faults.append(Fault("slow", slow_start, slow_start + SLOW_CONFIG["slow_seconds"], pid or None))
-        return History([g for g, *_ in GROUPS], acks, deliveries, self.samples, faults)
+        return read_history(self.out, self.faults, self.samples)
 
     def _count_errors(self, outcome: Outcome) -> None:
         for path in self.out.glob("*.tsv"):
@@ -368,6 +361,82 @@ class ChaosRun:
                     outcome.member_errors[f"{f[2]}: {f[3].split('(')[0]}"] += 1
                 elif f[0] == "F":
                     outcome.publish_failures += 1
+
+
+def _config_of(member_file: Path) -> dict[str, float]:
+    """The config a member recording ran with (its slot name is the file name without "-N.tsv")."""
+    slot = member_file.stem.rsplit("-", 1)[0]
+    slow = {f"{g}-{i}" for g, _, _, _, i in GROUPS if i >= 0}
+    return SLOW_CONFIG if slot in slow else MEMBER_CONFIG
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+
+
+def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> History:
+    """The history recorded in `out`: acks, deliveries, stalls and the members' own fault events."""
+    acks: list[Ack] = []
+    ack_file = out / "acks.tsv"
+    for line in (ack_file.read_text() if ack_file.exists() else "").splitlines():
+        f = line.split("\t")
+        if f[0] == "A" and len(f) == 6:
+            acks.append(Ack(f[1], f[2], int(f[3]), f[4], float(f[5])))
+    deliveries: list[Delivery] = []
+    faults = list(injected)
+    pid_of_member: dict[str, int] = {}
+    expired: list[tuple[float, str]] = []  # (when, member id): swept by whichever process saw it
+    for path in sorted(out.glob("*.tsv")):
+        if path.name in ("acks.tsv", "faults.tsv"):
+            continue
+        config = _config_of(path)
+        slow_start: float | None = None
+        pid = 0
+        events: list[tuple[float, str, dict[str, str]]] = []
+        for seq, line in enumerate(path.read_text().splitlines()):
+            f = line.split("\t")
+            if f[0] == "D" and len(f) == 10:
+                pid = int(f[6])
+                deliveries.append(Delivery(f[1], f[2], f[3], int(f[4]), f[5], pid, f[7], int(f[8]), float(f[9]), seq))
+            elif f[0] == "S" and len(f) == 3:
+                if f[1] == "start":
+                    slow_start = float(f[2])
+                elif slow_start is not None:
+                    faults.append(Fault("slow", slow_start, float(f[2]), pid or None))
+                    slow_start = None
+            elif f[0] == "V" and len(f) == 4:
+                events.append((float(f[1]), f[2], _fields(f[3])))
+        if slow_start is not None:  # killed mid-stall: the stall lasted until the kill
+            faults.append(Fault("slow", slow_start, slow_start + SLOW_CONFIG["slow_seconds"], pid or None))
+        if not pid:
+            continue  # delivered nothing: no duplicate can involve it
+        for t, name, fields in events:
+            if name == "member_joined" and "member" in fields:
+                pid_of_member[fields["member"]] = pid
+            elif name == "member_expired" and "member" in fields:
+                expired.append((t, fields["member"]))
+            elif name == "actor.restarting" and not fields.get("actor", "").startswith(("worker-", "coordinator")):
+                continue  # the notifier, heartbeat or a rebalancer: their restarts re-deliver nothing
+            elif name in EVENT_FAULTS:
+                # A lease lapses up to lease_time before its worker notices; a fence comes up to a
+                # session after the member fell silent: the fault spans that time, not just the notice.
+                before = {"lease_lost": config["lease_time"], "fenced": config["session_timeout"]}
+                kind = EVENT_FAULTS[name]
+                faults.append(Fault(kind, t - before.get(kind, 0.0), t, pid, " ".join(f"{k}={v}" for k, v in fields.items())))
+    for t, member in expired:
+        if member in pid_of_member:
+            faults.append(Fault("member_expired", t - MEMBER_CONFIG["session_timeout"], t, pid_of_member[member], member))
+    return History([g for g, *_ in GROUPS], acks, deliveries, samples, faults)
+
+
+def read_faults(out: Path) -> list[Fault]:
+    """The injected faults a kept run recorded in faults.tsv."""
+    path = out / "faults.tsv"
+    faults = []
+    for line in (path.read_text() if path.exists() else "").splitlines():
+        kind, start, end, pid, detail = line.split("\t", 4)
+        faults.append(Fault(kind, float(start), float(end), int(pid) if pid else None, detail))
+    return faults
 
 
 async def run_chaos(seconds: float, seed: int | None = None) -> Outcome:
@@ -387,3 +456,10 @@ def describe(outcome: Outcome, report: Any) -> str:
     lines.append(f"drained in: {outcome.drained_in:.1f} s" if outcome.drained_in is not None else "drained: NO")
     lines += [f"problem: {p}" for p in outcome.problems]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from tests.chaos.checker import check
+
+    kept = Path(sys.argv[1])
+    print(check(read_history(kept, read_faults(kept), [])).summary())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.chaos.checker import Ack, Delivery, Fault, History, Sample, check
 
 
@@ -105,3 +107,21 @@ def test_a_payload_that_differs_from_what_was_published_at_that_offset_is_flagge
     ds[2] = Delivery("g", "t", "0", 2, "id-other", 1, "m1", 1, ds[2].t, seq=2)
     r = check(_history(ds))
     assert any(v.startswith("corrupt:") for v in r.violations)
+
+
+def test_a_process_that_delivers_under_a_new_member_id_was_fenced_and_explains_its_re_reads() -> None:
+    # Same process, same partition: member m1 read 0..4, was swept, came back as m2 and read 3..4 again.
+    again = [replace(d, seq=d.seq + 5) for d in _deliver([3, 4], t0=101.0, member="m2")]
+    ds = _deliver([0, 1, 2, 3, 4]) + again
+    r = check(_history(ds))
+    assert r.ok, r.summary()
+    assert r.duplicates == 2 and r.faults["rejoin"] == 1 and r.explained_by["rejoin"] == 2
+
+
+def test_an_observed_fault_explains_only_duplicates_on_the_process_it_hit() -> None:
+    ds = _deliver([0, 1, 2, 3, 4], pid=1) + _deliver([3, 4], t0=101.0, pid=2, member="m2")
+    lost_elsewhere = check(_history(ds, faults=[Fault("lease_lost", 100.5, 100.9, pid=3)]))
+    assert lost_elsewhere.unexplained_duplicates == 2
+    lost_here = check(_history(ds, faults=[Fault("lease_lost", 100.5, 100.9, pid=1)]))
+    assert lost_here.ok and lost_here.explained_by["lease_lost"] == 2
+    assert "faults observed: lease_lost=1" in lost_here.summary()
