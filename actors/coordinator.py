@@ -180,18 +180,30 @@ class Coordinator(Actor[CoordinatorMessage]):
             case WorkerFailed(partition_id=pid, error=error):
                 self._failed.add(pid)
                 self._sink.on_error(error)
+            case MemberFenced(member_id=fenced) if fenced and fenced != self.member_id:
+                # A notice about an identity already replaced (queued before the rejoin):
+                # acting on it would fence the new member too and leave it orphaned.
+                self._log.debug("stale_fence_ignored", fenced=fenced)
             case MemberFenced():
                 self._log.warning("member_fenced", generation=self.generation)
                 await self._stop_workers(set(self._workers), revoke_callback=True)
                 self._monitor.signal(UnregisterMember(self.spec.group, self.member_id))
                 self.generation = -1
-                await self._join()
+                try:
+                    await self._join()
+                except TRANSIENT_ERRORS:
+                    # Not joined: no heartbeat reply or NOTIFY will come for an id never
+                    # registered, so nothing else would retry; try again shortly.
+                    asyncio.get_running_loop().call_later(
+                        self.spec.rebalance_delay + 0.5, self.self_ref.signal, MemberFenced(self.member_id)
+                    )
+                    raise
                 await self._sync()
 
     async def _sync(self) -> None:
         row = await membership.assignment(self._pool, self.spec.group, self.member_id)
         if row is None:
-            self.self_ref.signal(MemberFenced())
+            self.self_ref.signal(MemberFenced(self.member_id))
             return
         self._monitor.signal(LeaderSeen(self.spec.group, row["leader"]))
         generation = int(row["generation"])

@@ -109,7 +109,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             await self._leadership(row["group_name"], row["leader"])
         for key in keys:
             if key not in seen and key in self._members:
-                self._members[key].signal(MemberFenced())
+                self._members[key].signal(MemberFenced(key[1]))
 
     async def _sweep(self) -> int:
         try:

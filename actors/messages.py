@@ -83,7 +83,14 @@ class HeartbeatReply(Message, frozen=True):
 
 
 class MemberFenced(Message, frozen=True):
-    """The member's row is gone (session expired while paused): stop everything, join again."""
+    """The member's row is gone (session expired while paused): stop everything, join again.
+
+    `member_id` names the identity found gone: several notices about one identity
+    may be queued (each heartbeat, each resync), and only the first may make the
+    Coordinator join again; the rest arrive after it has a new id and are stale.
+    """
+
+    member_id: str = ""
 
 
 class GroupChanged(Message, frozen=True):
