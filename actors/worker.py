@@ -133,8 +133,10 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
                     conn, self.spec.group, self.spec.partition_id, self.spec.member_id, epoch, self.spec.messages_channel
                 )
             self._log.debug("partition_released", epoch=epoch, position=position)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except TRANSIENT_ERRORS as exc:
             # The lease expires by itself; the next owner re-reads from the last commit.
+            # (asyncpg's InternalClientError after a dropped connection is among them:
+            # escaping from here it would fail the Coordinator's revoke.)
             self._log.warning("release_failed", error=str(exc))
 
     async def receive(self, message: Wake | Seek | CommitPosition) -> Any:
