@@ -14,6 +14,7 @@ member, started and stopped as leadership moves.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from actors.messages import (
 from actors.rebalancer import Rebalancer
 from actors.runtime import Actor, ActorRef, Supervisor
 from storage import membership, retention
-from storage.db import TRANSIENT_ERRORS
+from storage.db import CONNECTION_ERRORS, TRANSIENT_ERRORS
 from storage.logs import get_logger
 
 MonitorMessage = RegisterMember | UnregisterMember | Beat | SweepNow | LeaderSeen
@@ -60,6 +61,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         self._notifier = notifier
         self._members: dict[tuple[str, str], ActorRef[Any]] = {}
         self._rebalancers: dict[str, tuple[str, ActorRef[Any]]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()  # rebalancers being stopped (see _leadership)
         self._supervisor: Supervisor | None = None
         self._log = get_logger(__name__, actor="heartbeat")
 
@@ -68,6 +70,8 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         self.self_ref.schedule_every(self.config.heartbeat_interval, Beat())
 
     async def on_stop(self) -> None:
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
         if self._supervisor is not None:
             await self._supervisor.stop()
 
@@ -92,9 +96,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             return
         keys = list(self._members)
         try:
-            rows = await membership.heartbeat(
-                self._pool, [g for g, _ in keys], [m for _, m in keys], self.config.lease_time
-            )
+            rows = await self._heartbeat(keys)
         except TRANSIENT_ERRORS as exc:
             # Missing a beat is survivable (the session is longer); the next one retries.
             self._log.warning("heartbeat_failed", error=str(exc))
@@ -110,6 +112,19 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         for key in keys:
             if key not in seen and key in self._members:
                 self._members[key].signal(MemberFenced(key[1]))
+
+    async def _heartbeat(self, keys: list[tuple[str, str]]) -> list[asyncpg.Record]:
+        args = ([g for g, _ in keys], [m for _, m in keys], self.config.lease_time)
+        try:
+            return await membership.heartbeat(self._pool, *args)
+        except CONNECTION_ERRORS:
+            # A dropped connection (server restarted, backends terminated) means the
+            # pool's idle connections are most likely dead too. asyncpg hands them out
+            # unchecked, so each later beat would fail on the next dead one, one beat at
+            # a time, until the session ran out and a faster process swept this one.
+            # Replace them all now, and beat again on a fresh connection.
+            await self._pool.expire_connections()
+            return await membership.heartbeat(self._pool, *args)
 
     async def _sweep(self) -> int:
         try:
@@ -139,7 +154,13 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
                 current[1].signal(SetLeader(leader))
         elif current is not None and (leader is not None or not any(g == group for g, _ in self._members)):
             del self._rebalancers[group]
-            await current[1].stop(drain=False)
+            # Not awaited: stopping waits for the rebalance in hand, which may wait on the
+            # database for seconds after an outage; this actor must keep beating meanwhile
+            # or every local member's session runs out. (Rebalances lock the group row, so
+            # a successor starting before it ended is harmless.)
+            task = asyncio.get_running_loop().create_task(current[1].stop(drain=False))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
 
     def _start_rebalancer(self, group: str, leader: str) -> None:
         assert self._supervisor is not None

@@ -37,7 +37,9 @@ def configure_logging(level: str | None = None) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-            structlog.dev.ConsoleRenderer(colors=False),
+            # Plain tracebacks: rich ones (with locals) take seconds of CPU on the event
+            # loop, long enough for an actor restart to cost a member its session.
+            structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback),
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=True,

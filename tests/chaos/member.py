@@ -134,6 +134,21 @@ async def run_poll(b: bus.Bus, rec: Recorder, topic: str, assignor: str, stop: a
                     rec.error("commit", exc)
 
 
+async def watch_loop_lag(rec: Recorder, every: float = 0.1, report: float = 0.5) -> None:
+    """Record "V time loop_lag seconds=N" when this process's event loop ran late by more than `report`.
+
+    A late loop (CPU starved, blocked) delays heartbeats like a pause does: it tells
+    a fence that followed from a bus actor that was stuck on its own.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        t0 = loop.time()
+        await asyncio.sleep(every)
+        late = loop.time() - t0 - every
+        if late > report:
+            rec.fh.write(f"V\t{time.time():.6f}\tloop_lag\tseconds={late:.3f}\n")
+
+
 async def main() -> None:
     dsn, schema, group, topic, out, mode, slow = sys.argv[1:8]
     config: dict[str, Any] = {"schema": schema}
@@ -152,10 +167,18 @@ async def main() -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 (once, at start-up)
         rec = Recorder(fh, group, slow_seconds)
-        # Every library event passes through rec.event first; what is shown stays as before.
-        structlog.configure(processors=[rec.event, *structlog.get_config()["processors"]])
+        # Every library event passes through rec.event first. Tracebacks print plain: the
+        # default (rich, with locals) blocks the event loop for seconds per traceback on
+        # loaded cores, which fenced every member after each database restart.
+        processors = [
+            structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
+            if isinstance(p, structlog.dev.ConsoleRenderer) else p
+            for p in structlog.get_config()["processors"]
+        ]
+        structlog.configure(processors=[rec.event, *processors])
         if slow == "1":
             loop.add_signal_handler(signal.SIGUSR1, lambda: setattr(rec, "slow_next", True))
+        watchdog = asyncio.create_task(watch_loop_lag(rec))
         # Joining may meet the database down (a restart): the documented answer is to retry.
         while not stop.is_set():
             try:
@@ -167,6 +190,7 @@ async def main() -> None:
             except bus.errors.StorageUnavailableError as exc:
                 rec.error("start", exc)
                 await asyncio.sleep(0.5)
+        watchdog.cancel()
     print("stopped", flush=True)
 
 
