@@ -55,6 +55,7 @@ OBSERVED = {
     "lease_lost": "a worker found its partition lease gone (lapsed or taken)",
     "actor_restart": "a worker or coordinator restarted by its supervisor after an error",
     "release_failed": "a worker could not commit and release as it stopped (the lease runs out instead)",
+    "loop_lag": "a member process's event loop stood still (CPU starved or blocked): heartbeats stopped too",
 }
 
 

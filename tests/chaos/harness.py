@@ -65,6 +65,7 @@ EVENT_FAULTS = {
     "lease_lost": "lease_lost",
     "release_failed": "release_failed",
     "actor.restarting": "actor_restart",
+    "loop_lag": "loop_lag",
 }
 
 # (group, mode, assignor, members, index of the slow member or -1)
@@ -420,8 +421,10 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
             elif name in EVENT_FAULTS:
                 # A lease lapses up to lease_time before its worker notices; a fence comes up to a
                 # session after the member fell silent: the fault spans that time, not just the notice.
-                before = {"lease_lost": config["lease_time"], "fenced": config["session_timeout"]}
                 kind = EVENT_FAULTS[name]
+                before = {"lease_lost": config["lease_time"], "fenced": config["session_timeout"]}
+                if kind == "loop_lag":  # the loop stood still for that long before it noticed
+                    before[kind] = float(fields.get("seconds", "0"))
                 faults.append(Fault(kind, t - before.get(kind, 0.0), t, pid, " ".join(f"{k}={v}" for k, v in fields.items())))
     for t, member in expired:
         if member in pid_of_member:
