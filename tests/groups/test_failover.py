@@ -63,7 +63,10 @@ async def test_sigkilled_member_partitions_are_taken_over_within_the_bound_and_n
             acked.append(await b.publish("t", {"i": i}, partition=str(i % 6)))
 
         async def three_members_own_all():
-            d = await b.admin.describe_group("g")
+            try:
+                d = await b.admin.describe_group("g")
+            except bus.GroupNotFoundError:  # the member processes have not recorded the group yet
+                return False
             owners = await leased_by(b, "g")
             return d.state == "stable" and len({o for o in owners.values()}) == 3 and len(owners) == 6
 
@@ -127,7 +130,10 @@ async def test_leader_process_dying_moves_leadership(connect, dsn, schema, tmp_p
         second = start_member(dsn, schema, "g", "t", out)
 
         async def two_members():
-            d = await b.admin.describe_group("g")
+            try:
+                d = await b.admin.describe_group("g")
+            except bus.GroupNotFoundError:
+                return False
             return d.state == "stable" and len([m for m in d.members if m.partitions]) == 2
 
         await eventually(two_members, timeout=30)
