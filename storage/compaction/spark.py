@@ -123,7 +123,10 @@ def submit_command(job_args: list[str], *, master: str = "local[*]", jdbc_jar_pa
     if master.startswith("local"):
         # Local runs talk over loopback; skips a host-name lookup at start-up.
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    argv = [str(Path(spark_home) / "bin" / "spark-submit"), "--master", master]
+    # The driver's JVM is already running when job.py builds its session, so
+    # its heap size must be given here, not in the session's config.
+    argv = [str(Path(spark_home) / "bin" / "spark-submit"), "--master", master,
+            "--driver-memory", os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g")]
     jar = jdbc_jar(jdbc_jar_path)
     argv += ["--jars", jar] if jar else ["--packages", JDBC_PACKAGE]
     job = Path(__file__).with_name("job.py")
@@ -152,6 +155,10 @@ def spark_session(master: str | None = None, *, jdbc_jar_path: str | None = None
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "8")
+        # The archive is written partitioned by topic and date: with a writer
+        # open per output directory, Spark skips sorting each task's rows
+        # (payloads included) by those columns first.
+        .config("spark.sql.maxConcurrentOutputFileWriters", "64")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.driver.memory", os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.parquet.compression.codec", "snappy")

@@ -1,7 +1,6 @@
-"""Every statement the compaction job runs from its driver (bookkeeping, plan, deletes).
+"""Every statement the compaction job runs from its driver (bookkeeping, plan, keep-set, deletes).
 
-The Spark executors read the views `compaction_key_scan` and
-`compaction_removable` (migration 004) and append to `compaction_keep`; the
+The Spark executors read the view `compaction_removable` (migration 004); the
 only text ever formatted is `CTID_RANGE`, and only with integers the job
 computed itself (block numbers).
 """
@@ -93,15 +92,48 @@ def ctid_predicate(lo: int, hi: int | None) -> str:
 
 
 CLEAR_KEEP = "DELETE FROM compaction_keep WHERE run_id = $1"
-ANALYZE_KEEP = "ANALYZE compaction_keep"
 
-RECORD_KEEP_COUNTS = """
+# The keep-set of the run's pending compact partitions, in one set-based
+# statement: for each key its newest record in [lo, end_offset), kept when it
+# is below hi and not a tombstone past its retention. The key columns never
+# leave PostgreSQL: a hash aggregate here costs a fraction of shipping them to
+# Spark over JDBC, and only the newest record of each key is looked up again
+# (by primary key) for its tombstone flag and time. rows_scanned and keep_rows
+# of every pending compact plan row are recorded by the same statement.
+STAGE_KEEP = """
+WITH newest AS (
+    SELECT m.partition_id, max(m."offset") AS "offset", count(*) AS n
+    FROM compaction_plan p
+    JOIN messages m ON m.partition_id = p.partition_id AND m."offset" >= p.lo AND m."offset" < p.end_offset
+    WHERE p.run_id = $1 AND p.cleanup = 'compact' AND p.done_at IS NULL AND m.key IS NOT NULL
+    GROUP BY m.partition_id, m.key
+), kept AS (
+    INSERT INTO compaction_keep (run_id, partition_id, "offset")
+    SELECT $1, n.partition_id, n."offset"
+    FROM newest n
+    JOIN compaction_plan p ON p.run_id = $1 AND p.partition_id = n.partition_id
+    JOIN messages m ON m.partition_id = n.partition_id AND m."offset" = n."offset"
+    WHERE n."offset" < p.hi
+      AND NOT (m.payload IS NULL AND m.created_at < p.tombstone_cutoff)
+    RETURNING partition_id
+), scanned AS (
+    SELECT partition_id, sum(n)::bigint AS n FROM newest GROUP BY partition_id
+), counted AS (
+    SELECT partition_id, count(*) AS n FROM kept GROUP BY partition_id
+)
 UPDATE compaction_plan p
-SET keep_rows = (SELECT count(*) FROM compaction_keep k WHERE k.run_id = p.run_id AND k.partition_id = p.partition_id)
-WHERE p.run_id = $1 AND p.cleanup = 'compact' AND p.done_at IS NULL
+SET rows_scanned = COALESCE(s.n, 0), keep_rows = COALESCE(c.n, 0)
+FROM compaction_plan q
+LEFT JOIN scanned s ON s.partition_id = q.partition_id
+LEFT JOIN counted c ON c.partition_id = q.partition_id
+WHERE q.run_id = $1 AND q.cleanup = 'compact' AND q.done_at IS NULL
+  AND p.run_id = q.run_id AND p.partition_id = q.partition_id
 """
-
-RECORD_SCANNED = "UPDATE compaction_plan SET rows_scanned = $3 WHERE run_id = $1 AND partition_id = $2"
+ANALYZE_KEEP = "ANALYZE compaction_keep"
+# Fresh statistics on the plan rows (one per partition) so that the keep-set
+# statement and the archive read hash-join them with `messages` instead of
+# guessing one row and choosing nested loops.
+ANALYZE_PLAN = "ANALYZE compaction_plan"
 
 RECORD_ARCHIVED = "UPDATE compaction_plan SET archived_rows = $3 WHERE run_id = $1 AND partition_id = $2"
 

@@ -52,8 +52,9 @@ CREATE TABLE compaction_plan (
 -- The keep-set of compact partitions: for each key, its newest record inside
 -- [lo, hi) unless that is an expired tombstone. Everything else in range (with
 -- a key, past retention) is removable. Small (at most one row per key), so the
--- anti-joins below stay cheap. UNLOGGED for speed: a server crash empties it,
--- and the job notices (plan.keep_rows) and rebuilds it before deleting.
+-- anti-joins below stay cheap. Written by one INSERT ... SELECT (STAGE_KEEP).
+-- UNLOGGED for speed: a server crash empties it, and the job notices
+-- (plan.keep_rows) and rebuilds it before deleting.
 CREATE UNLOGGED TABLE compaction_keep (
     run_id        bigint NOT NULL,
     partition_id  bigint NOT NULL,
@@ -61,29 +62,12 @@ CREATE UNLOGGED TABLE compaction_keep (
 );
 CREATE INDEX compaction_keep_row ON compaction_keep (run_id, partition_id, "offset");
 
--- What the first Spark pass reads (over JDBC, split by heap block ranges of
--- `messages` through row_ctid): keys only, no payloads, for the compact
--- partitions of the open run.
-CREATE VIEW compaction_key_scan AS
-SELECT m.ctid AS row_ctid,
-       m.partition_id,
-       m."offset",
-       m.key,
-       (m.payload IS NULL) AS tombstone,
-       m.created_at,
-       p.hi,
-       p.tombstone_cutoff
-FROM messages m
-JOIN compaction_plan p ON p.partition_id = m.partition_id
-JOIN compaction_runs r ON r.id = p.run_id AND r.status <> 'done'
-WHERE p.cleanup = 'compact'
-  AND p.done_at IS NULL
-  AND m."offset" >= p.lo AND m."offset" < p.end_offset
-  AND m.key IS NOT NULL;
-
--- What the run archives and then removes: delete topics, the whole planned
--- range; compact topics, every keyed record in range past retention and not in
--- the keep-set. Keyless records of compact topics are never removed.
+-- What the run archives and then removes (read by Spark over JDBC, split by
+-- heap block ranges of `messages` through row_ctid): delete topics, the whole
+-- planned range; compact topics, every keyed record in range past retention
+-- and not in the keep-set. Keyless records of compact topics are never
+-- removed. The payload travels as bytea (Spark reads BinaryType): no hex
+-- encoding on the server, half the bytes on the wire.
 CREATE VIEW compaction_removable AS
 SELECT m.ctid AS row_ctid,
        p.run_id,
@@ -93,12 +77,14 @@ SELECT m.ctid AS row_ctid,
        m."offset",
        m.key,
        m.headers::text AS headers,
-       encode(m.payload, 'hex') AS payload_hex,
+       m.payload,
        m.created_at
 FROM messages m
 JOIN compaction_plan p ON p.partition_id = m.partition_id
-JOIN compaction_runs r ON r.id = p.run_id AND r.status <> 'done'
-WHERE p.done_at IS NULL
+-- At most one run is open (compaction_runs_one_open): a scalar lookup, so the
+-- planner never joins (or materializes) the message rows against the runs.
+WHERE p.run_id = (SELECT r.id FROM compaction_runs r WHERE r.status <> 'done')
+  AND p.done_at IS NULL
   AND m."offset" >= p.lo AND m."offset" < p.hi
   AND (p.cleanup = 'delete'
        OR (m.key IS NOT NULL
