@@ -61,7 +61,14 @@ async def test_partitions_that_keep_their_owner_keep_their_lease_across_a_rebala
     epochs_before = dict(await b.pool.fetch("SELECT partition_id, lease_epoch FROM offsets WHERE group_name='g'"))
     second = await b.consumer("g", topics=["t"], assignor="sticky").start()
     await eventually(lambda: len(a.assignment()) == 3 and len(second.assignment()) == 3)
-    await eventually(lambda: _all_leased(b, "g", 6))
+
+    async def handed_over() -> bool:
+        owners = await b.pool.fetch(
+            "SELECT owner FROM offsets WHERE group_name='g' AND owner IS NOT NULL AND lease_expires_at > now()"
+        )
+        return sorted(r[0] == second.member_id for r in owners) == [False] * 3 + [True] * 3
+
+    await eventually(handed_over)
     rows = await b.pool.fetch("SELECT partition_id, lease_epoch, owner FROM offsets WHERE group_name='g'")
     kept = [r for r in rows if r["owner"] == a.member_id]
     assert len(kept) == 3
