@@ -22,20 +22,21 @@ any point is finished by the next job exactly as it would have finished:
 1. **plan** (one transaction): a `compaction_runs` row and one
    `compaction_plan` row per partition, with the range [lo, hi) and the cut-off
    times fixed now.
-2. **stage** (Spark pass 1, keys only): the newest record per key (a partial
-   aggregation, so rows are cut before the shuffle) becomes the keep-set,
-   appended over JDBC to the UNLOGGED `compaction_keep`, then ANALYZEd.
-3. **archive** (Spark pass 2): PostgreSQL sends only the removable rows (view
-   `compaction_removable`, payload hex-encoded), Spark writes Parquet
+2. **stage** (in PostgreSQL, one statement): the newest record per key
+   becomes the keep-set in the UNLOGGED `compaction_keep`, then ANALYZEd. Only
+   key columns are involved, and a hash aggregate inside the database costs
+   far less than shipping them to Spark over JDBC.
+3. **archive** (the Spark pass): PostgreSQL sends only the removable rows
+   (view `compaction_removable`, payloads as bytea), Spark writes Parquet
    partitioned by topic and date, files are moved to names fixed by the run.
 4. **delete**: per partition, one transaction locks the partition row
    (`FOR UPDATE`), re-computes the watermark, deletes set-based only below it,
    moves `log_start` to the first offset still present and marks the plan row
-   done.
+   done. Partitions are deleted by a few connections side by side.
 5. **bookkeeping**: totals on the run row, the keep-set dropped.
 
-Both Spark passes read `messages` split by heap block ranges (`ctid`), so the
-table is read once whatever the PostgreSQL version.
+Spark reads `messages` split by heap block ranges (`ctid`), so the table is
+read once whatever the PostgreSQL version.
 
 Known limit: if the watermark moves back between the archive and the delete
 (an admin reset, a new `earliest` group), the delete keeps those records (it
@@ -84,6 +85,9 @@ CrashPoint = Literal["after_archive", "mid_delete", "before_bookkeeping"]
 CRASH_POINTS: tuple[str, ...] = ("after_archive", "mid_delete", "before_bookkeeping")
 DEFAULT_TOMBSTONE_RETENTION = 24 * 3600.0
 FETCH_SIZE = 10_000
+# Partitions deleted side by side (each in its own transaction): PostgreSQL
+# spends the delete's time in the heap, one core per backend.
+DELETE_CONNECTIONS = 2
 
 
 class CompactionCrash(BusError):
@@ -366,18 +370,50 @@ class _Job:
         assert conn is not None
         plan = self.q(conn.fetch(sql.SELECT_PLAN, run_id))
         pending = [r for r in plan if r["done_at"] is None]
-        removed_total = 0
-        for i, row in enumerate(pending):
-            removed_total += self.q(self._delete_partition(run_id, int(row["partition_id"])))
-            self.progress(Progress("delete", f"{row['topic']}/{row['partition']}", done=i + 1, total=len(pending),
-                                   counts={"removed": removed_total}))
-            if i == 0:
-                self._crash("mid_delete")
+        self.q(self._delete_side_by_side(run_id, pending))
 
-    async def _delete_partition(self, run_id: int, partition_id: int) -> int:
+    async def _delete_side_by_side(self, run_id: int, pending: list[asyncpg.Record]) -> None:
+        """Delete the pending partitions, each in its own transaction, on up to DELETE_CONNECTIONS connections.
+
+        Partitions are independent (each locks only its own partition row), so
+        they may go side by side; the first failure stops the others after
+        their current partition and is raised.
+        """
+        assert self.conn is not None
+        todo = list(reversed(pending))
+        done = removed_total = 0
+        failed: list[BaseException] = []
+
+        async def worker(conn: asyncpg.Connection) -> None:
+            nonlocal done, removed_total
+            while todo and not failed:
+                row = todo.pop()
+                try:
+                    removed = await self._delete_partition(conn, run_id, int(row["partition_id"]))
+                    done += 1
+                    removed_total += removed
+                    self.progress(Progress("delete", f"{row['topic']}/{row['partition']}", done=done,
+                                           total=len(pending), counts={"removed": removed_total}))
+                    if done == 1:
+                        self._crash("mid_delete")
+                except BaseException as exc:
+                    failed.append(exc)
+                    raise
+
+        extra: list[asyncpg.Connection] = []
+        try:
+            for _ in range(min(DELETE_CONNECTIONS, len(pending)) - 1):
+                extra.append(await db.connect(self.dsn, self.schema))
+            await asyncio.gather(*(worker(c) for c in [self.conn, *extra]), return_exceptions=True)
+        finally:
+            for c in extra:
+                if not c.is_closed():
+                    await c.close()
+        if failed:
+            raise failed[0]
+
+    async def _delete_partition(self, conn: asyncpg.Connection, run_id: int, partition_id: int) -> int:
         """One transaction: lock the partition, re-check the watermark, delete below it, move log_start."""
-        conn = self.conn
-        assert conn is not None
         async with conn.transaction():
             plan = await conn.fetchrow(sql.SELECT_PLAN_ROW, run_id, partition_id)
             if plan is None or plan["done_at"] is not None:
