@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import zlib
@@ -66,6 +67,7 @@ def _topic_info(row: asyncpg.Record) -> TopicInfo:
     )
 
 
+@functools.lru_cache(maxsize=65536)
 def key_partition(key: str, count: int) -> str:
     """The fixed partition a key maps to: a stable hash (CRC-32), the same in every process."""
     return str(zlib.crc32(key.encode("utf-8")) % count)
@@ -368,11 +370,22 @@ class Bus:
             raise ValidationError("publish_many takes a list of bus.Outgoing (or plain payloads)")
         by_partition: dict[str, list[int]] = {}
         encoded: list[tuple[str | None, str | None, bytes | None]] = []
+        tombstones, limit = info.cleanup == "compact", info.max_message_bytes
+        # Services often pass one headers dict for a whole batch: encode it once.
+        last_headers: Any = None
+        last_encoded: str | None = None
         for index, item in enumerate(messages):
-            out = item if isinstance(item, Outgoing) else Outgoing(item)
+            out = item if type(item) is Outgoing else Outgoing(item)
             key = validate_key(out.key)
-            data = encode_payload(out.payload, allow_tombstone=info.cleanup == "compact", limit=info.max_message_bytes)
-            encoded.append((key, encode_headers(out.headers), data))
+            data = encode_payload(out.payload, allow_tombstone=tombstones, limit=limit)
+            if out.headers is None:
+                head = None
+            elif out.headers is last_headers:
+                head = last_encoded
+            else:
+                head = last_encoded = encode_headers(out.headers)
+                last_headers = out.headers
+            encoded.append((key, head, data))
             by_partition.setdefault(self._choose_partition(info, out.partition, key), []).append(index)
         if not encoded:
             return []

@@ -22,7 +22,7 @@ def encode_payload(payload: Any, *, allow_tombstone: bool, limit: int) -> bytes 
             "payload None is a tombstone and only allowed on cleanup='compact' topics; "
             "publish bytes or a JSON-encodable value"
         )
-    if isinstance(payload, bytes):
+    if type(payload) is bytes or isinstance(payload, bytes):
         data = payload
     elif isinstance(payload, (bytearray, memoryview)):
         data = bytes(payload)
@@ -100,4 +100,6 @@ def validate_key(key: Any) -> str | None:
         return None
     if not isinstance(key, str):
         raise ValidationError(f"key must be a str or None, not {type(key).__name__}")
+    if key.isascii() and "\x00" not in key:  # the common case, without encoding
+        return key
     return utf8_text(key, "key")
