@@ -12,6 +12,10 @@ Java 17 is required. When `JAVA_HOME` is unset it is set to
 `/usr/lib/jvm/java-17-openjdk-amd64` (Debian's OpenJDK 17); no other JDK on the
 machine is picked up implicitly, and a `JAVA_HOME` that is not Java 17 is an
 error saying so.
+
+`spark-submit` runs get `--driver-memory` from `BUS_SPARK_DRIVER_MEMORY`
+(default 2g; the in-process session reads the same variable) and, when set,
+`--driver-java-options` from `BUS_SPARK_JAVA_OPTS`.
 """
 
 from __future__ import annotations
@@ -127,6 +131,9 @@ def submit_command(job_args: list[str], *, master: str = "local[*]", jdbc_jar_pa
     # its heap size must be given here, not in the session's config.
     argv = [str(Path(spark_home) / "bin" / "spark-submit"), "--master", master,
             "--driver-memory", os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g")]
+    java_opts = os.environ.get("BUS_SPARK_JAVA_OPTS")
+    if java_opts:
+        argv += ["--driver-java-options", java_opts]
     jar = jdbc_jar(jdbc_jar_path)
     argv += ["--jars", jar] if jar else ["--packages", JDBC_PACKAGE]
     job = Path(__file__).with_name("job.py")
