@@ -338,10 +338,22 @@ class _Job:
         if removed:
             self.log.info("compaction_archive_restarted", stale_files=removed)
         self.progress(Progress("archive", "archiving removable rows (Spark)"))
-        rows = self._read("compaction_removable").select(
-            "run_id", "partition_id", "topic", "partition", "offset", "key", "headers", "payload", "created_at"
+        # Run, topic and partition are the same for every row of a partition:
+        # they come from the plan through a broadcast join instead of crossing
+        # JDBC two million times.
+        plan = self.q(conn.fetch(sql.SELECT_PLAN, run_id))
+        partitions = self.spark.createDataFrame(
+            [(run_id, int(r["partition_id"]), r["topic"], r["partition"]) for r in plan],
+            "run_id long, partition_id long, topic string, partition string",
         )
-        out = rows.withColumn("date", F.to_date("created_at"))
+        rows = self._read("compaction_removable").select(
+            "partition_id", "offset", "key", "headers", "payload", "created_at"
+        )
+        out = (
+            rows.join(F.broadcast(partitions), "partition_id")
+            .select("run_id", "partition_id", "topic", "partition", "offset", "key", "headers", "payload", "created_at")
+            .withColumn("date", F.to_date("created_at"))
+        )
         t0 = time.perf_counter()
         # Payloads rarely repeat: a dictionary for them is built, found useless
         # and thrown away page after page; plain encoding skips that work.
