@@ -104,6 +104,19 @@ async def test_compaction_matches_the_reference_model_for_both_policies(
     expected = expected_after(rows, parts, await _planned_at(b))
     assert report.rows_archived == report.rows_removed == len(expected.archived) > 50_000
     assert not report.resumed
+    # The keep-set's bookkeeping: every keyed record in [log start, end) of a
+    # compact partition was scanned; on "events" (no retention) what is kept
+    # below the watermark is exactly the keep-set.
+    by_id = {p["partition_id"]: p for p in parts}
+    for outcome in (o for o in report.partitions if o.cleanup == "compact"):
+        pid = next(p for p, row in by_id.items() if (row["topic"], row["partition"]) == (outcome.topic, outcome.partition))
+        part = by_id[pid]
+        keyed = [r for r in rows if r["partition_id"] == pid and r["key"] is not None
+                 and part["log_start"] <= r["offset"] < part["next_offset"]]
+        assert outcome.scanned == len(keyed)
+        if outcome.topic == "events":
+            left = {o for p, o in expected.remaining if p == pid}
+            assert outcome.kept == sum(1 for r in keyed if r["offset"] < part["low_watermark"] and r["offset"] in left)
     # Archive layout: partitioned by topic and date, files named by the run.
     files = [Path(f.removeprefix("file:")) for f in report.archive_files]
     assert files and all(f.name.startswith(f"run-{report.run_id}-") and f.exists() for f in files)
