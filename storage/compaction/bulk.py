@@ -17,7 +17,7 @@ BULK_APPEND = """
 WITH p AS (SELECT id, next_offset FROM partitions WHERE id = $1 FOR UPDATE)
 INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
 SELECT p.id, p.next_offset + g,
-       'k' || ((g * 7919) % $3),
+       'k' || ((g::bigint * 7919) % $3),
        '{"src": "bulk"}'::jsonb,
        CASE WHEN $5 > 0 AND g % $5 = $5 - 1 THEN NULL
             ELSE convert_to(substr(repeat(md5(g::text || ':' || p.id), 1 + $4 / 32), 1, $4), 'UTF8') END,
