@@ -141,8 +141,3 @@ class Seek(Message, frozen=True):
 
     offset: int
 
-
-class CommitPosition(Message, frozen=True):
-    """Commit `offset` now with this worker's lease (fenced); replies with bool."""
-
-    offset: int

@@ -253,9 +253,9 @@ _lag_labels: dict[str, set[tuple[str, str, str]]] = {}
 async def read_lag(pool: asyncpg.Pool, groups: Iterable[str] | None = None) -> dict[tuple[str, str, str], tuple[int, float]]:
     """Lag and lag seconds of every partition of every group (or of `groups`), like describe_group.
 
-    Missing cursors are first created at the group's recorded start (what
-    describe_group does), so a `latest` group's lag never counts what its
-    start skipped.
+    Partitions without a cursor are measured from the group's recorded start
+    (read-only, like describe_group), so a `latest` group's lag never counts
+    what its start skipped.
     """
     if groups is None:
         names = [r["name"] for r in await group_sql.list_groups(pool)]
@@ -263,10 +263,6 @@ async def read_lag(pool: asyncpg.Pool, groups: Iterable[str] | None = None) -> d
         names = list(groups)
     out: dict[tuple[str, str, str], tuple[int, float]] = {}
     for name in names:
-        parts = await group_sql.group_partitions(pool, name)
-        missing = [p["partition_id"] for p in parts if p["committed"] is None]
-        if missing:
-            await group_sql.materialize_offsets(pool, name, missing)
         for r in await group_sql.describe_partitions(pool, name):
             lag = int(r["lag"])
             seconds = 0.0 if lag == 0 or r["lag_seconds"] is None else float(r["lag_seconds"])

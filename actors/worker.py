@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from actors import metrics
-from actors.messages import CommitPosition, LeaseLost, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
+from actors.messages import LeaseLost, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
 from actors.runtime import Actor, ActorRef
 from storage import leases
 from storage.db import TRANSIENT_ERRORS
@@ -88,7 +88,7 @@ class WorkerSpec:
     messages_channel: str
 
 
-class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
+class PartitionWorker(Actor[Wake | Seek]):
     """Owns one partition for one member: lease, fetch, hand on, commit, release."""
 
     mailbox_size = 64
@@ -139,7 +139,7 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
             # escaping from here it would fail the Coordinator's revoke.)
             self._log.warning("release_failed", error=str(exc))
 
-    async def receive(self, message: Wake | Seek | CommitPosition) -> Any:
+    async def receive(self, message: Wake | Seek) -> Any:
         match message:
             case Wake():
                 try:
@@ -154,12 +154,6 @@ class PartitionWorker(Actor[Wake | Seek | CommitPosition]):
                 self._pending = None
                 self._position = offset
                 self.self_ref.signal(Wake())
-            case CommitPosition(offset=offset):
-                if self._epoch is None:
-                    return False
-                async with self._pool.acquire() as conn:
-                    done = await leases.commit(conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, offset, self._epoch)])
-                return bool(done)
         return None
 
     async def _acquire(self) -> bool:

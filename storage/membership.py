@@ -187,8 +187,6 @@ UPDATE groups SET generation = $2, state = $3, rebalance_due_at = NULL, updated_
 WHERE name = $1
 """
 
-CLEAR_DUE = "UPDATE groups SET rebalance_due_at = NULL, state = $2, updated_at = clock_timestamp() WHERE name = $1"
-
 REQUEST_REBALANCE = """
 UPDATE groups SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $2)),
                   state = 'preparing_rebalance', updated_at = clock_timestamp()
@@ -204,14 +202,6 @@ WHERE g.name = $1 AND g.generation = $2 AND g.state = 'rebalancing' AND g.rebala
       LEFT JOIN offsets o ON o.group_name = m.group_name AND o.partition_id = a.pid
       WHERE m.group_name = g.name AND (o.owner IS DISTINCT FROM m.member_id OR o.lease_expires_at <= clock_timestamp()))
 RETURNING name
-"""
-
-CLAIM_LEADERSHIP = """
-UPDATE groups SET leader = $2
-WHERE name = $1 AND (leader IS NULL OR NOT EXISTS (
-    SELECT 1 FROM members m WHERE m.group_name = $1 AND m.member_id = groups.leader
-      AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout)))
-RETURNING leader
 """
 
 NOTIFY = "SELECT pg_notify($1, $2)"
@@ -273,9 +263,6 @@ async def partition_fingerprint(conn: Conn, group: str) -> tuple[int, int, int]:
 async def mark_stable(conn: Conn, group: str, generation: int) -> bool:
     return await conn.fetchval(MARK_STABLE, group, generation) is not None
 
-
-async def claim_leadership(conn: Conn, group: str, member_id: str) -> bool:
-    return await conn.fetchval(CLAIM_LEADERSHIP, group, member_id) is not None
 
 
 class RebalanceOutcome:
