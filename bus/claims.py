@@ -13,7 +13,8 @@ lets another worker take the partition (and the same messages) again.
 Fencing: every lease bumps the cursor's `lease_epoch`; `ack`, `extend` and
 `release` apply only if owner and epoch still match, in the statement that
 applies them. So a worker whose lease expired and was taken by someone else
-gets `LeaseLostError` and changes nothing. A lease that expired but that
+gets `LeaseLostError` and changes nothing, on that call and on every later
+`ack`, `extend` or `release` of the same claim. A lease that expired but that
 nobody took yet still matches: that late ack succeeds (no one else has seen
 those messages as ours, so nothing is delivered twice by accepting it).
 
@@ -101,7 +102,8 @@ class Claim:
         self._bus = bus
         self._partition_id = partition_id
         self._epoch = epoch
-        self._finished = False
+        self._finished = False  # acked or released by this object
+        self._lost_to: str | None = None  # who held the partition when the lease was found lost
         self._log = log.bind(group=group, topic=topic, partition=partition, worker=worker_id, epoch=epoch)
 
     def __repr__(self) -> str:
@@ -117,8 +119,10 @@ class Claim:
         """Advance the group's cursor past `offset` (default: the last message) and release the lease.
 
         Raises LeaseLostError, applying nothing, if the lease expired and
-        another worker took the partition. Acking a finished claim again is a no-op.
+        another worker took the partition, and again on every later call.
+        Acking a claim this object already acked or released is a no-op.
         """
+        self._raise_if_lost("ack")
         if self._finished:
             return
         first, last = self.messages[0].offset, self.messages[-1].offset
@@ -132,7 +136,9 @@ class Claim:
             )
         with db.translate_errors():
             async with self._bus.pool.acquire() as conn:
-                done = await sql.ack(conn, self.group, self._partition_id, self.worker_id, self._epoch, offset + 1)
+                done = await sql.ack(
+                    conn, self.group, self._partition_id, self.worker_id, self._epoch, offset + 1
+                )
                 if done is None:
                     await self._lost(conn, "ack")
         self._finished = True
@@ -140,22 +146,29 @@ class Claim:
         self._log.debug("claim_acked", committed=offset + 1)
 
     async def release(self) -> bool:
-        """Give the partition back without advancing (the same messages come back).
+        """Give the partition back without advancing (the same messages come back); returns True.
 
-        Returns False if the lease was already lost (nothing to release).
+        Raises LeaseLostError if the lease expired and another worker took the
+        partition (there is nothing left to release), and again on every later
+        call. Releasing a claim this object already acked or released is a no-op.
         """
+        self._raise_if_lost("release")
         if self._finished:
             return True
         with db.translate_errors():
-            released = await sql.release(self._bus.pool, self.group, self._partition_id, self.worker_id, self._epoch)
+            async with self._bus.pool.acquire() as conn:
+                released = await sql.release(
+                    conn, self.group, self._partition_id, self.worker_id, self._epoch
+                )
+                if not released:
+                    await self._lost(conn, "release")
         self._finished = True
-        if not released:
-            self._log.info("claim_release_after_lease_lost")
-        return released
+        return True
 
     async def extend(self, seconds: float) -> None:
         """Keep the lease `seconds` more from now; LeaseLostError if someone else took it meanwhile."""
         seconds = _positive(seconds, "extend seconds")
+        self._raise_if_lost("extend")
         if self._finished:
             raise LeaseLostError(
                 f"claim on {self.topic}/{self.partition} for group {self.group!r} was already acked or released; "
@@ -163,27 +176,40 @@ class Claim:
             )
         with db.translate_errors():
             async with self._bus.pool.acquire() as conn:
-                expires = await sql.extend(conn, self.group, self._partition_id, self.worker_id, self._epoch, seconds)
+                expires = await sql.extend(
+                    conn, self.group, self._partition_id, self.worker_id, self._epoch, seconds
+                )
                 if expires is None:
                     await self._lost(conn, "extend")
         self.lease_expires_at = expires  # type: ignore[assignment]
 
+    def _raise_if_lost(self, what: str) -> None:
+        # A lost lease stays lost: its epoch is behind for good, so every later
+        # ack/extend/release is refused without asking the database again.
+        if self._lost_to is not None:
+            raise self._lease_lost_error(what, self._lost_to)
+
     async def _lost(self, conn: Any, what: str) -> None:
-        self._finished = True
         state = await sql.lease_state(conn, self.group, self._partition_id)
         holder = "nobody" if state is None or state["owner"] is None else repr(state["owner"])
+        self._lost_to = holder
         self._log.warning("claim_lease_lost", action=what, holder=holder)
         _metrics.lease_lost(self.group, self.topic)
-        raise LeaseLostError(
+        raise self._lease_lost_error(what, holder)
+
+    def _lease_lost_error(self, what: str, holder: str) -> LeaseLostError:
+        return LeaseLostError(
             f"{what} refused: the lease of group {self.group!r} on {self.topic}/{self.partition} expired and "
-            f"was taken again (now held by {holder}); nothing was applied. Claim again, and use a longer "
-            "lease_time or extend() for slow work"
+            f"was taken again (held by {holder} when the loss was found); nothing was applied. Claim again, "
+            "and use a longer lease_time or extend() for slow work"
         )
 
 
 def _positive(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
-        raise ValidationError(f"{what} must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}")
+        raise ValidationError(
+            f"{what} must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}"
+        )
     return float(value)
 
 
@@ -215,7 +241,11 @@ async def claim(
         validate_name(namespace, "namespace")
     if task is not None:
         validate_name(task, "task")
-    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or not 1 <= max_messages <= 100_000:
+    if (
+        isinstance(max_messages, bool)
+        or not isinstance(max_messages, int)
+        or not 1 <= max_messages <= 100_000
+    ):
         raise ValidationError(f"max_messages must be an integer from 1 to 100000, got {max_messages!r}")
     seconds = bus.config.lease_time if lease_time is None else _positive(lease_time, "lease_time")
     spec = parse_start(start, bus.config.default_start)

@@ -214,3 +214,76 @@ async def test_a_stopped_group_cannot_claim(b: bus.Bus) -> None:
             await b2.claim("g", topic="t", worker_id="w")
     finally:
         await b2.close()
+
+
+async def _lost_claim(b: bus.Bus) -> tuple[bus.Claim, bus.Claim]:
+    """A claim whose lease expired and was taken by another worker (old, new)."""
+    await b.create_topic("t", partitions=1)
+    await b.publish_many("t", [b"a", b"b"])
+    old = await b.claim("g", topic="t", worker_id="zombie", lease_time=0.05)
+    assert old is not None
+    await asyncio.sleep(0.1)
+    new = await b.claim("g", topic="t", worker_id="live")
+    assert new is not None and new.messages[0].offset == 0
+    return old, new
+
+
+async def test_a_lost_claim_refuses_ack_every_time_after_extend_found_the_loss(b: bus.Bus) -> None:
+    old, new = await _lost_claim(b)
+    with pytest.raises(bus.LeaseLostError):
+        await old.extend(10)
+    for _ in range(2):  # a zombie's ack must never look like it succeeded
+        with pytest.raises(bus.LeaseLostError):
+            await old.ack()
+    with pytest.raises(bus.LeaseLostError):
+        await old.ack(0)
+    with pytest.raises(bus.LeaseLostError):
+        await old.extend(10)
+    # nothing was applied: the new holder's lease and the cursor are untouched
+    await new.extend(30)
+    assert await b.pool.fetchval("SELECT committed FROM offsets") == 0
+    await new.ack()
+    assert await b.pool.fetchval("SELECT committed FROM offsets") == 2
+
+
+async def test_a_lost_claim_refuses_release_every_time(b: bus.Bus) -> None:
+    old, new = await _lost_claim(b)
+    with pytest.raises(bus.LeaseLostError):
+        await old.release()
+    with pytest.raises(bus.LeaseLostError):
+        await old.release()
+    with pytest.raises(bus.LeaseLostError):
+        await old.ack()
+    # the new holder still holds the partition
+    assert await b.claim("g", topic="t", worker_id="third") is None
+    await new.ack()
+
+
+async def test_a_lost_claim_refuses_extend_after_ack_found_the_loss(b: bus.Bus) -> None:
+    old, new = await _lost_claim(b)
+    with pytest.raises(bus.LeaseLostError):
+        await old.ack()
+    with pytest.raises(bus.LeaseLostError):
+        await old.extend(10)
+    with pytest.raises(bus.LeaseLostError):
+        await old.release()
+    await new.release()
+
+
+async def test_a_claim_finished_by_its_own_ack_or_release_makes_a_second_one_a_no_op(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=None)
+    await b.publish("t", b"a", partition="p1")
+    await b.publish("t", b"b", partition="p2")
+    acked = await b.claim("g", topic="t", worker_id="w")
+    released = await b.claim("g", topic="t", worker_id="w")
+    assert acked is not None and released is not None
+    await acked.ack()
+    await acked.ack()
+    assert await acked.release() is True
+    assert await released.release() is True
+    assert await released.release() is True
+    await released.ack()  # a released claim's ack is a no-op: its messages come back
+    with pytest.raises(bus.LeaseLostError, match="already acked or released"):
+        await acked.extend(10)
+    again = await b.claim("g", topic="t", worker_id="w")
+    assert again is not None and again.partition == released.partition
