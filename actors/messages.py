@@ -141,3 +141,10 @@ class Seek(Message, frozen=True):
 
     offset: int
 
+
+class Rewind(Message, frozen=True):
+    """Continue from the group's committed offset (buffered messages of the partition are dropped).
+
+    The answer (to an ask) is True once the worker's position is the committed
+    offset, False when the database could not be read (the caller retries).
+    """

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from actors import metrics
-from actors.messages import LeaseLost, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
+from actors.messages import LeaseLost, Rewind, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
 from actors.runtime import Actor, ActorRef
 from storage import leases
 from storage.db import TRANSIENT_ERRORS
@@ -62,10 +62,15 @@ class Sink(Protocol):
     def revoked(self, partition_id: int, epoch: int) -> None:
         """Drop whatever is buffered from this lease."""
 
+    def released(self, partition_id: int, epoch: int, committed: int | None) -> None:
+        """Poll mode: the lease ended; `committed` is the position the worker committed as it let go (None: none)."""
+
     async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
         """Handler mode: process one message (raise to retry)."""
 
-    async def dead_letter(self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int) -> bool:
+    async def dead_letter(
+        self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int
+    ) -> bool:
         """Handler mode: send to the dead-letter topic; False when there is none."""
 
     def failed(self, topic: str, partition: str, error: BaseException) -> None:
@@ -88,25 +93,36 @@ class WorkerSpec:
     messages_channel: str
 
 
-class PartitionWorker(Actor[Wake | Seek]):
+class PartitionWorker(Actor[Wake | Seek | Rewind]):
     """Owns one partition for one member: lease, fetch, hand on, commit, release."""
 
     mailbox_size = 64
 
-    def __init__(self, spec: WorkerSpec, pool: asyncpg.Pool, sink: Sink, notifier: ActorRef[Any], coordinator: ActorRef[Any]) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        pool: asyncpg.Pool,
+        sink: Sink,
+        notifier: ActorRef[Any],
+        coordinator: ActorRef[Any],
+    ) -> None:
         self.spec = spec
         self._pool = pool
         self._sink = sink
         self._notifier = notifier
         self._coordinator = coordinator
         self._epoch: int | None = None
-        self._position = 0          # next offset to fetch
-        self._committed = 0         # last committed position (handler mode)
+        self._position = 0  # next offset to fetch
+        self._committed = 0  # last committed position (handler mode)
         self._pending: Batch | None = None
         self._stopped_on_error = False
         self._log = get_logger(
-            __name__, group=spec.group, member=spec.member_id, generation=spec.generation,
-            topic=spec.topic, partition=spec.partition,
+            __name__,
+            group=spec.group,
+            member=spec.member_id,
+            generation=spec.generation,
+            topic=spec.topic,
+            partition=spec.partition,
         )
 
     async def on_start(self) -> None:
@@ -120,6 +136,7 @@ class PartitionWorker(Actor[Wake | Seek]):
         if self._epoch is None:
             return
         epoch, self._epoch = self._epoch, None
+        committed: int | None = None
         try:
             if self._sink.handler_mode:
                 position: int | None = self._committed
@@ -128,18 +145,33 @@ class PartitionWorker(Actor[Wake | Seek]):
                 self._sink.revoked(self.spec.partition_id, epoch)
             async with self._pool.acquire() as conn, conn.transaction():  # commit then release: one flush
                 if position is not None:
-                    await leases.commit(conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, position, epoch)])
+                    applied = await leases.commit(
+                        conn,
+                        self.spec.group,
+                        self.spec.member_id,
+                        [(self.spec.partition_id, position, epoch)],
+                    )
+                    committed = position if applied else None
                 await leases.release(
-                    conn, self.spec.group, self.spec.partition_id, self.spec.member_id, epoch, self.spec.messages_channel
+                    conn,
+                    self.spec.group,
+                    self.spec.partition_id,
+                    self.spec.member_id,
+                    epoch,
+                    self.spec.messages_channel,
                 )
             self._log.debug("partition_released", epoch=epoch, position=position)
         except TRANSIENT_ERRORS as exc:
             # The lease expires by itself; the next owner re-reads from the last commit.
             # (asyncpg's InternalClientError after a dropped connection is among them:
             # escaping from here it would fail the Coordinator's revoke.)
+            committed = None
             self._log.warning("release_failed", error=str(exc))
+        finally:
+            if not self._sink.handler_mode:
+                self._sink.released(self.spec.partition_id, epoch, committed)
 
-    async def receive(self, message: Wake | Seek) -> Any:
+    async def receive(self, message: Wake | Seek | Rewind) -> Any:
         match message:
             case Wake():
                 try:
@@ -154,12 +186,38 @@ class PartitionWorker(Actor[Wake | Seek]):
                 self._pending = None
                 self._position = offset
                 self.self_ref.signal(Wake())
+            case Rewind():
+                return await self._rewind()
         return None
+
+    async def _rewind(self) -> bool:
+        """Go back to the committed offset: what was handed out past it comes again."""
+        if self._epoch is not None and not self._sink.handler_mode:
+            self._sink.revoked(self.spec.partition_id, self._epoch)
+        self._pending = None
+        if self._epoch is None:
+            return True  # not holding the lease: acquiring it starts from the committed offset
+        try:
+            row = await leases.state(self._pool, self.spec.group, self.spec.partition_id)
+        except TRANSIENT_ERRORS as exc:
+            self._log.warning("rewind_failed", error=repr(exc))
+            return False
+        if row is None or row["owner"] != self.spec.member_id or row["lease_epoch"] != self._epoch:
+            await self._lost()
+            return True
+        self._position = max(int(row["committed"]), int(row["log_start"]))
+        self._committed = self._position
+        self.self_ref.signal(Wake())
+        return True
 
     async def _acquire(self) -> bool:
         got = await leases.acquire(
-            self._pool, self.spec.group, self.spec.partition_id, self.spec.member_id,
-            self.spec.generation, self.spec.lease_time,
+            self._pool,
+            self.spec.group,
+            self.spec.partition_id,
+            self.spec.member_id,
+            self.spec.generation,
+            self.spec.lease_time,
         )
         if got is None:
             return False
@@ -181,8 +239,13 @@ class PartitionWorker(Actor[Wake | Seek]):
                 return
             self._pending = None
         rows = await leases.fetch(
-            self._pool, self.spec.group, self.spec.partition_id, self.spec.member_id,
-            self._epoch, self._position, self.spec.fetch_size,
+            self._pool,
+            self.spec.group,
+            self.spec.partition_id,
+            self.spec.member_id,
+            self._epoch,
+            self._position,
+            self.spec.fetch_size,
         )
         if not rows:
             await self._check_lease()
@@ -192,7 +255,9 @@ class PartitionWorker(Actor[Wake | Seek]):
         if self._sink.handler_mode:
             await self._run_handler(rows)
         else:
-            batch = Batch(self.spec.topic, self.spec.partition, self.spec.partition_id, self._epoch, rows, self.self_ref)
+            batch = Batch(
+                self.spec.topic, self.spec.partition, self.spec.partition_id, self._epoch, rows, self.self_ref
+            )
             if not self._sink.offer(batch):
                 self._pending = batch
                 return
@@ -201,14 +266,23 @@ class PartitionWorker(Actor[Wake | Seek]):
 
     async def _check_lease(self) -> None:
         row = await leases.state(self._pool, self.spec.group, self.spec.partition_id)
-        if row is None or row["owner"] != self.spec.member_id or row["lease_epoch"] != self._epoch or not row["live"]:
-            self._log.info("lease_lost", epoch=self._epoch)
-            metrics.lease_lost(self.spec.group, self.spec.topic)
-            if not self._sink.handler_mode and self._epoch is not None:
-                self._sink.revoked(self.spec.partition_id, self._epoch)
-            self._epoch = None
-            self._pending = None
-            self._coordinator.signal(LeaseLost(self.spec.partition_id))
+        if (
+            row is None
+            or row["owner"] != self.spec.member_id
+            or row["lease_epoch"] != self._epoch
+            or not row["live"]
+        ):
+            await self._lost()
+
+    async def _lost(self) -> None:
+        self._log.info("lease_lost", epoch=self._epoch)
+        metrics.lease_lost(self.spec.group, self.spec.topic)
+        if not self._sink.handler_mode and self._epoch is not None:
+            self._sink.revoked(self.spec.partition_id, self._epoch)
+            self._sink.released(self.spec.partition_id, self._epoch, None)
+        self._epoch = None
+        self._pending = None
+        self._coordinator.signal(LeaseLost(self.spec.partition_id))
 
     async def _run_handler(self, rows: list[asyncpg.Record]) -> None:
         assert self._epoch is not None
@@ -222,17 +296,23 @@ class PartitionWorker(Actor[Wake | Seek]):
                 except Exception as exc:  # the user's handler: anything may come out
                     metrics.handler_error(self.spec.group, self.spec.topic)
                     if attempt < self._sink.retry.max_attempts:
-                        self._log.info("handler_retry", offset=row["offset"], attempt=attempt, error=repr(exc))
+                        self._log.info(
+                            "handler_retry", offset=row["offset"], attempt=attempt, error=repr(exc)
+                        )
                         await asyncio.sleep(self._sink.retry.delay(attempt))
                         attempt += 1
                         continue
                     if await self._sink.dead_letter(self.spec.topic, self.spec.partition, row, exc, attempt):
-                        self._log.warning("dead_lettered", offset=row["offset"], attempts=attempt, error=repr(exc))
+                        self._log.warning(
+                            "dead_lettered", offset=row["offset"], attempts=attempt, error=repr(exc)
+                        )
                         metrics.dead_lettered(self.spec.group, self.spec.topic)
                         break
                     # No dead-letter topic: stop this partition where it is; the
                     # failed message stays uncommitted for whoever fixes and resumes.
-                    self._log.error("partition_stopped", offset=row["offset"], attempts=attempt, error=repr(exc))
+                    self._log.error(
+                        "partition_stopped", offset=row["offset"], attempts=attempt, error=repr(exc)
+                    )
                     await self._commit(done)
                     self._stopped_on_error = True
                     self._sink.failed(self.spec.topic, self.spec.partition, exc)
@@ -245,7 +325,9 @@ class PartitionWorker(Actor[Wake | Seek]):
         if self._epoch is None or position <= self._committed:
             return
         async with self._pool.acquire() as conn:
-            applied = await leases.commit(conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, position, self._epoch)])
+            applied = await leases.commit(
+                conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, position, self._epoch)]
+            )
         if applied:
             self._committed = position
         else:

@@ -15,6 +15,7 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,8 @@ import asyncpg
 
 from actors import metrics as _metrics
 from actors.coordinator import MemberSpec
-from actors.messages import Seek, Wake
+from actors.messages import Rewind, Seek, Wake
+from actors.runtime import ActorStoppedError
 from actors.worker import Batch, RetryPolicy
 from bus.start import parse_start
 from bus.types import Message, Outgoing, TopicPartition
@@ -31,6 +33,7 @@ from storage import groups as group_sql
 from storage.errors import (
     BusError,
     StaleGenerationError,
+    StorageUnavailableError,
     TopicNotFoundError,
     ValidationError,
 )
@@ -62,7 +65,9 @@ class Retry:
 def _validate_topics(topics: Any, namespace: str | None, task: str | None) -> tuple[str, ...]:
     if topics is None:
         if namespace is None and task is None:
-            raise ValidationError("name the topics to read (topics=[...]) or a label (namespace=... / task=...)")
+            raise ValidationError(
+                "name the topics to read (topics=[...]) or a label (namespace=... / task=...)"
+            )
         return ()
     if not isinstance(topics, (list, tuple)) or not all(isinstance(t, str) for t in topics):
         raise ValidationError("topics must be a list of topic names")
@@ -131,13 +136,26 @@ def _member_spec(b: Bus, m: _Member) -> MemberSpec:
     )
 
 
+#: PostgreSQL's default search_path: a transaction() connection sees the caller's tables.
+USER_SEARCH_PATH = '"$user", public'
+
+
+@dataclass(frozen=True)
+class ConsumerTransaction:
+    """The open transaction of `Consumer.transaction()`: write through `connection`."""
+
+    connection: asyncpg.Connection
+
+
 class _MemberBase:
     """What Consumer and Subscription share: joining, the Coordinator, callbacks."""
 
     handler_mode = False
     retry = RetryPolicy()
 
-    def __init__(self, b: Bus, member: _Member, on_assign: Callback | None, on_revoke: Callback | None) -> None:
+    def __init__(
+        self, b: Bus, member: _Member, on_assign: Callback | None, on_revoke: Callback | None
+    ) -> None:
         from actors.assignors import ASSIGNORS
 
         self._bus = b
@@ -234,7 +252,11 @@ class Consumer(_MemberBase):
         on_revoke: Callback | None = None,
         buffer_size: int | None = None,
     ) -> None:
-        if isinstance(max_poll_records, bool) or not isinstance(max_poll_records, int) or not 1 <= max_poll_records <= 100_000:
+        if (
+            isinstance(max_poll_records, bool)
+            or not isinstance(max_poll_records, int)
+            or not 1 <= max_poll_records <= 100_000
+        ):
             raise ValidationError("max_poll_records must be an integer from 1 to 100000")
         topic_list = _validate_topics(topics, namespace, task)
         if namespace is not None:
@@ -244,7 +266,9 @@ class Consumer(_MemberBase):
         parse_start(start, b.config.default_start)  # validate before anything is written
         super().__init__(
             b,
-            _Member(group, topic_list, namespace, task, start, assignor, instance_id, min(max_poll_records, 1000)),
+            _Member(
+                group, topic_list, namespace, task, start, assignor, instance_id, min(max_poll_records, 1000)
+            ),
             on_assign,
             on_revoke,
         )
@@ -255,11 +279,20 @@ class Consumer(_MemberBase):
         self._buffer: deque[tuple[Batch, int]] = deque()  # (batch, index of next row)
         self._buffered = 0
         self._ready = asyncio.Event()
-        # partition id -> (epoch, next offset) the user has been given / last committed
+        # partition id -> (epoch, next offset) the user has been given / known committed /
+        # sent inside a caller's transaction whose outcome this consumer cannot see.
         self._polled: dict[int, tuple[int, int]] = {}
         self._committed: dict[int, tuple[int, int]] = {}
+        self._unconfirmed: dict[int, tuple[int, int]] = {}
+        # Partitions that left this member while positions polled from them were not
+        # committed: the next commit reports them (StaleGenerationError, nothing applied).
+        self._moved: dict[int, TopicPartition] = {}
+        # A failed transaction() left positions past the committed offsets: poll() rewinds first.
+        self._must_rewind = False
+        self._in_transaction = False
         self._tp_of: dict[int, TopicPartition] = {}
         self._workers: dict[int, Any] = {}
+        self._worker_epoch: dict[int, int] = {}
         self._closed = False
         # Workers whose batch did not fit: poll() wakes them once it made room,
         # instead of leaving them idle until their next poll-fallback tick.
@@ -309,11 +342,14 @@ class Consumer(_MemberBase):
         self._buffered += len(batch.rows)
         self._tp_of[batch.partition_id] = TopicPartition(batch.topic, batch.partition)
         self._workers[batch.partition_id] = batch.worker
+        self._worker_epoch[batch.partition_id] = batch.epoch
         self._ready.set()
         return True
 
     def consumed(self, partition_id: int, epoch: int) -> int | None:
-        if not self.auto_commit:
+        # Inside an open transaction() the positions belong to the caller's
+        # transaction: committing them outside it could lose what it rolls back.
+        if not self.auto_commit or self._in_transaction:
             return None
         polled = self._polled.get(partition_id)
         if polled is None or polled[0] != epoch:
@@ -325,30 +361,44 @@ class Consumer(_MemberBase):
 
         Before it runs, whatever is buffered from them is dropped and their
         workers' further batches are refused, so nothing polled after the
-        callback's commit can belong to a partition that is leaving (its
-        commit would be refused and the new owner would read it again).
-
-        A move is reported once. Without auto_commit and with a user
-        on_revoke, the callback is that report: after it, the partitions'
-        polled positions are forgotten, so a later commit() neither reports
-        them again nor fails on them (all or nothing would otherwise let one
-        stale entry refuse the commits of partitions still held, the next
-        on_revoke's included). Without a callback, the next commit() reports
-        the move (StaleGenerationError, nothing applied). With auto_commit the
-        worker commits the polled position as it stops (see `consumed`).
+        callback's commit can belong to a partition that is leaving. A commit
+        inside the callback still applies (the leases are held until it
+        returns); positions it leaves uncommitted are reported by the next
+        commit() (see `released`).
         """
         tps = {TopicPartition(t, p) for t, p in partitions}
         pids = {pid for pid, tp in self._tp_of.items() if tp in tps}
         for pid in pids:
             self._revoking[pid] = self._workers.get(pid)
             self._drop_buffered(pid, None)
-        try:
-            await super().on_revoke(partitions)
-        finally:
-            if not self.auto_commit and self._on_revoke is not None:
-                for pid in pids:
-                    self._polled.pop(pid, None)
-                    self._committed.pop(pid, None)
+        await super().on_revoke(partitions)
+
+    def released(self, partition_id: int, epoch: int, committed: int | None) -> None:
+        """The lease of `partition_id` ended (revoked, lost, or this consumer closing).
+
+        A position polled under that lease and not known to be committed
+        (here, by the worker as it let go, or sent inside a caller's
+        transaction) is a move: the new owner reads those messages again, so
+        the next commit() raises StaleGenerationError and applies nothing,
+        with or without an on_revoke callback. Either way the partition's
+        positions are forgotten: a later commit never re-sends them.
+        """
+        polled = self._polled.get(partition_id)
+        if polled is not None and polled[0] == epoch:
+            settled = (
+                committed == polled[1]
+                or self._committed.get(partition_id) == polled
+                or self._unconfirmed.get(partition_id) == polled
+            )
+            if not settled:
+                self._moved[partition_id] = self._tp_of.get(
+                    partition_id, TopicPartition("?", str(partition_id))
+                )
+            for table in (self._polled, self._committed, self._unconfirmed):
+                table.pop(partition_id, None)
+        if self._worker_epoch.get(partition_id) == epoch:
+            self._workers.pop(partition_id, None)
+            self._worker_epoch.pop(partition_id, None)
 
     def _drop_buffered(self, partition_id: int, epoch: int | None) -> None:
         """Drop buffered batches of a partition (of one lease epoch, or of any when None)."""
@@ -362,18 +412,13 @@ class Consumer(_MemberBase):
 
     def revoked(self, partition_id: int, epoch: int) -> None:
         self._drop_buffered(partition_id, epoch)
-        # With auto_commit the worker committed this position on revoke; without
-        # it, the position stays so that a later commit() reports the move.
-        if self.auto_commit:
-            for table in (self._polled, self._committed):
-                if partition_id in table and table[partition_id][0] == epoch:
-                    del table[partition_id]
-        self._workers.pop(partition_id, None)
 
     async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
         raise RuntimeError("a poll consumer has no handler")
 
-    async def dead_letter(self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int) -> bool:
+    async def dead_letter(
+        self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int
+    ) -> bool:
         return False
 
     def failed(self, topic: str, partition: str, error: BaseException) -> None:
@@ -388,11 +433,19 @@ class Consumer(_MemberBase):
         """
         if self._coordinator is None:
             raise BusError("the consumer is not started: use `async with b.consumer(...) as c:`")
-        if self.auto_commit:
+        if self._must_rewind:
+            await self.rewind()
+        if self.auto_commit and not self._in_transaction:
             try:
                 await self.commit()
             except StaleGenerationError as exc:
-                log.info("auto_commit_skipped", group=self.group, member=self.member_id, generation=self.generation, reason=str(exc))
+                log.info(
+                    "auto_commit_skipped",
+                    group=self.group,
+                    member=self.member_id,
+                    generation=self.generation,
+                    reason=str(exc),
+                )
         limit = max_records or self.max_poll_records
         deadline = time.monotonic() + max(0.0, timeout)
         while not self._buffer:
@@ -434,47 +487,157 @@ class Consumer(_MemberBase):
         """Commit the positions of everything polled so far, all or nothing.
 
         Raises StaleGenerationError (and applies nothing) if any of those
-        partitions moved to another member since it was polled.
+        partitions moved to another member since it was polled; each move is
+        reported once. A position already committed is never a move.
 
         With `connection`, the commit runs inside the caller's open transaction:
         the handler's own writes and the offsets commit (or roll back) together,
-        which makes processing effectively-once (invariant 5).
+        which makes processing effectively-once (invariant 5). If it raises, or
+        the caller's transaction rolls back after it, call `await c.rewind()`
+        before polling again. `async with c.transaction() as tx:` does all of
+        that for you.
         """
-        pending = [
+        if connection is not None:
+            with db.translate_errors():
+                async with db.on_schema(connection, self._bus.config.schema), connection.transaction():
+                    sent = await self._commit_on(connection)
+            # The caller may still roll back: remembered as sent, not as committed.
+            # A later commit re-sends it harmlessly, and never takes it for a move.
+            self._unconfirmed.update({pid: (epoch, offset) for pid, offset, epoch in sent})
+            return
+        with db.translate_errors():
+            async with self._bus.pool.acquire() as conn, conn.transaction():
+                sent = await self._commit_on(conn)
+        self._confirm(sent)
+
+    def _confirm(self, sent: list[tuple[int, int, int]]) -> None:
+        for pid, offset, epoch in sent:
+            self._committed[pid] = (epoch, offset)
+            self._unconfirmed.pop(pid, None)
+
+    def _pending(self) -> list[tuple[int, int, int]]:
+        return [
             (pid, offset, epoch)
             for pid, (epoch, offset) in self._polled.items()
             if self._committed.get(pid) != (epoch, offset)
         ]
-        if not pending or self.member_id is None:
-            return
-        if connection is not None:
-            with db.translate_errors():
-                async with db.on_schema(connection, self._bus.config.schema), connection.transaction():
-                    await self._commit_on(connection, pending)
-            # Not remembered as committed: the caller may still roll back; a
-            # later commit re-sends it (committing is idempotent, never backwards).
-            return
-        with db.translate_errors():
-            async with self._bus.pool.acquire() as conn, conn.transaction():
-                await self._commit_on(conn, pending)
-        for pid, offset, epoch in pending:
-            self._committed[pid] = (epoch, offset)
 
-    async def _commit_on(self, conn: asyncpg.Connection, pending: list[tuple[int, int, int]]) -> None:
-        assert self.member_id is not None
+    def _raise_moved(self, moved: list[str]) -> None:
+        raise StaleGenerationError(
+            f"group {self.group!r} moved on: partition(s) {', '.join(sorted(moved))} are no longer owned by "
+            f"member {self.member_id} (rebalanced or lease lost); nothing was committed, their new "
+            "owner will read those messages again; call `await c.rewind()` (transaction() does) and poll again"
+        )
+
+    async def _commit_on(self, conn: asyncpg.Connection) -> list[tuple[int, int, int]]:
+        """Write the pending positions on `conn` (inside a transaction); what was sent. Raises on a move."""
+        if self._moved:
+            moved, self._moved = self._moved, {}
+            self._raise_moved([str(tp) for tp in moved.values()])
+        pending = self._pending()
+        if not pending or self.member_id is None:
+            return []
         applied = await leases.commit(conn, self.group, self.member_id, pending)
-        missing = {pid for pid, _, _ in pending} - applied
+        missing = {pid: (epoch, offset) for pid, offset, epoch in pending if pid not in applied}
         if missing:
-            moved = sorted(str(self._tp_of.get(p, p)) for p in missing)
-            # Report a moved partition once; its new owner re-reads those messages.
+            # A position sent earlier inside a caller's transaction that did commit is
+            # not a move (the partition left since; its offset is already there).
+            resent = [pid for pid, entry in missing.items() if self._unconfirmed.get(pid) == entry]
+            if resent:
+                stored = await leases.committed_offsets(conn, self.group, resent)
+                for pid in resent:
+                    if stored.get(pid, -1) >= missing[pid][1]:
+                        del missing[pid]
+                        for table in (self._polled, self._committed, self._unconfirmed):
+                            table.pop(pid, None)
+        if missing:
+            # Report a move once; its new owner re-reads those messages.
             for pid in missing:
                 self._polled.pop(pid, None)
+                self._unconfirmed.pop(pid, None)
             # Raising rolls the whole transaction back: nothing applies.
-            raise StaleGenerationError(
-                f"group {self.group!r} moved on: partition(s) {', '.join(moved)} are no longer owned by "
-                f"member {self.member_id} (rebalanced or lease lost); nothing was committed, their new "
-                "owner will read those messages again"
-            )
+            self._raise_moved([str(self._tp_of.get(p, p)) for p in missing])
+        return [e for e in pending if e[0] in applied]
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[ConsumerTransaction]:
+        """Effectively-once: the caller's writes and the offsets of what it polls inside commit together.
+
+        `tx.connection` is a pool connection in an open transaction, with
+        PostgreSQL's default search_path (your tables, not the bus's). Leaving
+        the block without an error commits the writes and the fenced offsets
+        in that one transaction. On any error (StaleGenerationError from the
+        offsets, or your own) everything rolls back and every partition this
+        member still owns is rewound to its committed offset, so the batch
+        comes again; partitions that moved go to their new owner from the
+        committed offset. Nothing is lost, nothing applies twice.
+        """
+        if self._coordinator is None:
+            raise BusError("the consumer is not started: use `async with b.consumer(...) as c:`")
+        if self._in_transaction:
+            raise BusError("a transaction is already open on this consumer: finish it before opening another")
+        if self._must_rewind:
+            await self.rewind()
+        with db.translate_errors():
+            conn_cm = self._bus.pool.acquire()
+            conn = await conn_cm.__aenter__()
+        try:
+            tx = conn.transaction()
+            self._in_transaction = True
+            try:
+                with db.translate_errors():
+                    await tx.start()
+                    await conn.execute(db.SET_LOCAL_SEARCH_PATH, USER_SEARCH_PATH)
+                yield ConsumerTransaction(conn)
+                with db.translate_errors():
+                    async with db.on_schema(conn, self._bus.config.schema):
+                        sent = await self._commit_on(conn)
+                    await tx.commit()
+            except BaseException:
+                self._in_transaction = False
+                self._must_rewind = True
+                try:
+                    await tx.rollback()
+                except Exception:  # the connection is gone: the server rolled back
+                    pass
+                try:
+                    await self.rewind()
+                except Exception as exc:
+                    # poll() rewinds first while this stays set.
+                    log.warning("rewind_failed", group=self.group, member=self.member_id, error=repr(exc))
+                raise
+            self._in_transaction = False
+            self._confirm(sent)
+        finally:
+            await conn_cm.__aexit__(None, None, None)
+
+    async def rewind(self) -> None:
+        """Sync positions back to the committed offsets of every owned partition.
+
+        Everything polled and not committed comes again (buffered messages are
+        dropped); partitions that moved are forgotten (their new owner reads
+        from the committed offset). Call it after a `commit(connection=...)`
+        raised or its transaction rolled back.
+        """
+        self._must_rewind = True
+        self._moved.clear()
+        for table in (self._polled, self._committed, self._unconfirmed):
+            table.clear()
+        self._buffer.clear()
+        self._buffered = 0
+        for pid, worker in list(self._workers.items()):
+            if worker is None:
+                continue
+            try:
+                done = await worker.ask(Rewind(), timeout=30.0)
+            except ActorStoppedError:
+                continue  # the partition left: its next owner starts from the committed offset
+            if not done:
+                raise StorageUnavailableError(
+                    f"could not read the committed offset of {self._tp_of.get(pid, pid)}; "
+                    "PostgreSQL is unavailable: retry (poll() rewinds first)"
+                )
+        self._must_rewind = False
 
     def commit_async(self) -> asyncio.Task[None]:
         """Commit in the background; the task raises what `commit()` would."""
@@ -484,7 +647,9 @@ class Consumer(_MemberBase):
         """Continue partition `tp` from `offset` (it must be assigned to this consumer)."""
         validate_offset(offset)
         if tp not in self._assignment:
-            raise ValidationError(f"{tp} is not assigned to this consumer (assignment: {sorted(self._assignment)})")
+            raise ValidationError(
+                f"{tp} is not assigned to this consumer (assignment: {sorted(self._assignment)})"
+            )
         pid = next((p for p, t in self._tp_of.items() if t == tp), None)
         worker = self._workers.get(pid) if pid is not None else None
         if worker is None:
@@ -501,7 +666,7 @@ class Consumer(_MemberBase):
             self._buffer = kept
             self._polled.pop(pid, None)
         if worker is not None:
-            await worker.tell(Seek(offset))
+            await worker.ask(Seek(offset), timeout=30.0)  # answered once nothing older can be polled
         else:
             raise BusError(f"{tp} has no running worker yet; retry after the first poll")
 
@@ -537,7 +702,10 @@ class Subscription(_MemberBase):
             validate_name(dead_letter, "dead_letter topic")
         parse_start(start, b.config.default_start)
         super().__init__(
-            b, _Member(group, topic_list, namespace, task, start, assignor, instance_id, batch_size), on_assign, on_revoke
+            b,
+            _Member(group, topic_list, namespace, task, start, assignor, instance_id, batch_size),
+            on_assign,
+            on_revoke,
         )
         self.handler = handler
         self.retry = (retry or Retry()).policy()
@@ -577,7 +745,9 @@ class Subscription(_MemberBase):
         self.processed += 1
         _metrics.consumed(self.group, topic)
 
-    async def dead_letter(self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int) -> bool:
+    async def dead_letter(
+        self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int
+    ) -> bool:
         if self.dead_letter_topic is None:
             return False
         from bus.client import to_message
@@ -602,11 +772,18 @@ class Subscription(_MemberBase):
         info = await b.topic(self.dead_letter_topic)
         out_partition = partition if info.dynamic else None
         await b.publish_many(
-            self.dead_letter_topic, [Outgoing(m.payload if m.payload is not None else b"", key=m.key, partition=out_partition, headers=headers)]
+            self.dead_letter_topic,
+            [
+                Outgoing(
+                    m.payload if m.payload is not None else b"",
+                    key=m.key,
+                    partition=out_partition,
+                    headers=headers,
+                )
+            ],
         )
         self.dead_lettered += 1
         return True
 
     def failed(self, topic: str, partition: str, error: BaseException) -> None:
         self.failed_partition(topic, partition, error)
-

@@ -76,7 +76,9 @@ async def acquire(
     return None if row is None else (int(row[0]), int(row[1]))
 
 
-async def release(conn: Conn, group: str, partition_id: int, member_id: str, epoch: int, channel: str) -> bool:
+async def release(
+    conn: Conn, group: str, partition_id: int, member_id: str, epoch: int, channel: str
+) -> bool:
     return await conn.fetchval(RELEASE, group, partition_id, member_id, epoch, channel) is not None
 
 
@@ -107,3 +109,12 @@ async def state(conn: Conn, group: str, partition_id: int) -> asyncpg.Record | N
     return await conn.fetchrow(LEASE_STATE, group, partition_id)
 
 
+COMMITTED_OFFSETS = """
+SELECT partition_id, committed FROM offsets WHERE group_name = $1 AND partition_id = ANY($2::bigint[])
+"""
+
+
+async def committed_offsets(conn: Conn, group: str, partition_ids: list[int]) -> dict[int, int]:
+    """The committed offset of each of a group's partitions (those with a cursor row)."""
+    rows = await conn.fetch(COMMITTED_OFFSETS, group, partition_ids)
+    return {int(r[0]): int(r[1]) for r in rows}
