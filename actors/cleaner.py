@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.runtime import Actor, ActorRef, Message, spawn
-from storage import retention
+from storage import idempotency, retention
 from storage.logs import get_logger
 
 __all__ = ["CleanNow", "Cleaner", "Tick", "start_cleaner"]
@@ -59,6 +59,8 @@ class Cleaner(Actor[Tick | CleanNow]):
             self._after_id, deleted = await retention.clean_some(
                 conn, self._after_id, max_partitions=self._max_partitions, batch=self._batch
             )
+            # Idempotency keys past their topic's dedupe window go with the same pass (bounded too).
+            await idempotency.delete_expired(conn, self._batch)
         if deleted:
             self._log.info("retention_deleted", count=deleted)
         return deleted

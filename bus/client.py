@@ -14,12 +14,12 @@ from typing import Any
 import asyncpg
 
 from actors import metrics as _metrics
+from actors.producer import Prepared, Vanished
 from bus.codec import decode_headers, encode_headers, encode_payload, validate_key
 from bus.config import Config
 from bus.types import Message, Outgoing, Record, TopicInfo
 from storage import db
 from storage import messages as log_sql
-from storage import queues as queue_sql
 from storage import topics as topic_sql
 from storage.errors import (
     OffsetOutOfRangeError,
@@ -27,16 +27,19 @@ from storage.errors import (
     TopicNotFoundError,
     ValidationError,
 )
+from storage.idempotency import validate_idempotency_key
 from storage.logs import get_logger
+from storage.messages import Placed
 from storage.names import MAX_SECONDS, validate_name, validate_offset, validate_partition
 
 log = get_logger(__name__)
 
 _SEMANTICS = ("pubsub", "queue")
+_DEDUPE_WINDOW = timedelta(hours=24)
 _CLEANUP = ("delete", "compact")
 
 
-def _seconds(value: timedelta | float | int | None, what: str) -> float | None:
+def _seconds(value: timedelta | float | int | None, what: str, *, allow_zero: bool = False) -> float | None:
     if value is None:
         return None
     if isinstance(value, timedelta):
@@ -45,8 +48,11 @@ def _seconds(value: timedelta | float | int | None, what: str) -> float | None:
         seconds = float(value)
     else:
         raise ValidationError(f"{what} must be a timedelta, a number of seconds, or None")
+    if allow_zero and seconds == 0:
+        return 0.0
     if not 0 < seconds <= MAX_SECONDS:  # also refuses NaN and infinity
-        raise ValidationError(f"{what} must be a positive number of seconds up to {MAX_SECONDS:.0e} (or None to keep forever)")
+        least = "0 or more" if allow_zero else "a positive number of"
+        raise ValidationError(f"{what} must be {least} seconds up to {MAX_SECONDS:.0e} (or None to keep forever)")
     return seconds
 
 
@@ -64,6 +70,9 @@ def _topic_info(row: asyncpg.Record) -> TopicInfo:
         task=row["task"],
         max_message_bytes=row["max_message_bytes"],
         created_at=row["created_at"],
+        dedupe_window=None
+        if row["dedupe_window_seconds"] is None
+        else timedelta(seconds=row["dedupe_window_seconds"]),
     )
 
 
@@ -88,6 +97,7 @@ class Bus:
         self._closed = False
         self._system: Any = None
         self._cleaner: Any = None  # the retention cleaner actor (actors/cleaner.py)
+        self._producer: Any = None  # the Producer actor (actors/producer.py): pool publishes go through it
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -182,8 +192,13 @@ class Bus:
         namespace: str | None = None,
         task: str | None = None,
         max_message_bytes: int | None = None,
+        dedupe_window: timedelta | float | None = _DEDUPE_WINDOW,
     ) -> TopicInfo:
-        """Create a topic; an identical one already there is a no-op, a different one raises TopicConflictError."""
+        """Create a topic; an identical one already there is a no-op, a different one raises TopicConflictError.
+
+        `retention` 0 removes a message as soon as every live group reading its partition has committed
+        past it; `dedupe_window` is how long a publish's `idempotency_key` is remembered (None: for ever).
+        """
         validate_name(name, "topic name")
         if partitions is not None and (
             isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 100_000
@@ -207,24 +222,30 @@ class Bus:
             partitions=partitions,
             semantics=semantics,
             cleanup=cleanup,
-            retention=None if retention is None else timedelta(seconds=_seconds(retention, "retention") or 0),
+            retention=None
+            if retention is None
+            else timedelta(seconds=_seconds(retention, "retention", allow_zero=True) or 0),
             tombstone_retention=None
             if tombstone_retention is None
             else timedelta(seconds=_seconds(tombstone_retention, "tombstone_retention") or 0),
             namespace=namespace,
             task=task,
             max_message_bytes=limit,
+            dedupe_window=None
+            if dedupe_window is None
+            else timedelta(seconds=_seconds(dedupe_window, "dedupe_window") or 0),
         )
         values = (
             name,
             partitions,
             semantics,
             cleanup,
-            _seconds(retention, "retention"),
+            _seconds(retention, "retention", allow_zero=True),
             _seconds(tombstone_retention, "tombstone_retention"),
             namespace,
             task,
             limit,
+            _seconds(dedupe_window, "dedupe_window"),
         )
         with db.translate_errors():
             async with self.pool.acquire() as conn:
@@ -316,6 +337,63 @@ class Bus:
 
     # -- publishing ----------------------------------------------------------------
 
+    async def _prepare(
+        self, info: TopicInfo, messages: Sequence[Outgoing | Any], dedupe: float | None
+    ) -> Prepared:
+        """Validate and encode one call's messages and resolve their partitions (nothing is written)."""
+        tombstones, limit = info.cleanup == "compact", info.max_message_bytes
+        out = Prepared(info.name, info.semantics == "queue", dedupe)
+        # Services often pass one headers dict for a whole batch: encode it once.
+        last_headers: Any = None
+        last_encoded: str | None = None
+        ids: dict[str, int] = {}
+        for item in messages:
+            msg = item if type(item) is Outgoing else Outgoing(item)
+            key = validate_key(msg.key)
+            data = encode_payload(msg.payload, allow_tombstone=tombstones, limit=limit)
+            if msg.headers is None:
+                head = None
+            elif msg.headers is last_headers:
+                head = last_encoded
+            else:
+                head = last_encoded = encode_headers(msg.headers)
+                last_headers = msg.headers
+            ikey = validate_idempotency_key(msg.idempotency_key)
+            out.add(self._choose_partition(info, msg.partition, key), key, head, data, ikey)
+        for name in dict.fromkeys(out.names):
+            pid = await self.partition_id(info, name, create=True)
+            if pid is None:
+                self._forget_topic(info.name)
+                raise TopicNotFoundError(f"topic {info.name!r} (partition {name!r}) no longer exists")
+            ids[name] = pid
+        out.pids = [ids[n] for n in out.names]
+        return out
+
+    async def _write(self, call: Prepared, connection: asyncpg.Connection | None) -> list[Record]:
+        """Append one prepared call: through the Producer, or directly (outbox, or no Producer)."""
+        if connection is None and self._producer is not None:
+            from actors.producer import Publish
+
+            reply: asyncio.Future[list[Placed | None]] = asyncio.get_running_loop().create_future()
+            await self._producer.tell(Publish(call, reply))
+            placed = await reply
+        else:
+            with db.translate_errors():
+                if connection is not None:
+                    # A savepoint inside the caller's transaction; the wake-up is sent by its commit.
+                    async with db.on_schema(connection, self.config.schema):
+                        placed = await call.append(connection)
+                        await log_sql.announce(connection, self.channels.messages, sorted(set(call.pids)))
+                elif call.ikeys is not None:
+                    async with self.pool.acquire() as conn, conn.transaction():
+                        placed = await call.append(conn)
+                else:
+                    placed = await call.append(self.pool)
+            if connection is None and self._system is not None:
+                for pid in set(call.pids):
+                    self._system.announce(pid)
+        return _records(call, placed)
+
     async def publish(
         self,
         topic: str,
@@ -325,133 +403,51 @@ class Bus:
         partition: str | int | None = None,
         headers: dict[str, str] | None = None,
         connection: asyncpg.Connection | None = None,
+        idempotency_key: str | None = None,
     ) -> Record:
-        """Append one message. With `connection`, inside the caller's transaction (outbox)."""
-        info = await self.topic(topic)
-        key = validate_key(key)
-        data = encode_payload(payload, allow_tombstone=info.cleanup == "compact", limit=info.max_message_bytes)
-        head = encode_headers(headers)
-        name = self._choose_partition(info, partition, key)
+        """Append one message. With `connection`, inside the caller's transaction (outbox).
+
+        With `idempotency_key`, a publish repeated within the topic's `dedupe_window` writes nothing
+        and returns the original Record: retry a publish whose outcome is unknown with the same key.
+        """
+        # _choose_partition takes an int partition as well (Outgoing does not check its fields).
+        one = Outgoing(payload, key, partition, headers, idempotency_key)  # type: ignore[arg-type]
         for attempt in range(2):
-            pid = await self.partition_id(info, name, create=True)
-            if pid is None:
-                break
-            # Queue topics also insert the message's job row, in the same statement.
-            queue = info.semantics == "queue"
-            statement = queue_sql.PUBLISH_ONE if queue else log_sql.PUBLISH_ONE
-            channel = self.channels.messages
-            with db.translate_errors():
-                if connection is None:
-                    # Our own autocommit statement: wake readers after it committed (actors/announcer.py).
-                    quiet = not queue and self._system is not None
-                    done = await log_sql.publish_one(
-                        self.pool, pid, key, head, data, None if quiet else channel, statement
-                    )
-                    if quiet and done is not None:
-                        self._system.announce(pid)
-                else:
-                    async with db.on_schema(connection, self.config.schema):
-                        done = await log_sql.publish_one(connection, pid, key, head, data, channel, statement)
-            if done is not None:
-                _metrics.published(topic, 1)
-                return Record(topic, name, done[0], done[1])
-            # The partition vanished (topic deleted elsewhere): forget and look again once.
-            self._forget_topic(topic)
-            if attempt == 0:
-                info = await self.topic(topic)
-        raise TopicNotFoundError(f"topic {topic!r} (partition {name!r}) no longer exists")
+            info = await self.topic(topic)
+            call = await self._prepare(info, (one,), _window(info))
+            try:
+                records = await self._write(call, connection)
+            except Vanished:
+                # The partition vanished (topic deleted elsewhere): forget and look again once.
+                self._forget_topic(topic)
+                if attempt == 0 and connection is None:
+                    continue
+                raise TopicNotFoundError(f"topic {topic!r} no longer exists (or lost the partition)") from None
+            _metrics.published(topic, 1)
+            return records[0]
+        raise AssertionError("unreachable")
 
     async def publish_many(
         self, topic: str, messages: Sequence[Outgoing | Any], *, connection: asyncpg.Connection | None = None
     ) -> list[Record]:
-        """Append many messages atomically (all or none); records come back in input order."""
+        """Append many messages atomically (all or none); records come back in input order.
+
+        A message with an `idempotency_key` already written within the window is not written again:
+        its record is the original's (so is a later message of the batch with the same key).
+        """
         info = await self.topic(topic)
         if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
             raise ValidationError("publish_many takes a list of bus.Outgoing (or plain payloads)")
-        by_partition: dict[str, list[int]] = {}
-        encoded: list[tuple[str | None, str | None, bytes | None]] = []
-        tombstones, limit = info.cleanup == "compact", info.max_message_bytes
-        # Services often pass one headers dict for a whole batch: encode it once.
-        last_headers: Any = None
-        last_encoded: str | None = None
-        for index, item in enumerate(messages):
-            out = item if type(item) is Outgoing else Outgoing(item)
-            key = validate_key(out.key)
-            data = encode_payload(out.payload, allow_tombstone=tombstones, limit=limit)
-            if out.headers is None:
-                head = None
-            elif out.headers is last_headers:
-                head = last_encoded
-            else:
-                head = last_encoded = encode_headers(out.headers)
-                last_headers = out.headers
-            encoded.append((key, head, data))
-            by_partition.setdefault(self._choose_partition(info, out.partition, key), []).append(index)
-        if not encoded:
+        call = await self._prepare(info, messages, _window(info))
+        if not call.pids:
             return []
-        ids = {}
-        for name in by_partition:
-            pid = await self.partition_id(info, name, create=True)
-            if pid is None:
-                self._forget_topic(topic)
-                raise TopicNotFoundError(f"topic {topic!r} (partition {name!r}) no longer exists")
-            ids[name] = pid
-        results: list[Record | None] = [None] * len(encoded)
-
-        async def run(conn: asyncpg.Connection) -> None:
-            # Lock partitions in id order so two batches never deadlock.
-            for name in sorted(by_partition, key=ids.__getitem__):
-                indexes = by_partition[name]
-                rows = await log_sql.publish_batch(
-                    conn,
-                    ids[name],
-                    [encoded[i][0] for i in indexes],
-                    [encoded[i][1] for i in indexes],
-                    [encoded[i][2] for i in indexes],
-                    self.channels.messages,
-                    queue_sql.PUBLISH_BATCH if info.semantics == "queue" else log_sql.PUBLISH_BATCH,
-                )
-                if len(rows) != len(indexes):
-                    self._forget_topic(topic)
-                    raise TopicNotFoundError(f"topic {topic!r} (partition {name!r}) no longer exists")
-                for i, (offset, created) in zip(indexes, rows, strict=True):
-                    results[i] = Record(topic, name, offset, created)
-
-        if connection is None and info.semantics != "queue" and self._system is not None:
-            # One statement for every partition, committed on its own; wake-ups after commit.
-            index_of: dict[int, list[int]] = {ids[n]: by_partition[n] for n in by_partition}
-            order = [i for n in by_partition for i in by_partition[n]]
-            with db.translate_errors():
-                rows = await log_sql.publish_multi(
-                    self.pool,
-                    [ids[n] for n in by_partition for _ in by_partition[n]],
-                    [encoded[i][0] for i in order],
-                    [encoded[i][1] for i in order],
-                    [encoded[i][2] for i in order],
-                )
-            if len(rows) != len(encoded):
-                self._forget_topic(topic)
-                raise TopicNotFoundError(f"topic {topic!r} no longer exists (or lost partitions) while publishing")
-            names = {ids[n]: n for n in by_partition}
-            seen: dict[int, int] = {}
-            for pid, offset, created in sorted(rows, key=lambda r: (r[0], r[1])):
-                k = seen.get(pid, 0)
-                seen[pid] = k + 1
-                results[index_of[pid][k]] = Record(topic, names[pid], offset, created)
-            for pid in index_of:
-                self._system.announce(pid)
-            _metrics.published(topic, len(encoded))
-            return [r for r in results if r is not None]
-
-        with db.translate_errors():
-            if connection is not None:
-                async with db.on_schema(connection, self.config.schema):  # a savepoint inside the caller's transaction
-                    await run(connection)
-            else:
-                async with self.pool.acquire() as conn, conn.transaction():
-                    await run(conn)
-        _metrics.published(topic, len(encoded))
-        return [r for r in results if r is not None]
+        try:
+            records = await self._write(call, connection)
+        except Vanished:
+            self._forget_topic(topic)
+            raise TopicNotFoundError(f"topic {topic!r} no longer exists (or lost partitions) while publishing") from None
+        _metrics.published(topic, len(records))
+        return records
 
     # -- the other delivery modes (each in its own module) ------------------------------
 
@@ -549,6 +545,20 @@ def to_message(topic: str, partition: str, row: asyncpg.Record, attempt: int = 1
         created_at=row["created_at"],
         attempt=attempt,
     )
+
+
+def _records(call: Prepared, placed: list[Placed | None]) -> list[Record]:
+    """The call's Records; Vanished when a message's partition (so its topic) is gone."""
+    records = []
+    for name, place in zip(call.names, placed, strict=True):
+        if place is None:
+            raise Vanished(call.topic)
+        records.append(Record(call.topic, place[3] or name, place[1], place[2]))
+    return records
+
+
+def _window(info: TopicInfo) -> float | None:
+    return None if info.dedupe_window is None else info.dedupe_window.total_seconds()
 
 
 def _is_partition_name(value: str) -> bool:

@@ -30,6 +30,7 @@ class TopicInfo(msgspec.Struct, frozen=True, kw_only=True):
     task: str | None = None
     max_message_bytes: int = 1024 * 1024
     created_at: datetime | None = None
+    dedupe_window: timedelta | None = timedelta(hours=24)
 
     @property
     def dynamic(self) -> bool:
@@ -53,6 +54,7 @@ class Outgoing(msgspec.Struct, frozen=True):
     key: str | None = None
     partition: str | None = None
     headers: dict[str, str] | None = None
+    idempotency_key: str | None = None
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):

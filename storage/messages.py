@@ -9,9 +9,12 @@ that already moved past 7 would miss it for good.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import asyncpg
+
+from storage import idempotency
 
 PUBLISH_ONE = """
 WITH p AS (
@@ -76,6 +79,36 @@ FROM input i JOIN bumped b ON b.id = i.pid
 RETURNING partition_id, "offset", created_at
 """
 
+# PUBLISH_MULTI_QUIET for batches that include queue topics: a message of a
+# `semantics='queue'` topic also gets its job row, in the same statement.
+PUBLISH_MULTI_QUEUE = """
+WITH input AS (
+    SELECT u.pid, u.k, u.h, u.p, u.ord
+    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(pid, k, h, p, ord)
+), counts AS (
+    SELECT pid, count(*) AS n FROM input GROUP BY pid
+), locked AS (
+    SELECT id FROM partitions WHERE id IN (SELECT pid FROM counts) ORDER BY id FOR NO KEY UPDATE
+), bumped AS (
+    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
+    FROM counts c JOIN locked l ON l.id = c.pid
+    WHERE pt.id = c.pid
+    RETURNING pt.id, pt.next_offset - c.n AS base, pt.topic
+), numbered AS (
+    SELECT i.pid, b.base + row_number() OVER (PARTITION BY i.pid ORDER BY i.ord) - 1 AS off,
+           i.k, i.h, i.p, b.topic, t.semantics = 'queue' AS queued
+    FROM input i JOIN bumped b ON b.id = i.pid JOIN topics t ON t.name = b.topic
+), m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload)
+    SELECT pid, off, k, h::jsonb, p FROM numbered
+    RETURNING partition_id, "offset", created_at
+), j AS (
+    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
+    SELECT pid, off, topic, k FROM numbered WHERE queued
+)
+SELECT partition_id, "offset", created_at FROM m
+"""
+
 ANNOUNCE = "SELECT count(pg_notify($1, x::text)) FROM unnest($2::bigint[]) AS x"
 
 READ = """
@@ -135,6 +168,111 @@ async def publish_multi(
     """Append messages to several partitions in one statement; (partition_id, offset, created_at) rows."""
     rows = await conn.fetch(PUBLISH_MULTI_QUIET, partition_ids, keys, headers, payloads)
     return [(r[0], r[1], r[2]) for r in rows]
+
+
+#: Where one message of `append` landed: (partition id, offset, created_at, partition name). The
+#: name is only filled in for a repeated idempotency key (its original may be on another partition).
+Placed = tuple[int, int, datetime, str | None]
+
+
+class Keyed:
+    """The idempotency side of an `append`: per message its topic, key (or None) and dedupe window."""
+
+    __slots__ = ("keys", "topics", "windows")
+
+    def __init__(self, topics: list[str], keys: list[str | None], windows: list[float | None]) -> None:
+        self.topics = topics
+        self.keys = keys
+        self.windows = windows
+
+
+def _place(partition_ids: Sequence[int], rows: Sequence[asyncpg.Record]) -> list[Placed | None]:
+    """Match PUBLISH_MULTI_* rows to the input: offsets follow input order within each partition."""
+    slots: dict[int, list[int]] = {}
+    for i, pid in enumerate(partition_ids):
+        slots.setdefault(pid, []).append(i)
+    placed: list[Placed | None] = [None] * len(partition_ids)
+    taken: dict[int, int] = {}
+    for pid, offset, created in sorted(((r[0], r[1], r[2]) for r in rows), key=lambda r: (r[0], r[1])):
+        k = taken.get(pid, 0)
+        taken[pid] = k + 1
+        placed[slots[pid][k]] = (pid, offset, created, None)
+    return placed
+
+
+async def append(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    partition_ids: list[int],
+    keys: list[str | None],
+    headers: list[str | None],
+    payloads: list[bytes | None],
+    *,
+    queue: bool,
+    keyed: Keyed | None = None,
+) -> list[Placed | None]:
+    """Append messages to any partitions in one statement; per input message where it landed.
+
+    None for a message whose partition no longer exists (its topic was deleted),
+    or whose key's original is gone. `queue`: some messages belong to queue
+    topics (their job rows are inserted too). With `keyed`, `conn` must be a
+    connection inside a transaction: messages whose idempotency key was
+    already written within its window are not written again and get the
+    original's place, and so does every later message of the same key in the
+    input. Wake-ups are the caller's (after commit; see actors/announcer.py).
+    """
+    statement = PUBLISH_MULTI_QUEUE if queue else PUBLISH_MULTI_QUIET
+    if keyed is None:
+        return _place(partition_ids, await conn.fetch(statement, partition_ids, keys, headers, payloads))
+    assert isinstance(conn, asyncpg.Connection), "keyed appends need one connection inside a transaction"
+    first: dict[tuple[str, str], int] = {}
+    for i, ikey in enumerate(keyed.keys):
+        if ikey is not None:
+            first.setdefault((keyed.topics[i], ikey), i)
+    pairs = list(first)
+    claimed = await idempotency.claim(
+        conn, [t for t, _ in pairs], [k for _, k in pairs], [keyed.windows[first[p]] for p in pairs]
+    )
+    write = [
+        i
+        for i, ikey in enumerate(keyed.keys)
+        if ikey is None or (first[(keyed.topics[i], ikey)] == i and (keyed.topics[i], ikey) in claimed)
+    ]
+    results: list[Placed | None] = [None] * len(partition_ids)
+    if write:
+        rows = await conn.fetch(
+            statement,
+            [partition_ids[i] for i in write],
+            [keys[i] for i in write],
+            [headers[i] for i in write],
+            [payloads[i] for i in write],
+        )
+        for i, placed in zip(write, _place([partition_ids[i] for i in write], rows), strict=True):
+            results[i] = placed
+    landed = [(p, results[first[p]]) for p in pairs if p in claimed]
+    written = [(p, r) for p, r in landed if r is not None]
+    if written:
+        await idempotency.fill(
+            conn,
+            [p[0] for p, _ in written],
+            [p[1] for p, _ in written],
+            [r[0] for _, r in written],
+            [r[1] for _, r in written],
+            [r[2] for _, r in written],
+        )
+    lost = [p for p, r in landed if r is None]
+    if lost:  # the partition vanished: do not keep a key that points nowhere
+        await idempotency.release(conn, [t for t, _ in lost], [k for _, k in lost])
+    repeated = [p for p in pairs if p not in claimed]
+    if repeated:
+        found = await idempotency.lookup(conn, [t for t, _ in repeated], [k for _, k in repeated])
+        for p in repeated:
+            hit = found.get(p)
+            if hit is not None:
+                results[first[p]] = (hit[0], hit[2], hit[3], hit[1])
+    for i, ikey in enumerate(keyed.keys):
+        if ikey is not None and (j := first[(keyed.topics[i], ikey)]) != i:
+            results[i] = results[j]
+    return results
 
 
 async def announce(conn: asyncpg.Connection, channel: str, partition_ids: list[int]) -> None:

@@ -6,15 +6,18 @@ from typing import Any
 
 import asyncpg
 
+from storage import idempotency
+
 TOPIC_COLUMNS = (
     "name, partitions, semantics, cleanup, retention_seconds, tombstone_retention_seconds, "
-    "namespace, task, max_message_bytes, created_at"
+    "namespace, task, max_message_bytes, created_at, dedupe_window_seconds"
 )
 
 INSERT_TOPIC = """
 INSERT INTO topics (name, partitions, semantics, cleanup, retention_seconds,
-                    tombstone_retention_seconds, namespace, task, max_message_bytes)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                    tombstone_retention_seconds, namespace, task, max_message_bytes,
+                    dedupe_window_seconds)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (name) DO NOTHING
 RETURNING name
 """
@@ -27,13 +30,13 @@ ON CONFLICT (topic, name) DO NOTHING
 
 SELECT_TOPIC = """
 SELECT name, partitions, semantics, cleanup, retention_seconds, tombstone_retention_seconds,
-       namespace, task, max_message_bytes, created_at
+       namespace, task, max_message_bytes, created_at, dedupe_window_seconds
 FROM topics WHERE name = $1
 """
 
 SELECT_TOPICS = """
 SELECT name, partitions, semantics, cleanup, retention_seconds, tombstone_retention_seconds,
-       namespace, task, max_message_bytes, created_at
+       namespace, task, max_message_bytes, created_at, dedupe_window_seconds
 FROM topics
 WHERE ($1::text IS NULL OR namespace = $1) AND ($2::text IS NULL OR task = $2)
 ORDER BY name
@@ -66,7 +69,9 @@ SELECT id, name, log_start, next_offset, created_at FROM partitions WHERE topic 
 NOTIFY = "SELECT pg_notify($1, $2)"
 
 
-async def create_topic(conn: asyncpg.Connection, values: tuple[Any, ...], fixed: int | None, channel: str) -> bool:
+async def create_topic(
+    conn: asyncpg.Connection, values: tuple[Any, ...], fixed: int | None, channel: str
+) -> bool:
     """Insert the topic (and its fixed partitions); False if the name was taken."""
     async with conn.transaction():
         created = await conn.fetchval(INSERT_TOPIC, *values)
@@ -92,6 +97,7 @@ async def list_topics(
 async def delete_topic(conn: asyncpg.Connection, name: str) -> bool:
     async with conn.transaction():
         await conn.execute(DELETE_TOPIC_MESSAGES, name)
+        await idempotency.delete_topic_keys(conn, name)
         return await conn.fetchval(DELETE_TOPIC, name) is not None
 
 
@@ -109,6 +115,7 @@ async def partition_id(conn: asyncpg.Connection | asyncpg.Pool, topic: str, name
 
 async def partitions(conn: asyncpg.Connection | asyncpg.Pool, topic: str) -> list[asyncpg.Record]:
     return list(await conn.fetch(SELECT_PARTITIONS, topic))
+
 
 TOPIC_STATS = """
 SELECT p.name AS partition, p.log_start, p.next_offset AS end_offset,

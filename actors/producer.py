@@ -1,0 +1,323 @@
+"""The Producer: one per Bus; every publish from the Bus's own pool goes through it.
+
+Kafka's producer answer to "one fsync per message however many callers"
+is batching, and so is this one's. Callers validate and encode their
+messages themselves (a message that fails validation fails alone and never
+reaches the Producer), then hand the call over as a :class:`Publish` and
+wait on its reply future. The Producer keeps the calls in arrival order and
+writes them with one flusher task, one flush at a time:
+
+* nothing in flight: the next flush starts at once (no added latency; with
+  `linger` > 0 it first waits that long for companions);
+* a flush in flight: arriving calls gather and go together in the next one,
+  at most `max_batch` messages and `max_batch_bytes` payload bytes (a single
+  call larger than that goes alone: `publish_many` stays atomic);
+* each flush is one statement (`storage.messages.append`; a transaction
+  around it only when idempotency keys are claimed), so per-partition order
+  follows call order and offsets stay dense and commit in order (invariant 1);
+* each caller gets its own places, or its own exception: when a flush fails
+  for any reason but a lost connection, its calls are written again one by
+  one, so one bad call cannot fail its companions;
+* one wake-up per partition per flush, after commit, through the Announcer;
+* back-pressure: `receive` stops taking calls while `max_pending` messages
+  wait, so the bounded mailbox fills and callers wait in `tell`; memory stays
+  flat under a flood of callers.
+
+Outbox publishes (`connection=`) never come here: they are written in the
+caller's transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from actors.runtime import Actor, ActorStoppedError, Message
+from storage import messages as log_sql
+from storage.db import CONNECTION_ERRORS
+from storage.errors import StorageUnavailableError
+from storage.logs import get_logger
+
+__all__ = ["Prepared", "Producer", "ProducerSettings", "ProducerStats", "Publish", "Vanished"]
+
+
+class Vanished(Exception):
+    """A message's partition no longer exists (its topic was deleted while publishing)."""
+
+
+class Prepared:
+    """One call's validated, encoded messages with their partitions resolved: what a flush writes."""
+
+    __slots__ = (
+        "headers",
+        "ikeys",
+        "keys",
+        "names",
+        "nbytes",
+        "payloads",
+        "pids",
+        "queue",
+        "topic",
+        "window",
+    )
+
+    def __init__(self, topic: str, queue: bool, window: float | None) -> None:
+        self.topic = topic
+        self.queue = queue
+        self.window = window
+        self.names: list[str] = []
+        self.pids: list[int] = []
+        self.keys: list[str | None] = []
+        self.headers: list[str | None] = []
+        self.payloads: list[bytes | None] = []
+        self.ikeys: list[str | None] | None = None  # None: no message of the call has an idempotency key
+        self.nbytes = 0
+
+    def add(
+        self, partition: str, key: str | None, headers: str | None, payload: bytes | None, ikey: str | None
+    ) -> None:
+        """Add one message (its partition id is resolved afterwards, into `pids`)."""
+        if ikey is not None and self.ikeys is None:
+            self.ikeys = [None] * len(self.names)
+        if self.ikeys is not None:
+            self.ikeys.append(ikey)
+        self.names.append(partition)
+        self.keys.append(key)
+        self.headers.append(headers)
+        self.payloads.append(payload)
+        self.nbytes += len(payload or b"") + len(headers or "") + len(key or "")
+
+    def keyed(self) -> log_sql.Keyed | None:
+        """The idempotency side of this call alone, if any message has a key."""
+        if self.ikeys is None:
+            return None
+        n = len(self.ikeys)
+        return log_sql.Keyed([self.topic] * n, self.ikeys, [self.window] * n)
+
+    async def append(self, conn: asyncpg.Connection | asyncpg.Pool) -> list[log_sql.Placed | None]:
+        """Write this call alone (with keys, `conn` is a connection inside a transaction)."""
+        return await log_sql.append(
+            conn, self.pids, self.keys, self.headers, self.payloads, queue=self.queue, keyed=self.keyed()
+        )
+
+
+class Publish(Message, frozen=True):
+    """Append one prepared call; `reply` (an asyncio Future) gets its places, in input order, or the error.
+
+    In-process only: `call` is a :class:`Prepared` and `reply` a Future, never encoded.
+    """
+
+    call: Any
+    reply: Any
+
+
+class ProducerSettings(Message, frozen=True):
+    """How the Producer batches (from the Bus's config)."""
+
+    max_batch: int = 1000
+    max_batch_bytes: int = 8 * 1024 * 1024
+    linger: float = 0.0
+    max_pending: int = 10_000
+
+
+class ProducerStats:
+    """Counters shared with the Bus (they survive restarts of the actor): what waits, what was written."""
+
+    def __init__(self) -> None:
+        self.pending_calls = 0
+        self.pending_messages = 0
+        self.peak_pending_messages = 0
+        self.flushes = 0
+        self.flushed_messages = 0
+        self.largest_flush = 0
+
+
+class Producer(Actor[Publish]):
+    """Coalesces concurrent pool publishes into one statement (and one transaction) per flush."""
+
+    # Calls waiting in the mailbox while `max_pending` messages are pending: the back-pressure bound.
+    mailbox_size = 1000
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        announce: Callable[[int], None],
+        settings: ProducerSettings,
+        stats: ProducerStats | None = None,
+    ) -> None:
+        self._pool = pool
+        self._announce = announce
+        self._settings = settings
+        self.stats = stats if stats is not None else ProducerStats()
+        self._pending: deque[Publish] = deque()
+        self._pending_messages = 0
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._log = get_logger(__name__, actor="producer")
+
+    async def on_start(self) -> None:
+        """Start the flusher task."""
+        self._flusher = asyncio.get_running_loop().create_task(self._run(), name="producer-flusher")
+
+    async def receive(self, message: Publish) -> None:
+        """Queue the call for the next flush; wait while too many messages are pending (back-pressure)."""
+        match message:
+            case Publish(call=call, reply=reply):
+                if reply.done():  # the caller gave up (cancelled) before its turn
+                    return
+                self._pending.append(message)
+                self._pending_messages += len(call.pids)
+                self._count()
+                self._idle.clear()
+                self._wake.set()
+                while self._pending_messages >= self._settings.max_pending:
+                    self._room.clear()
+                    await self._room.wait()
+
+    async def on_stop(self) -> None:
+        """Write whatever is pending, then stop the flusher."""
+        await self._idle.wait()
+        self._cancel_flusher()
+
+    async def on_failure(self, exc: BaseException) -> None:
+        """Nothing may hang: fail every pending call."""
+        self._cancel_flusher()
+        self._fail(list(self._pending), exc)
+        self._pending.clear()
+
+    def _cancel_flusher(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+
+    def _count(self) -> None:
+        stats = self.stats
+        stats.pending_calls = len(self._pending)
+        stats.pending_messages = self._pending_messages
+        stats.peak_pending_messages = max(stats.peak_pending_messages, self._pending_messages)
+
+    def _take(self) -> list[Publish]:
+        """The next batch: a prefix of the pending calls within max_batch messages and bytes (at least one)."""
+        settings = self._settings
+        batch: list[Publish] = []
+        messages = nbytes = 0
+        while self._pending:
+            call = self._pending[0].call
+            n = len(call.pids)
+            if batch and (
+                messages + n > settings.max_batch or nbytes + call.nbytes > settings.max_batch_bytes
+            ):
+                break
+            batch.append(self._pending.popleft())
+            messages += n
+            nbytes += call.nbytes
+        self._pending_messages -= messages
+        self._count()
+        self._room.set()
+        return batch
+
+    async def _run(self) -> None:
+        linger = self._settings.linger
+        while True:
+            await self._wake.wait()
+            if linger > 0 and self._pending_messages < self._settings.max_batch:
+                await asyncio.sleep(linger)
+            batch = self._take()
+            if not self._pending:
+                self._wake.clear()
+            try:
+                await self._flush(batch)
+            except asyncio.CancelledError:
+                self._fail(
+                    batch, ActorStoppedError("the Producer stopped while writing; the outcome is unknown")
+                )
+                raise
+            except Exception as exc:  # a bug: never leave a caller hanging
+                self._log.exception("producer_flush_failed")
+                self._fail(batch, exc)
+            if not self._pending:
+                self._idle.set()
+
+    async def _flush(self, batch: list[Publish]) -> None:
+        calls = [m for m in batch if not m.reply.done()]
+        if not calls:
+            return
+        pids: list[int] = []
+        keys: list[str | None] = []
+        headers: list[str | None] = []
+        payloads: list[bytes | None] = []
+        queue = False
+        keyed = any(m.call.ikeys is not None for m in calls)
+        topics: list[str] = []
+        ikeys: list[str | None] = []
+        windows: list[float | None] = []
+        for m in calls:
+            call: Prepared = m.call
+            pids += call.pids
+            keys += call.keys
+            headers += call.headers
+            payloads += call.payloads
+            queue = queue or call.queue
+            if keyed:
+                n = len(call.pids)
+                topics += [call.topic] * n
+                ikeys += call.ikeys if call.ikeys is not None else [None] * n
+                windows += [call.window] * n
+        try:
+            if keyed:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    placed = await log_sql.append(
+                        conn,
+                        pids,
+                        keys,
+                        headers,
+                        payloads,
+                        queue=queue,
+                        keyed=log_sql.Keyed(topics, ikeys, windows),
+                    )
+            else:
+                placed = await log_sql.append(self._pool, pids, keys, headers, payloads, queue=queue)
+        except CONNECTION_ERRORS as exc:
+            # Nothing to isolate: every call's outcome is equally unknown; each caller retries (with its key).
+            self._fail(calls, _unavailable(exc))
+            return
+        except Exception as exc:
+            if len(calls) == 1:
+                self._fail(calls, exc)
+                return
+            # One call's error must stay its own: write them one by one.
+            self._log.info("producer_batch_failed_isolating", calls=len(calls), error=repr(exc))
+            for m in calls:
+                await self._flush([m])
+            return
+        self.stats.flushes += 1
+        self.stats.flushed_messages += len(pids)
+        self.stats.largest_flush = max(self.stats.largest_flush, len(pids))
+        start = 0
+        for m in calls:
+            end = start + len(m.call.pids)
+            if not m.reply.done():
+                m.reply.set_result(placed[start:end])
+            start = end
+        for pid in set(pids):
+            self._announce(pid)
+
+    def _fail(self, calls: list[Publish], exc: BaseException) -> None:
+        for m in calls:
+            if not m.reply.done():
+                m.reply.set_exception(exc)
+
+
+def _unavailable(exc: BaseException) -> StorageUnavailableError:
+    error = StorageUnavailableError(
+        f"PostgreSQL is unavailable ({type(exc).__name__}: {exc}); the publish may or may not have been "
+        "written: retry it (with an idempotency_key, a retry never writes a second copy)"
+    )
+    error.__cause__ = exc
+    return error
