@@ -23,11 +23,19 @@
 - Acks and nacks are fenced: if a job's lease ran out and another consumer
   took it, acking the old copy raises LeaseLostError and changes nothing. An
   expired lease nobody took yet still accepts the ack.
+
+Waiting: an idle `take` sleeps until the Bus's one LISTEN connection (the
+Notifier) says a partition of the topic got a job, until the next delayed or
+expired job becomes visible, or at the latest `max_poll_interval` seconds
+(the fallback for a lost notification). A take is one statement; concurrent
+acks of one consumer (`ack` and `ack_many` from many tasks) are coalesced
+into one statement per round trip, the way the Producer coalesces publishes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import socket
 import time
@@ -37,6 +45,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from actors import metrics as _metrics
+from actors.messages import Subscribe, Unsubscribe
+from actors.runtime import Actor, ActorRef
+from actors.runtime import Message as ActorMessage
 from bus.client import to_message
 from bus.types import Message, Outgoing
 from storage import db
@@ -55,19 +66,95 @@ log = get_logger(__name__)
 _errors_decoder = msgspec.json.Decoder(list[dict[str, Any]])
 _encoder = msgspec.json.Encoder()
 
-# Idle polling backs off from the first to the last delay while nothing comes.
-_POLL_FIRST = 0.01
-_POLL_MAX = 0.25
+# A job is visible but our take did not get it (another taker's statement had
+# it locked, or it became visible just after): look again this soon.
+_RETRY_SOON = 0.005
+# Jobs per ack statement: bounds one statement's size when thousands of acks
+# pile up behind a slow round trip.
+_MAX_ACK_BATCH = 10_000
+_names = itertools.count()
+
+_Job = tuple[int, int, int]  # (partition_id, offset, lease_epoch)
 
 
 def _seconds(value: Any, what: str, *, allow_zero: bool = False) -> float:
     if (
-        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_SECONDS
         or (value == 0 and not allow_zero)
     ):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValidationError(f"{what} must be a number of seconds {bound}, got {value!r}")
     return float(value)
+
+
+class _Doorbell:
+    """Wakes every task waiting for new jobs; `rings` counts the wake-ups so none is missed between looks."""
+
+    def __init__(self) -> None:
+        self.rings = 0
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def ring(self) -> None:
+        self.rings += 1
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    async def wait(self, seen: int, timeout: float) -> None:  # noqa: ASYNC109 - a wait bounded by the caller's deadline
+        """Return at the first ring after `seen` rings, or after `timeout` seconds."""
+        if self.rings != seen:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(waiter)
+
+
+class QueueWake(ActorMessage, frozen=True):
+    """A partition of the watched queue topic was notified (a publish, a job given back)."""
+
+
+class QueueWaker(Actor[QueueWake]):
+    """Connects one queue consumer to the Bus's Notifier: its NOTIFYs ring the consumer's doorbell.
+
+    The Bus keeps one LISTEN connection however many consumers wait; this
+    actor only holds the consumer's subscriptions to it: one per partition id
+    of a fixed topic, or every notification of the schema for a dynamic
+    topic (whose partitions appear as keys are published).
+    """
+
+    # A wake-up already queued covers any dropped after it.
+    mailbox_size = 16
+
+    def __init__(self, notifier: ActorRef[Any], doorbell: _Doorbell) -> None:
+        self._notifier = notifier
+        self._doorbell = doorbell
+
+    @staticmethod
+    async def subscribe(
+        notifier: ActorRef[Any], ref: ActorRef[Any], channel: str, keys: tuple[str | None, ...]
+    ) -> None:
+        """Put `ref`'s subscriptions in the Notifier's mailbox, ahead of any NOTIFY of a later commit.
+
+        Done by the consumer's `start` rather than `on_start`, so a publish
+        right after `start` returns is sure to ring; the subscriptions belong
+        to the ref and so outlive a restart of this actor.
+        """
+        for key in keys:
+            await notifier.tell(Subscribe(channel, key, ref, QueueWake()))
+
+    async def on_stop(self) -> None:
+        self._notifier.signal(Unsubscribe(self.self_ref))
+
+    async def receive(self, message: QueueWake) -> None:
+        self._doorbell.ring()
 
 
 class QueueConsumer:
@@ -89,15 +176,24 @@ class QueueConsumer:
             raise ValidationError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         self.topic = topic
         self.max_attempts = max_attempts
-        self.dead_letter = validate_name(dead_letter if dead_letter is not None else f"{topic}.dlq", "dead_letter topic")
+        self.dead_letter = validate_name(
+            dead_letter if dead_letter is not None else f"{topic}.dlq", "dead_letter topic"
+        )
         if self.dead_letter == topic:
             raise ValidationError("dead_letter must be another topic than the queue itself")
         self.ordered_by_key = bool(ordered_by_key)
         self.consumer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._bus = bus
-        # (partition_id, offset) -> lease epoch, for every job taken and not yet acked/nacked.
+        # (partition name, offset) -> (partition_id, lease epoch), for every job taken and not yet acked/nacked.
         self._in_flight: dict[tuple[str, int], tuple[int, int]] = {}
-        self._partition_ids: dict[tuple[str, int], int] = {}
+        self._partitions: dict[int, str] = {}  # partition id -> name
+        self._doorbell = _Doorbell()
+        self._waker: ActorRef[Any] | None = None
+        self._system: Any = None
+        # Acks waiting for the next statement, and the answer each job's ackers share.
+        self._ack_queue: list[tuple[tuple[str, int], _Job]] = []
+        self._acking: dict[tuple[str, int], asyncio.Future[bool]] = {}
+        self._ack_task: asyncio.Task[None] | None = None
         self._open = False
         self._log = log.bind(topic=topic, consumer=self.consumer_id)
 
@@ -109,7 +205,7 @@ class QueueConsumer:
         await self.close()
 
     async def start(self) -> None:
-        """Check the topic is a queue and make sure the dead-letter topic exists."""
+        """Check the topic is a queue, make sure the dead-letter topic exists, and start listening for jobs."""
         info = await self._bus.topic(self.topic)
         if info.semantics != "queue":
             raise ValidationError(
@@ -121,6 +217,17 @@ class QueueConsumer:
         except TopicNotFoundError:
             await self._bus.create_topic(self.dead_letter, partitions=1, semantics="queue")
             self._log.info("dead_letter_topic_created", dead_letter=self.dead_letter)
+        with db.translate_errors():
+            self._partitions = await sql.partitions(self._bus.pool, self.topic)
+        keys: tuple[str | None, ...] = (
+            (None,) if info.dynamic else tuple(str(pid) for pid in sorted(self._partitions))
+        )
+        self._system = system = await self._bus._group_system()
+        notifier, doorbell = system.notifier, self._doorbell
+        self._waker = system.root.spawn(
+            lambda: QueueWaker(notifier, doorbell), f"queue-waker-{self.topic}-{next(_names)}"
+        )
+        await QueueWaker.subscribe(notifier, self._waker, self._bus.channels.messages, keys)
         self._open = True
 
     async def close(self) -> None:
@@ -128,95 +235,184 @@ class QueueConsumer:
         if not self._open:
             return
         self._open = False
+        if self._ack_task is not None:
+            await asyncio.wait({self._ack_task})
+        if self._waker is not None:
+            await self._waker.stop(drain=False)
+            self._waker = None
         if self._in_flight:
-            jobs = [(self._partition_ids[k], k[1], v[1]) for k, v in self._in_flight.items()]
+            jobs = [(v[0], k[1], v[1]) for k, v in self._in_flight.items()]
             self._in_flight.clear()
             try:
                 with db.translate_errors():
                     await sql.return_unacked(self._bus.pool, jobs)
+                self._announce({j[0] for j in jobs})
             except Exception:  # closing must not fail; the jobs come back by timeout anyway
                 self._log.warning("queue_return_unacked_failed", exc_info=True)
 
     def _check_open(self) -> None:
         if not self._open:
-            raise ValidationError("the queue consumer is not open: use `async with b.queue_consumer(...) as q`")
+            raise ValidationError(
+                "the queue consumer is not open: use `async with b.queue_consumer(...) as q`"
+            )
+
+    def _announce(self, partition_ids: set[int]) -> None:
+        """Wake the other consumers: jobs of these partitions became free without a publish."""
+        if self._system is not None:
+            for pid in partition_ids:
+                self._system.announce(pid)
 
     async def take(self, max_messages: int = 10, timeout: float = 1.0) -> list[Message]:  # noqa: ASYNC109 - the public API's shape
-        """Lease up to `max_messages` jobs to this consumer, waiting up to `timeout` seconds for the first."""
+        """Lease up to `max_messages` jobs to this consumer, waiting up to `timeout` seconds for the first.
+
+        While there is nothing to take it waits for a NOTIFY of the topic's
+        partitions, for the next delayed job to become visible, or at most
+        the Bus's `max_poll_interval` (in case a notification was lost).
+        """
         self._check_open()
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or not 1 <= max_messages <= 10_000:
+        if (
+            isinstance(max_messages, bool)
+            or not isinstance(max_messages, int)
+            or not 1 <= max_messages <= 10_000
+        ):
             raise ValidationError(f"max_messages must be an integer from 1 to 10000, got {max_messages!r}")
         deadline = time.monotonic() + _seconds(timeout, "timeout", allow_zero=True)
-        delay = _POLL_FIRST
         while True:
+            seen = self._doorbell.rings
             got = await self._take_once(max_messages)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, _POLL_MAX)
+            pause = await self._idle_pause()
+            await self._doorbell.wait(seen, min(pause, remaining))
+
+    async def _idle_pause(self) -> float:
+        """How long an empty take may sleep when no NOTIFY comes."""
+        fallback = self._bus.config.max_poll_interval
+        with db.translate_errors():
+            until = await sql.seconds_until_visible(self._bus.pool, self.topic)
+        if until is None:
+            return fallback
+        if until <= 0:
+            # Ordered: a visible job may wait behind its key's earlier one, whose ack announces it.
+            return fallback if self.ordered_by_key else _RETRY_SOON
+        return min(until, fallback)
 
     async def _take_once(self, limit: int) -> list[Message]:
         out: list[Message] = []
+        pool = self._bus.pool
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn:
-                for _ in range(10):  # each round dead-letters what it found exhausted
-                    async with conn.transaction():
-                        rows = await sql.take(
-                            conn, self.topic, limit - len(out), self.visibility_timeout, self.consumer_id,
-                            ordered=self.ordered_by_key,
-                        )
-                        exhausted = [r for r in rows if r["attempts"] > self.max_attempts]
-                        if exhausted:
-                            await self._dead_letter_rows(conn, exhausted, None)
-                    for r in rows:
-                        if r["attempts"] <= self.max_attempts:
-                            key = (r["partition"], r["offset"])
-                            self._partition_ids[key] = r["partition_id"]
-                            self._in_flight[key] = (r["partition_id"], r["lease_epoch"])
-                            out.append(to_message(self.topic, r["partition"], r, attempt=r["attempts"]))
-                    if not exhausted or len(out) >= limit or len(rows) < limit:
-                        break
+            for _ in range(10):  # each round dead-letters what it found exhausted
+                asked = limit - len(out)
+                rows = await sql.take(
+                    pool,
+                    self.topic,
+                    asked,
+                    self.visibility_timeout,
+                    self.consumer_id,
+                    ordered=self.ordered_by_key,
+                )
+                exhausted: list[dict[str, Any]] = []
+                for r in rows:
+                    pid = r["partition_id"]
+                    name = self._partitions.get(pid)
+                    if name is None:
+                        name = await self._refresh_partitions(pid)
+                    if r["attempts"] > self.max_attempts:
+                        exhausted.append({**dict(r.items()), "partition": name})
+                        continue
+                    self._in_flight[(name, r["offset"])] = (pid, r["lease_epoch"])
+                    out.append(to_message(self.topic, name, r, attempt=r["attempts"]))
+                if exhausted:
+                    async with pool.acquire() as conn, conn.transaction():
+                        await self._dead_letter_rows(conn, exhausted, None)
+                if not exhausted or len(out) >= limit or len(rows) < asked:
+                    break
         _metrics.queue_taken(self.topic, len(out))
         return out
 
+    async def _refresh_partitions(self, pid: int) -> str:
+        """The name of a partition created after this consumer started (dynamic topics)."""
+        self._partitions = await sql.partitions(self._bus.pool, self.topic)
+        return self._partitions.get(pid, "?")
+
     def _lease(self, msg: Message) -> tuple[int, int] | None:
         if msg.topic != self.topic:
-            raise ValidationError(f"message of topic {msg.topic!r} does not belong to this consumer of {self.topic!r}")
+            raise ValidationError(
+                f"message of topic {msg.topic!r} does not belong to this consumer of {self.topic!r}"
+            )
         return self._in_flight.get((msg.partition, msg.offset))
+
+    def _ack_later(self, msg: Message) -> asyncio.Future[bool] | None:
+        """Queue the job's ack for the next statement; the future says whether the lease still held it.
+
+        None when this consumer does not hold the job (acked before). A job
+        already queued shares the pending answer, so acking twice at once
+        is one ack, not a lost lease.
+        """
+        lease = self._lease(msg)
+        if lease is None:
+            return None
+        key = (msg.partition, msg.offset)
+        pending = self._acking.get(key)
+        if pending is not None:
+            return pending
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._acking[key] = future
+        self._ack_queue.append((key, (lease[0], msg.offset, lease[1])))
+        if self._ack_task is None:
+            # Acks from other tasks that arrive while this statement is on the wire join the next one.
+            self._ack_task = asyncio.get_running_loop().create_task(self._flush_acks(), name="queue-acks")
+        return future
+
+    async def _flush_acks(self) -> None:
+        """Send the queued acks, one statement per round trip, until none are left."""
+        try:
+            while self._ack_queue:
+                batch, self._ack_queue = self._ack_queue[:_MAX_ACK_BATCH], self._ack_queue[_MAX_ACK_BATCH:]
+                try:
+                    with db.translate_errors():
+                        done = await sql.ack_many(self._bus.pool, [job for _, job in batch])
+                except BaseException as exc:  # every caller of this batch gets the error; the leases stay
+                    for key, _ in batch:
+                        future = self._acking.pop(key)
+                        if not future.done():
+                            future.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                _metrics.queue_acked(self.topic, len(done))
+                for key, job in batch:
+                    self._in_flight.pop(key, None)
+                    future = self._acking.pop(key)
+                    if not future.done():
+                        future.set_result((job[0], job[1]) in done)
+                if self.ordered_by_key:
+                    # A key's next job is free now; nobody publishes to say so.
+                    self._announce({job[0] for _, job in batch})
+        finally:
+            self._ack_task = None
 
     async def ack(self, msg: Message) -> None:
         """Done: remove the job. LeaseLostError if it came back and another consumer took it meanwhile.
 
-        Acking a message this consumer already acked is a no-op.
+        Acking a message this consumer already acked is a no-op. Acks sent at
+        the same time from several tasks go to the database in one statement.
         """
-        lease = self._lease(msg)
-        if lease is None:
+        future = self._ack_later(msg)
+        if future is None:
             return
-        pid, epoch = lease
-        with db.translate_errors():
-            ok = await sql.ack(self._bus.pool, pid, msg.offset, epoch)
-        del self._in_flight[(msg.partition, msg.offset)]
-        _metrics.queue_acked(self.topic, int(bool(ok)))
-        if not ok:
+        # Shielded: the answer is shared, and one caller giving up must not cancel it for the others.
+        if not await asyncio.shield(future):
             raise self._lost(msg, "ack")
 
     async def ack_many(self, msgs: list[Message]) -> None:
-        """Ack several jobs in one round trip; LeaseLostError (after acking the others) if any was lost."""
-        leases = [(m, self._lease(m)) for m in msgs]
-        jobs = [(lease[0], m.offset, lease[1]) for m, lease in leases if lease is not None]
-        if not jobs:
+        """Ack several jobs in one statement; LeaseLostError (after acking the others) if any was lost."""
+        waits = [(m, f) for m in msgs if (f := self._ack_later(m)) is not None]
+        if not waits:
             return
-        with db.translate_errors():
-            done = await sql.ack_many(self._bus.pool, jobs)
-        _metrics.queue_acked(self.topic, len(done))
-        lost = []
-        for m, lease in leases:
-            if lease is None:
-                continue
-            self._in_flight.pop((m.partition, m.offset), None)
-            if (lease[0], m.offset) not in done:
-                lost.append(m)
+        await asyncio.shield(asyncio.gather(*(f for _, f in waits)))
+        lost = [m for m, f in waits if not f.result()]
         if lost:
             raise self._lost(lost[0], f"ack of {len(lost)} message(s), first")
 
@@ -231,29 +427,41 @@ class QueueConsumer:
         if not isinstance(reason, str):
             raise ValidationError("error must be a str (a short description of what went wrong)")
         lease = self._lease(msg)
-        if lease is None:
+        if lease is None or (msg.partition, msg.offset) in self._acking:
             raise ValidationError(
                 f"message {msg.partition}@{msg.offset} is not held by this consumer (already acked or nacked?)"
             )
         pid, epoch = lease
         del self._in_flight[(msg.partition, msg.offset)]
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn:
-                if msg.attempt >= self.max_attempts:
-                    async with conn.transaction():
-                        row = {"partition_id": pid, "offset": msg.offset, "lease_epoch": epoch, "attempts": msg.attempt,
-                               "partition": msg.partition, "key": msg.key, "payload": msg.payload,
-                               "headers": msg.headers}
-                        moved = await self._dead_letter_rows(conn, [row], reason)
-                    if not moved:
-                        raise self._lost(msg, "nack")
-                    return
-                ok = await sql.nack(conn, pid, msg.offset, epoch, delay, reason)
-                _metrics.queue_nacked(self.topic)
+            if msg.attempt >= self.max_attempts:
+                async with self._bus.pool.acquire() as conn, conn.transaction():
+                    row = {
+                        "partition_id": pid,
+                        "offset": msg.offset,
+                        "lease_epoch": epoch,
+                        "attempts": msg.attempt,
+                        "partition": msg.partition,
+                        "key": msg.key,
+                        "payload": msg.payload,
+                        "headers": msg.headers,
+                    }
+                    moved = await self._dead_letter_rows(conn, [row], reason)
+                if not moved:
+                    raise self._lost(msg, "nack")
+                if self.ordered_by_key:
+                    self._announce({pid})
+                return
+            ok = await sql.nack(self._bus.pool, pid, msg.offset, epoch, delay, reason)
+            _metrics.queue_nacked(self.topic)
         if not ok:
             raise self._lost(msg, "nack")
+        if delay == 0 or self.ordered_by_key:
+            # Visible again now (or the key's next job is): wake whoever waits. A delayed job is
+            # found by the waiters' sleep until the next visible job instead.
+            self._announce({pid})
 
-    async def _dead_letter_rows(self, conn: Any, rows: list[Any], error: str | None) -> int:
+    async def _dead_letter_rows(self, conn: Any, rows: list[dict[str, Any]], error: str | None) -> int:
         """Move jobs to the dead-letter topic (caller's transaction); how many were still ours.
 
         `error` is this attempt's failure (a nack); None when the rows come from
@@ -280,7 +488,9 @@ class QueueConsumer:
                     "dead_letter.errors": _encoder.encode(errors).decode(),
                 }
             )
-            outgoing.append(Outgoing(r["payload"] if r["payload"] is not None else b"", key=r["key"], headers=headers))
+            outgoing.append(
+                Outgoing(r["payload"] if r["payload"] is not None else b"", key=r["key"], headers=headers)
+            )
         if outgoing:
             await self._bus.publish_many(self.dead_letter, outgoing, connection=conn)
             self._log.warning("dead_lettered", count=len(outgoing), dead_letter=self.dead_letter)

@@ -5,6 +5,10 @@ same statement, inserts the message's job row (so a job exists if and only if
 its message does). Consumers take jobs with FOR UPDATE SKIP LOCKED, which
 pushes `visible_at` by the visibility timeout: a job nobody acks comes back by
 itself. An ack deletes the row; every ack/nack is fenced by `lease_epoch`.
+
+The hot path is one autocommit statement per take and one per ack batch: no
+explicit transaction around either, because each statement is atomic on its
+own (a crash between a take and its ack is what the visibility timeout is for).
 """
 
 from __future__ import annotations
@@ -58,13 +62,12 @@ _TAKE_TAIL = """
                           'attempt', j.attempts, 'error', 'visibility timeout expired',
                           'at', clock_timestamp())) END
     FROM c WHERE j.partition_id = c.partition_id AND j."offset" = c."offset"
-    RETURNING j.partition_id, j."offset", j.attempts, j.lease_epoch, j.errors::text AS errors
+    RETURNING j.partition_id, j."offset", j.attempts, j.lease_epoch
 )
-SELECT u.partition_id, u."offset", u.attempts, u.lease_epoch, u.errors, p.name AS partition,
+SELECT u.partition_id, u."offset", u.attempts, u.lease_epoch,
        m.key, m.headers::text AS headers, m.payload, m.created_at
 FROM u
 JOIN messages m ON m.partition_id = u.partition_id AND m."offset" = u."offset"
-JOIN partitions p ON p.id = u.partition_id
 ORDER BY m.created_at, u.partition_id, u."offset"
 """
 
@@ -136,6 +139,17 @@ DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch
 RETURNING errors::text AS errors
 """
 
+# The partitions of a queue topic: their ids are the NOTIFY payloads a
+# consumer waits for, their names label the messages it takes.
+PARTITIONS = "SELECT id, name FROM partitions WHERE topic = $1"
+
+# Seconds until the topic's next job becomes visible (a nacked job's delay or
+# a lease running out; <= 0: one is visible already), NULL when there is none.
+# Nobody sends a NOTIFY for those moments, so an idle consumer sleeps until then.
+SECONDS_UNTIL_VISIBLE = """
+SELECT EXTRACT(EPOCH FROM min(visible_at) - clock_timestamp())::float8 FROM queue_jobs WHERE topic = $1
+"""
+
 JOB_STATE = 'SELECT lease_epoch, leased_by FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2'
 
 PENDING_JOBS = "SELECT count(*) FROM queue_jobs WHERE topic = $1"
@@ -144,8 +158,21 @@ PENDING_JOBS = "SELECT count(*) FROM queue_jobs WHERE topic = $1"
 async def take(
     conn: Conn, topic: str, limit: int, visibility_timeout: float, consumer: str, *, ordered: bool
 ) -> list[asyncpg.Record]:
-    """Lease up to `limit` free jobs of `topic` to `consumer`."""
-    return list(await conn.fetch(TAKE_ORDERED if ordered else TAKE, topic, limit, visibility_timeout, consumer))
+    """Lease up to `limit` free jobs of `topic` to `consumer` (one statement; autocommit on a pool)."""
+    return list(
+        await conn.fetch(TAKE_ORDERED if ordered else TAKE, topic, limit, visibility_timeout, consumer)
+    )
+
+
+async def partitions(conn: Conn, topic: str) -> dict[int, str]:
+    """partition id -> partition name of `topic`."""
+    return {r[0]: r[1] for r in await conn.fetch(PARTITIONS, topic)}
+
+
+async def seconds_until_visible(conn: Conn, topic: str) -> float | None:
+    """Seconds until the next job of `topic` is free to take (<= 0: now); None when it has no jobs."""
+    value = await conn.fetchval(SECONDS_UNTIL_VISIBLE, topic)
+    return None if value is None else float(value)
 
 
 async def ack(conn: Conn, partition_id: int, offset: int, epoch: int) -> bool:
