@@ -12,8 +12,9 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,bench,metrics,spark]'
+	$(BIN)/pip install -q -e '.[test,bench,metrics,spark,dashboard]'
 	@sh scripts/ensure-jdbc.sh || true
+	@sh scripts/ensure-chromium.sh || true
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -174,6 +174,23 @@ def bench(
         raise typer.Exit(code)
 
 
+@app.command()
+def dashboard(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (default: loopback only)"),
+    port: int = typer.Option(8765, "--port"),
+    admin: bool = typer.Option(False, "--admin", help="allow actions (replay, reset, stop/start)"),
+    token: str = typer.Option(None, "--token", envvar="BUS_DASHBOARD_TOKEN", help="admin token, 8+ chars"),
+    audit_log: str = typer.Option(None, "--audit-log", help="default $BUS_HOME/dashboard-audit.log"),
+    refresh: float = typer.Option(1.0, "--refresh", help="seconds between live updates"),
+) -> None:
+    """Web dashboard: topics, groups and lag, queues and dead letters, claims, event-store groups, compaction."""
+    from bus.dashboard import command
+
+    code = command(console, host=host, port=port, admin=admin, token=token, audit_log=audit_log, refresh=refresh)
+    if code:
+        raise typer.Exit(code)
+
+
 @server_app.command("start")
 def server_start() -> None:
     """Start (or find) the embedded server and print its DSN."""

@@ -1,0 +1,156 @@
+"""A pytest plugin for testing code that uses the bus: `pytest -p bus.testing`.
+
+Installed with pgactorbus it is also registered as a `pytest11` entry point,
+so the fixtures are there without `-p`. Needs pytest-asyncio
+(`pip install pgactorbus[testing]`).
+
+Fixtures:
+
+- `bus_client`: a connected `bus.Bus` on a fresh schema of the embedded
+  PostgreSQL (or of `$BUS_TEST_DSN` when set), closed and its schema dropped
+  after the test, with fast timings (`FAST`) so groups form and rebalance in
+  a fraction of a second.
+- `bus_config`: the keyword arguments `bus_client` connects with; override it
+  in a conftest.py to change them.
+- `bus_dsn` (session): the database the fixtures use.
+- `bus_connect`: opens more Buses on the same schema (several members or
+  services in one test); all closed after the test.
+
+Helper: `await wait_consumed(b, "group")` returns once the group has
+committed everything published to its topics before the call.
+
+    from bus.testing import wait_consumed
+
+    async def test_handler_records_orders(bus_client):
+        seen = []
+        async def handler(m):
+            seen.append(m.value())
+        await bus_client.create_topic("orders", partitions=2)
+        await bus_client.publish("orders", {"id": 1})
+        sub = await bus_client.subscribe("billing", handler, topics=["orders"])
+        await wait_consumed(bus_client, "billing")
+        await sub.stop()
+        assert seen == [{"id": 1}]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+import bus
+from bus.admin import GroupDescription
+from storage.errors import GroupNotFoundError
+from storage.testing import drop_schema
+
+try:
+    import pytest_asyncio
+except ImportError as exc:  # pragma: no cover - a message that says what to install
+    raise ImportError("bus.testing needs pytest-asyncio: pip install 'pgactorbus[testing]'") from exc
+
+__all__ = ["FAST", "wait_consumed"]
+
+#: Timings for tests: heartbeats every 0.2 s, sessions of 1.5 s, rebalances after 0.05 s.
+FAST: dict[str, Any] = {
+    "heartbeat_interval": 0.2,
+    "session_timeout": 1.5,
+    "rebalance_delay": 0.05,
+    "max_poll_interval": 0.25,
+    "lease_time": 5.0,
+}
+
+
+async def wait_consumed(
+    b: bus.Bus,
+    group: str,
+    *,
+    timeout: float = 10.0,  # noqa: ASYNC109 - a test helper: the deadline is the point
+    interval: float = 0.05,
+) -> GroupDescription:
+    """Wait until `group` has committed every message published to its topics before this call.
+
+    "Committed" is what `describe_group` shows: a handler (`subscribe`) or a
+    consumer that committed (or polled again with `auto_commit`). Waits for the
+    group to appear if it has not joined yet. Raises TimeoutError naming the
+    partitions still behind after `timeout` seconds.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    target: dict[tuple[str, str], int] | None = None
+    behind: list[str] = []
+    while True:
+        try:
+            d: GroupDescription | None = await b.admin.describe_group(group)
+        except GroupNotFoundError:
+            d = None
+        if d is not None:
+            if target is None:
+                # The group's first sight fixes what "published so far" means.
+                target = {(p.topic, p.partition): p.end_offset for p in d.partitions}
+            position = {(p.topic, p.partition): p.end_offset - p.lag for p in d.partitions}
+            behind = [
+                f"{t}/{p} at {position.get((t, p), 0)} of {end}"
+                for (t, p), end in target.items()
+                if position.get((t, p), 0) < end
+            ]
+            if not behind:
+                return d
+        if loop.time() >= deadline:
+            what = "has not joined yet" if d is None else "is behind on " + ", ".join(behind[:10])
+            raise TimeoutError(f"group {group!r} did not consume everything within {timeout} s: it {what}")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def bus_dsn() -> str:
+    """$BUS_TEST_DSN, or the embedded server's DSN (started once; shared through a lock)."""
+    explicit = os.environ.get("BUS_TEST_DSN")
+    if explicit:
+        return explicit
+    from storage.embedded import ensure_server
+
+    return ensure_server().dsn
+
+
+@pytest.fixture
+def bus_config() -> dict[str, Any]:
+    """Keyword arguments for `bus.connect` in `bus_client` (default: the FAST timings)."""
+    return dict(FAST)
+
+
+@pytest_asyncio.fixture
+async def bus_connect(
+    bus_dsn: str, bus_config: dict[str, Any]
+) -> AsyncIterator[Callable[..., Awaitable[bus.Bus]]]:
+    """Open Buses on one fresh schema (`await bus_connect(**overrides)`); closed and dropped after the test."""
+    schema = "bt_" + uuid.uuid4().hex[:12]
+    opened: list[bus.Bus] = []
+
+    async def open_bus(**overrides: Any) -> bus.Bus:
+        config = {**bus_config, "schema": schema, **overrides}
+        b = await bus.connect(bus_dsn, **config)
+        opened.append(b)
+        return b
+
+    try:
+        yield open_bus
+    finally:
+        for b in reversed(opened):
+            await b.close()
+        conn = await asyncpg.connect(bus_dsn)
+        try:
+            await drop_schema(conn, schema)
+        finally:
+            await conn.close()
+
+
+@pytest_asyncio.fixture
+async def bus_client(bus_connect: Callable[..., Awaitable[bus.Bus]]) -> bus.Bus:
+    """A connected Bus on a fresh schema, dropped after the test."""
+    return await bus_connect()

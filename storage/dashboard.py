@@ -1,0 +1,192 @@
+"""Read-mostly statements for the web dashboard (`bus dashboard`).
+
+Everything here reads the same tables the admin API reads, in one statement
+per page section, so a dashboard refreshing every second costs a handful of
+queries however many topics and groups there are. The only writes are the
+dashboard's actions: replaying dead letters (deleting their job row in the
+caller's transaction, which also publishes them again) and stopping or
+starting a claims group.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from storage.db import Conn
+
+# Per partition of every topic: bounds and stored size estimate (next_offset -
+# log_start; compaction's holes make it an upper bound, the topic page counts exactly).
+TOPIC_PARTITIONS = """
+SELECT p.topic, p.name AS partition, p.log_start, p.next_offset AS end_offset, p.created_at
+FROM partitions p
+ORDER BY p.topic, p.id
+"""
+
+# Per queue topic: jobs ready now, leased (in flight) and delayed (nacked with a delay).
+# A job whose lease ran out counts as ready: the next take gets it.
+QUEUE_COUNTS = """
+SELECT t.name AS topic,
+       count(j."offset") FILTER (WHERE j.visible_at <= clock_timestamp()) AS ready,
+       count(j."offset") FILTER (WHERE j.visible_at > clock_timestamp() AND j.leased_by IS NOT NULL) AS in_flight,
+       count(j."offset") FILTER (WHERE j.visible_at > clock_timestamp() AND j.leased_by IS NULL) AS delayed,
+       min(j.visible_at) FILTER (WHERE j.visible_at > clock_timestamp() AND j.leased_by IS NULL) AS next_delayed
+FROM topics t
+LEFT JOIN queue_jobs j ON j.topic = t.name
+WHERE t.semantics = 'queue'
+GROUP BY t.name
+ORDER BY t.name
+"""
+
+# The dead letters still waiting in a queue topic ($1 topic, $2 limit, $3 payload bytes shown), oldest
+# first: jobs whose message carries the dead_letter.* headers a queue consumer adds.
+DEAD_LETTERS = """
+SELECT p.name AS partition, m."offset", m.key, m.headers::text AS headers,
+       substring(m.payload FROM 1 FOR $3) AS payload, octet_length(m.payload) AS payload_bytes, m.created_at,
+       j.leased_by IS NOT NULL AND j.visible_at > clock_timestamp() AS leased
+FROM queue_jobs j
+JOIN partitions p ON p.id = j.partition_id
+JOIN messages m ON m.partition_id = j.partition_id AND m."offset" = j."offset"
+WHERE j.topic = $1 AND m.headers ? 'dead_letter.topic'
+ORDER BY m.created_at, j.partition_id, j."offset"
+LIMIT $2
+"""
+
+# Take dead letters out of their queue for a replay, in the caller's transaction:
+# $1 dead-letter topic, $2 partition name (NULL: all), $3 offset (NULL: all), $4 limit.
+# Jobs another consumer holds right now are skipped (SKIP LOCKED, live lease), so
+# a replay never races a consumer draining the dead-letter queue.
+TAKE_DEAD_LETTERS = """
+WITH c AS (
+    SELECT j.partition_id, j."offset"
+    FROM queue_jobs j
+    JOIN partitions p ON p.id = j.partition_id
+    WHERE j.topic = $1
+      AND ($2::text IS NULL OR p.name = $2::text)
+      AND ($3::bigint IS NULL OR j."offset" = $3::bigint)
+      AND (j.leased_by IS NULL OR j.visible_at <= clock_timestamp())
+    ORDER BY j.partition_id, j."offset"
+    LIMIT $4
+    FOR UPDATE OF j SKIP LOCKED
+), d AS (
+    DELETE FROM queue_jobs j USING c
+    WHERE j.partition_id = c.partition_id AND j."offset" = c."offset"
+    RETURNING j.partition_id, j."offset"
+)
+SELECT p.name AS partition, m."offset", m.key, m.headers::text AS headers, m.payload
+FROM d
+JOIN messages m ON m.partition_id = d.partition_id AND m."offset" = d."offset"
+JOIN partitions p ON p.id = d.partition_id
+ORDER BY d.partition_id, d."offset"
+"""
+
+# Groups read with claims (no member rows: claims hold partition leases instead),
+# with their lease and pending counts.
+CLAIM_GROUPS = """
+SELECT g.name, g.status, g.state, g.recorded_at, g.last_active_at,
+       count(o.partition_id) AS partitions,
+       count(o.partition_id) FILTER (WHERE o.lease_expires_at > clock_timestamp()) AS leased,
+       count(o.partition_id) FILTER (WHERE o.pending_since IS NOT NULL) AS pending,
+       min(o.pending_since) AS oldest_pending,
+       COALESCE(sum(GREATEST(p.next_offset - GREATEST(o.committed, p.log_start), 0)), 0)::bigint AS lag
+FROM groups g
+LEFT JOIN offsets o ON o.group_name = g.name
+LEFT JOIN partitions p ON p.id = o.partition_id
+WHERE NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = g.name)
+GROUP BY g.name, g.status, g.state, g.recorded_at, g.last_active_at
+ORDER BY g.name
+"""
+
+# One claims group's cursors with their leases ($1 group).
+CLAIM_LEASES = """
+SELECT p.topic, p.name AS partition, o.committed, p.next_offset AS end_offset,
+       GREATEST(p.next_offset - GREATEST(o.committed, p.log_start), 0) AS lag,
+       CASE WHEN o.lease_expires_at > clock_timestamp() THEN o.owner END AS owner,
+       CASE WHEN o.lease_expires_at > clock_timestamp() THEN o.lease_expires_at END AS lease_expires_at,
+       o.pending_since, o.committed_at
+FROM offsets o
+JOIN partitions p ON p.id = o.partition_id
+WHERE o.group_name = $1
+ORDER BY p.topic, p.id
+"""
+
+# Stop ($2 = 'stopped') or start ($2 = 'active') a group; dead and cancelled groups stay as they are.
+SET_GROUP_STATUS = """
+UPDATE groups SET status = $2, updated_at = clock_timestamp()
+WHERE name = $1 AND status IN ('active', 'stopped')
+RETURNING name
+"""
+
+# Every event-store group with its failure, retry and claim counts.
+ES_GROUPS = """
+SELECT g.store, g.name, g.status, g.error_context::text AS error_context, g.max_attempts, g.retry_backoff,
+       g.updated_at,
+       count(o.id) AS partitions,
+       count(o.id) FILTER (WHERE o.claimed_by IS NOT NULL) AS claimed,
+       count(o.id) FILTER (WHERE o.retry_at > clock_timestamp()) AS retrying,
+       min(o.retry_at) FILTER (WHERE o.retry_at > clock_timestamp()) AS next_retry_at,
+       COALESCE(max(o.attempts), 0) AS max_attempts_seen,
+       (SELECT s.next_position - 1 FROM es_stores s WHERE s.name = g.store) AS last_position,
+       COALESCE(min(o.position), 0) AS min_position
+FROM es_groups g
+LEFT JOIN es_offsets o ON o.store = g.store AND o.group_name = g.name
+GROUP BY g.store, g.name, g.status, g.error_context, g.max_attempts, g.retry_backoff, g.updated_at
+ORDER BY g.store, g.name
+"""
+
+# One event-store group's partitions that failed or wait for a retry ($1 store, $2 group, $3 limit).
+ES_TROUBLED_PARTITIONS = """
+SELECT partition_key, position, claimed_by, attempts, retry_at, last_error
+FROM es_offsets
+WHERE store = $1 AND group_name = $2 AND (attempts > 0 OR last_error IS NOT NULL OR claimed_by IS NOT NULL)
+ORDER BY retry_at NULLS LAST, id
+LIMIT $3
+"""
+
+
+async def topic_partitions(conn: Conn) -> list[asyncpg.Record]:
+    """Every partition of every topic with its log start and end offset."""
+    return list(await conn.fetch(TOPIC_PARTITIONS))
+
+
+async def queue_counts(conn: Conn) -> list[asyncpg.Record]:
+    """Per queue topic: ready, in-flight and delayed job counts."""
+    return list(await conn.fetch(QUEUE_COUNTS))
+
+
+async def dead_letters(conn: Conn, topic: str, limit: int, payload_bytes: int) -> list[asyncpg.Record]:
+    """The jobs still waiting in a dead-letter topic, payloads cut to `payload_bytes`."""
+    return list(await conn.fetch(DEAD_LETTERS, topic, limit, payload_bytes))
+
+
+async def take_dead_letters(
+    conn: asyncpg.Connection, topic: str, partition: str | None, offset: int | None, limit: int
+) -> list[asyncpg.Record]:
+    """Delete dead-letter jobs (all, or the one at partition/offset) and return their messages (caller's transaction)."""
+    return list(await conn.fetch(TAKE_DEAD_LETTERS, topic, partition, offset, limit))
+
+
+async def claim_groups(conn: Conn) -> list[asyncpg.Record]:
+    """Groups without members (read with claims) and their lease counts."""
+    return list(await conn.fetch(CLAIM_GROUPS))
+
+
+async def claim_leases(conn: Conn, group: str) -> list[asyncpg.Record]:
+    """One claims group's cursors: committed, lag, live lease owner and expiry."""
+    return list(await conn.fetch(CLAIM_LEASES, group))
+
+
+async def set_group_status(conn: Conn, group: str, status: str) -> bool:
+    """Stop or start a group; False when it does not exist or is dead/cancelled."""
+    if status not in ("active", "stopped"):
+        raise ValueError(f"status must be 'active' or 'stopped', got {status!r}")
+    return await conn.fetchval(SET_GROUP_STATUS, group, status) is not None
+
+
+async def es_groups(conn: Conn) -> list[asyncpg.Record]:
+    """Every event-store group with status, error context and retry counts."""
+    return list(await conn.fetch(ES_GROUPS))
+
+
+async def es_troubled_partitions(conn: Conn, store: str, group: str, limit: int) -> list[asyncpg.Record]:
+    """An event-store group's partitions that are claimed, failed, or waiting for a retry."""
+    return list(await conn.fetch(ES_TROUBLED_PARTITIONS, store, group, limit))
