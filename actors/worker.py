@@ -19,7 +19,7 @@ from actors import metrics
 from actors.messages import LeaseLost, Rewind, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
 from actors.runtime import Actor, ActorRef
 from storage import leases
-from storage.db import TRANSIENT_ERRORS
+from storage.db import TRANSIENT_ERRORS, internal
 from storage.logs import get_logger
 
 
@@ -115,6 +115,7 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
         self._position = 0  # next offset to fetch
         self._committed = 0  # last committed position (handler mode)
         self._pending: Batch | None = None
+        self._fetch_size = spec.fetch_size
         self._stopped_on_error = False
         self._log = get_logger(
             __name__,
@@ -238,15 +239,18 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
             if not self._sink.offer(self._pending):
                 return
             self._pending = None
-        rows = await leases.fetch(
-            self._pool,
-            self.spec.group,
-            self.spec.partition_id,
-            self.spec.member_id,
-            self._epoch,
-            self._position,
-            self.spec.fetch_size,
-        )
+        limit = self._fetch_size
+        with internal():
+            rows = await leases.fetch(
+                self._pool, self.spec.group, self.spec.partition_id, self.spec.member_id,
+                self._epoch, self._position, limit,
+            )  # fmt: skip
+        # Fetch sizes follow the lag: a full fetch doubles the next one (up to 4x the
+        # configured size), a short one goes back to the configured size.
+        if len(rows) == limit:
+            self._fetch_size = min(limit * 2, self.spec.fetch_size * 4)
+        elif len(rows) < limit // 2:
+            self._fetch_size = self.spec.fetch_size
         if not rows:
             await self._check_lease()
             return
@@ -261,7 +265,7 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
             if not self._sink.offer(batch):
                 self._pending = batch
                 return
-        if len(rows) == self.spec.fetch_size:
+        if len(rows) == limit:
             self.self_ref.signal(Wake())
 
     async def _check_lease(self) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
+from bus.types import Message
 from storage.errors import ValidationError
 from storage.names import utf8_text
 
@@ -103,3 +105,27 @@ def validate_key(key: Any) -> str | None:
     if key.isascii() and "\x00" not in key:  # the common case, without encoding
         return key
     return utf8_text(key, "key")
+
+
+def messages_from_rows(topic: str, partition: str, rows: Sequence[Any], attempt: int = 1) -> list[Message]:
+    """Messages from fetched log rows ("offset", key, headers, payload, created_at), in order.
+
+    The consumer's hot path: rows are unpacked positionally and an absent
+    header object costs nothing to decode.
+    """
+    out: list[Message] = []
+    append = out.append
+    for offset, key, headers, payload, created_at in rows:
+        append(
+            Message(
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                key=key,
+                headers=_headers_decoder.decode(headers) if headers else {},
+                payload=payload,
+                created_at=created_at,
+                attempt=attempt,
+            )
+        )
+    return out

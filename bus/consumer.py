@@ -26,6 +26,7 @@ from actors.coordinator import MemberSpec
 from actors.messages import Rewind, Seek, Wake
 from actors.runtime import ActorStoppedError
 from actors.worker import Batch, RetryPolicy
+from bus.codec import messages_from_rows
 from bus.start import parse_start
 from bus.types import Message, Outgoing, TopicPartition
 from storage import db, leases
@@ -458,12 +459,10 @@ class Consumer(_MemberBase):
             except TimeoutError:
                 return []
         out: list[Message] = []
-        from bus.client import to_message
-
         while self._buffer and len(out) < limit:
             batch, index = self._buffer.popleft()
             take = batch.rows[index : index + (limit - len(out))]
-            out.extend(to_message(batch.topic, batch.partition, r) for r in take)
+            out.extend(messages_from_rows(batch.topic, batch.partition, take))
             self._buffered -= len(take)
             _metrics.consumed(self.group, batch.topic, len(take))
             self._polled[batch.partition_id] = (batch.epoch, take[-1]["offset"] + 1)
@@ -505,8 +504,9 @@ class Consumer(_MemberBase):
             # A later commit re-sends it harmlessly, and never takes it for a move.
             self._unconfirmed.update({pid: (epoch, offset) for pid, offset, epoch in sent})
             return
-        with db.translate_errors():
-            async with self._bus.pool.acquire() as conn, conn.transaction():
+        # One statement, all or nothing: no transaction block needed.
+        with db.translate_errors(), db.internal():
+            async with self._bus.pool.acquire() as conn:
                 sent = await self._commit_on(conn)
         self._confirm(sent)
 
@@ -530,34 +530,37 @@ class Consumer(_MemberBase):
         )
 
     async def _commit_on(self, conn: asyncpg.Connection) -> list[tuple[int, int, int]]:
-        """Write the pending positions on `conn` (inside a transaction); what was sent. Raises on a move."""
+        """Write the pending positions on `conn`, all or nothing; what was written. Raises on a move."""
         if self._moved:
             moved, self._moved = self._moved, {}
             self._raise_moved([str(tp) for tp in moved.values()])
         pending = self._pending()
-        if not pending or self.member_id is None:
+        if self.member_id is None:
             return []
-        applied = await leases.commit(conn, self.group, self.member_id, pending)
-        missing = {pid: (epoch, offset) for pid, offset, epoch in pending if pid not in applied}
-        if missing:
-            # A position sent earlier inside a caller's transaction that did commit is
-            # not a move (the partition left since; its offset is already there).
-            resent = [pid for pid, entry in missing.items() if self._unconfirmed.get(pid) == entry]
-            if resent:
-                stored = await leases.committed_offsets(conn, self.group, resent)
-                for pid in resent:
-                    if stored.get(pid, -1) >= missing[pid][1]:
-                        del missing[pid]
-                        for table in (self._polled, self._committed, self._unconfirmed):
-                            table.pop(pid, None)
-        if missing:
-            # Report a move once; its new owner re-reads those messages.
-            for pid in missing:
-                self._polled.pop(pid, None)
-                self._unconfirmed.pop(pid, None)
-            # Raising rolls the whole transaction back: nothing applies.
-            self._raise_moved([str(self._tp_of.get(p, p)) for p in missing])
-        return [e for e in pending if e[0] in applied]
+        while pending:
+            applied, gone = await leases.commit_all(conn, self.group, self.member_id, pending)
+            if applied:
+                return pending
+            # A position sent earlier inside a caller's transaction that did commit
+            # is not a move: the partition left since, its offset is already there.
+            entry = {pid: (epoch, offset) for pid, offset, epoch in pending}
+            resent = {
+                pid
+                for pid, stored in gone.items()
+                if self._unconfirmed.get(pid) == entry[pid] and stored >= entry[pid][1]
+            }
+            for pid in resent:
+                for table in (self._polled, self._committed, self._unconfirmed):
+                    table.pop(pid, None)
+            moved = set(gone) - resent
+            if moved:
+                # Report a move once; its new owner re-reads those messages. Nothing applied.
+                for pid in moved:
+                    self._polled.pop(pid, None)
+                    self._unconfirmed.pop(pid, None)
+                self._raise_moved([str(self._tp_of.get(p, p)) for p in moved])
+            pending = [e for e in pending if e[0] not in resent]
+        return []
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[ConsumerTransaction]:

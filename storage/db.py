@@ -9,9 +9,10 @@ and recorded in `bus_migrations`.
 
 from __future__ import annotations
 
+import contextvars
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from importlib import resources
 from typing import Any, Literal, TypeAlias
 
@@ -65,6 +66,35 @@ async def on_schema(conn: asyncpg.Connection, schema: str) -> AsyncIterator[None
         await conn.execute(SET_LOCAL_SEARCH_PATH, previous)
 
 
+# Set while the bus's own hot paths hold a pool connection (see `internal`).
+_internal_use: contextvars.ContextVar[bool] = contextvars.ContextVar("bus_internal_use", default=False)
+
+
+@contextmanager
+def internal() -> Iterator[None]:
+    """Mark pool use by the bus's own statements, which leave no session state behind.
+
+    Their connections go back to the pool without asyncpg's reset query
+    (`RESET ALL; UNLISTEN *; ...`: one round trip per release, as much as the
+    statement itself on the hot paths). Any other use of the pool (the
+    service's own `b.pool.acquire()`) is reset as asyncpg always does. Open
+    transactions are rolled back on release either way.
+    """
+    token = _internal_use.set(True)
+    try:
+        yield
+    finally:
+        _internal_use.reset(token)
+
+
+async def _reset(conn: asyncpg.Connection) -> None:
+    if _internal_use.get():
+        return
+    query = conn.get_reset_query()
+    if query:
+        await conn.execute(query)
+
+
 async def create_pool(
     dsn: str, schema: str, *, min_size: int = 1, max_size: int = 20, **kwargs: Any
 ) -> asyncpg.Pool:
@@ -75,10 +105,13 @@ async def create_pool(
             min_size=min_size,
             max_size=max_size,
             server_settings=server_settings(schema),
+            reset=_reset,
             **kwargs,
         )
     except (OSError, asyncpg.PostgresError) as exc:
-        raise StorageUnavailableError(f"cannot connect to PostgreSQL ({exc}); check the DSN and that the server runs") from exc
+        raise StorageUnavailableError(
+            f"cannot connect to PostgreSQL ({exc}); check the DSN and that the server runs"
+        ) from exc
     assert pool is not None
     return pool
 
@@ -88,7 +121,9 @@ async def connect(dsn: str, schema: str, **kwargs: Any) -> asyncpg.Connection:
     try:
         return await asyncpg.connect(dsn, server_settings=server_settings(schema), **kwargs)
     except (OSError, asyncpg.PostgresError) as exc:
-        raise StorageUnavailableError(f"cannot connect to PostgreSQL ({exc}); check the DSN and that the server runs") from exc
+        raise StorageUnavailableError(
+            f"cannot connect to PostgreSQL ({exc}); check the DSN and that the server runs"
+        ) from exc
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -50,6 +50,33 @@ WHERE o.group_name = $1 AND o.partition_id = c.pid AND o.owner = $2 AND o.lease_
 RETURNING o.partition_id
 """
 
+# A consumer's commit of all its partitions, all or nothing in one statement (no
+# BEGIN/COMMIT round trips): the rows are locked and fence-checked first, and
+# the update applies only if every entry passed. Each entry comes back with
+# whether it is still owned and its committed offset (to tell a move from a
+# re-send of a position already committed).
+COMMIT_ALL_FENCED = """
+WITH c AS (SELECT * FROM unnest($3::bigint[], $4::bigint[], $5::bigint[]) AS u(pid, off, epoch)),
+fenced AS (
+    SELECT o.partition_id
+    FROM offsets o JOIN c ON o.partition_id = c.pid
+    WHERE o.group_name = $1 AND o.owner = $2 AND o.lease_epoch = c.epoch
+      AND o.lease_expires_at > clock_timestamp()
+    FOR UPDATE OF o
+),
+applied AS (
+    UPDATE offsets o SET committed = GREATEST(o.committed, c.off), committed_at = clock_timestamp()
+    FROM c
+    WHERE o.group_name = $1 AND o.partition_id = c.pid
+      AND o.partition_id IN (SELECT partition_id FROM fenced)
+      AND (SELECT count(*) FROM fenced) = (SELECT count(*) FROM c)
+    RETURNING o.partition_id
+)
+SELECT c.pid, c.pid IN (SELECT partition_id FROM fenced) AS owned,
+       (SELECT count(*) FROM applied) > 0 AS applied, o.committed
+FROM c LEFT JOIN offsets o ON o.group_name = $1 AND o.partition_id = c.pid
+"""
+
 # Fetch only while the lease is ours: a zombie reads nothing it could commit.
 FETCH_FENCED = """
 SELECT m."offset", m.key, m.headers::text AS headers, m.payload, m.created_at
@@ -97,6 +124,27 @@ async def commit(
         [e[2] for e in entries],
     )
     return {r[0] for r in rows}
+
+
+async def commit_all(
+    conn: Conn, group: str, member_id: str, entries: list[tuple[int, int, int]]
+) -> tuple[bool, dict[int, int]]:
+    """Apply every (partition_id, offset, epoch) commit or none.
+
+    (applied, {partition_id: committed offset} of the entries no longer owned).
+    """
+    rows = await conn.fetch(
+        COMMIT_ALL_FENCED,
+        group,
+        member_id,
+        [e[0] for e in entries],
+        [e[1] for e in entries],
+        [e[2] for e in entries],
+    )
+    applied = bool(rows) and bool(rows[0]["applied"])
+    return applied, {
+        int(r["pid"]): (-1 if r["committed"] is None else int(r["committed"])) for r in rows if not r["owned"]
+    }
 
 
 async def fetch(
