@@ -552,13 +552,13 @@ class Consumer(_MemberBase):
             for pid in resent:
                 for table in (self._polled, self._committed, self._unconfirmed):
                     table.pop(pid, None)
-            moved = set(gone) - resent
-            if moved:
+            lost = set(gone) - resent
+            if lost:
                 # Report a move once; its new owner re-reads those messages. Nothing applied.
-                for pid in moved:
+                for pid in lost:
                     self._polled.pop(pid, None)
                     self._unconfirmed.pop(pid, None)
-                self._raise_moved([str(self._tp_of.get(p, p)) for p in moved])
+                self._raise_moved([str(self._tp_of.get(p, p)) for p in lost])
             pending = [e for e in pending if e[0] not in resent]
         return []
 
