@@ -142,6 +142,12 @@ class Seek(Message, frozen=True):
     offset: int
 
 
+class RetryDue(Message, frozen=True):
+    """A handler's backoff is over: retry the failed message (if the lease of `epoch` is still held)."""
+
+    epoch: int
+
+
 class Rewind(Message, frozen=True):
     """Continue from the group's committed offset (buffered messages of the partition are dropped).
 

@@ -218,7 +218,7 @@ class _Mailbox:
 
 
 class Timer:
-    """Handle returned by :meth:`ActorRef.schedule_every`."""
+    """Handle returned by :meth:`ActorRef.schedule_every` and :meth:`ActorRef.schedule_once`."""
 
     def __init__(self, task: asyncio.Task[None]) -> None:
         self._task = task
@@ -511,6 +511,33 @@ class ActorRef(Generic[M]):
 
         timer = Timer(asyncio.get_running_loop().create_task(tick(), name=f"timer:{cell.name}"))
         cell.timers.add(timer)
+        return timer
+
+    def schedule_once(self, delay: float, message: M) -> Timer:
+        """Send ``message`` to this actor once, ``delay`` seconds from now (on the actor's clock).
+
+        Like :meth:`schedule_every`, the timer belongs to the current actor
+        instance: it is cancelled when that instance stops, fails or restarts,
+        so nothing scheduled by an instance reaches its successor. The message
+        waits for mailbox room (it is not a skippable tick).
+        """
+        _check_message(message)
+        if delay < 0:
+            raise ValueError(f"delay must not be negative, got {delay}")
+        cell = self._cell
+
+        async def fire() -> None:
+            await cell.clock.sleep(delay)
+            if cell.mailbox.closed:
+                return
+            try:
+                await cell.mailbox.put(_Envelope(message, None))
+            except ActorStoppedError:
+                return
+
+        timer = Timer(asyncio.get_running_loop().create_task(fire(), name=f"timer-once:{cell.name}"))
+        cell.timers.add(timer)
+        timer._task.add_done_callback(lambda _t: cell.timers.discard(timer))
         return timer
 
 

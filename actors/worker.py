@@ -9,15 +9,14 @@ exactly where this one ended.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import asyncpg
 
 from actors import metrics
-from actors.messages import LeaseLost, Rewind, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
-from actors.runtime import Actor, ActorRef
+from actors.messages import LeaseLost, RetryDue, Rewind, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
+from actors.runtime import Actor, ActorRef, Timer
 from storage import leases
 from storage.db import TRANSIENT_ERRORS, internal
 from storage.logs import get_logger
@@ -93,7 +92,7 @@ class WorkerSpec:
     messages_channel: str
 
 
-class PartitionWorker(Actor[Wake | Seek | Rewind]):
+class PartitionWorker(Actor[Wake | Seek | Rewind | RetryDue]):
     """Owns one partition for one member: lease, fetch, hand on, commit, release."""
 
     mailbox_size = 64
@@ -116,6 +115,9 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
         self._committed = 0  # last committed position (handler mode)
         self._pending: Batch | None = None
         self._fetch_size = spec.fetch_size
+        # Handler mode: the rows left when a handler failed, and the next attempt number.
+        self._retry: tuple[list[asyncpg.Record], int] | None = None
+        self._retry_timer: Timer | None = None
         self._stopped_on_error = False
         self._log = get_logger(
             __name__,
@@ -172,7 +174,7 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
             if not self._sink.handler_mode:
                 self._sink.released(self.spec.partition_id, epoch, committed)
 
-    async def receive(self, message: Wake | Seek | Rewind) -> Any:
+    async def receive(self, message: Wake | Seek | Rewind | RetryDue) -> Any:
         match message:
             case Wake():
                 try:
@@ -189,6 +191,11 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
                 self.self_ref.signal(Wake())
             case Rewind():
                 return await self._rewind()
+            case RetryDue(epoch=epoch):
+                try:
+                    await self._retry_due(epoch)
+                except TRANSIENT_ERRORS as exc:
+                    self._log.warning("retry_failed", error=repr(exc))
         return None
 
     async def _rewind(self) -> bool:
@@ -228,8 +235,8 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
         return True
 
     async def _work(self) -> None:
-        if self._stopped_on_error:
-            return
+        if self._stopped_on_error or self._retry is not None:
+            return  # stopped, or a handler's backoff is running (RetryDue resumes)
         if self._epoch is None and not await self._acquire():
             # The previous owner is still revoking (it commits, then releases);
             # its release NOTIFY or the next poll tick brings us back.
@@ -286,13 +293,26 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
             self._sink.released(self.spec.partition_id, self._epoch, None)
         self._epoch = None
         self._pending = None
+        self._cancel_retry()
         self._coordinator.signal(LeaseLost(self.spec.partition_id))
 
-    async def _run_handler(self, rows: list[asyncpg.Record]) -> None:
+    def _cancel_retry(self) -> None:
+        self._retry = None
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+
+    async def _run_handler(self, rows: list[asyncpg.Record], attempt: int = 1) -> None:
+        """Hand `rows` to the handler in order; `attempt` is the first row's attempt number.
+
+        A failure with attempts left schedules a RetryDue after the backoff and
+        returns: the worker stays responsive (a revoke or stop never waits
+        behind a backoff), fetches nothing new meanwhile, and resumes at that
+        row when the timer fires.
+        """
         assert self._epoch is not None
         done = self._committed
-        for row in rows:
-            attempt = 1
+        for index, row in enumerate(rows):
             while True:
                 try:
                     await self._sink.handle(self.spec.topic, self.spec.partition, row, attempt)
@@ -303,9 +323,12 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
                         self._log.info(
                             "handler_retry", offset=row["offset"], attempt=attempt, error=repr(exc)
                         )
-                        await asyncio.sleep(self._sink.retry.delay(attempt))
-                        attempt += 1
-                        continue
+                        await self._commit(done)
+                        self._retry = (rows[index:], attempt + 1)
+                        self._retry_timer = self.self_ref.schedule_once(
+                            self._sink.retry.delay(attempt), RetryDue(self._epoch)
+                        )
+                        return
                     if await self._sink.dead_letter(self.spec.topic, self.spec.partition, row, exc, attempt):
                         self._log.warning(
                             "dead_lettered", offset=row["offset"], attempts=attempt, error=repr(exc)
@@ -322,8 +345,18 @@ class PartitionWorker(Actor[Wake | Seek | Rewind]):
                     self._sink.failed(self.spec.topic, self.spec.partition, exc)
                     self._coordinator.signal(WorkerFailed(self.spec.partition_id, repr(exc)))
                     return
+            attempt = 1
             done = row["offset"] + 1
         await self._commit(done)
+
+    async def _retry_due(self, epoch: int) -> None:
+        if self._retry is None or epoch != self._epoch:
+            return  # the lease changed since: the new lease starts from the committed offset
+        rows, attempt = self._retry
+        self._retry = None
+        await self._run_handler(rows, attempt)
+        if self._retry is None and not self._stopped_on_error:
+            self.self_ref.signal(Wake())
 
     async def _commit(self, position: int) -> None:
         if self._epoch is None or position <= self._committed:

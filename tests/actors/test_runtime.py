@@ -540,3 +540,38 @@ async def test_scheduled_timer_can_be_cancelled() -> None:
     await asyncio.sleep(0)
     assert not timer.active
     await ref.stop()
+
+
+async def test_schedule_once_follows_the_injected_clock_and_fires_once() -> None:
+    clock = FakeClock()
+    journal: list[Any] = []
+    ref = spawn(lambda: Recorder(journal), name="once", clock=clock)
+    timer = ref.schedule_once(42.0, Tick())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert journal.count("tick") == 1
+    assert 42.0 in clock.sleeps
+    assert not timer.active
+    await ref.stop()
+
+
+async def test_schedule_once_is_cancelled_when_the_actor_instance_stops() -> None:
+    journal: list[Any] = []
+    ref = spawn(lambda: Recorder(journal), name="once-stop")
+    timer = ref.schedule_once(0.05, Tick())
+    await ref.stop()
+    assert not timer.active
+    await asyncio.sleep(0.1)
+    assert "tick" not in journal
+
+
+async def test_schedule_once_of_a_failed_instance_never_reaches_its_successor() -> None:
+    journal: list[Any] = []
+    sup = Supervisor("once-sup", strategy=RestartStrategy(max_restarts=3, within=5.0, backoff_initial=0.0))
+    ref = sup.spawn(lambda: Recorder(journal), "child")
+    timer = ref.schedule_once(0.1, Tick())
+    await ref.tell(Boom())
+    await asyncio.sleep(0.2)
+    assert not timer.active
+    assert "tick" not in journal
+    await sup.stop()

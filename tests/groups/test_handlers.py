@@ -202,3 +202,37 @@ async def test_bad_consumer_arguments_are_refused_before_anything_is_written(con
     with pytest.raises(bus.TopicNotFoundError):
         await b.consumer("g", topics=["nope"]).start()
     assert await b.pool.fetchval("SELECT count(*) FROM groups") == 0
+
+
+async def test_a_revoke_never_waits_behind_a_handlers_retry_backoff(connect, fast) -> None:
+    """The backoff is a scheduled message, not a sleep inside the worker: stopping (a revoke) is immediate,
+    the messages handled before the failure are committed, and the failed one comes again to the next owner."""
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=1)
+    seen: list[int] = []
+    failing = asyncio.Event()
+
+    async def handler(m: bus.Message) -> None:
+        i = m.value(dict)["i"]
+        if i == 2:
+            failing.set()
+            raise RuntimeError("not yet")
+        seen.append(i)
+
+    for i in range(4):
+        await b.publish("t", {"i": i})
+    sub = await b.subscribe("g", handler, topics=["t"], retry=bus.Retry(max_attempts=5, backoff=600.0))
+    await asyncio.wait_for(failing.wait(), 15)
+    # A 600 s backoff is running: stop must not wait for it.
+    await asyncio.wait_for(sub.stop(), 15)
+    assert seen == [0, 1]
+    assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name = 'g'") == 2
+
+    again: list[int] = []
+
+    async def fixed(m: bus.Message) -> None:
+        again.append(m.value(dict)["i"])
+
+    sub2 = await b.subscribe("g", fixed, topics=["t"])
+    await eventually(lambda: again == [2, 3])
+    await sub2.stop()
