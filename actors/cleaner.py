@@ -5,6 +5,10 @@ Every `cleaner_interval` seconds it runs one bounded pass of
 `batch` offsets each, round-robin by partition id), so a tick never holds the
 database for long however much history has piled up. Several processes may
 run cleaners at once: each partition is cleaned under its row lock.
+
+Retention moves log starts; the same pass then maintains the segments of
+`messages` (storage/segments.py): makes them ahead of time, retires (TRUNCATE)
+and drops those whose rows are all below the log starts.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.runtime import Actor, ActorRef, Message, spawn
-from storage import idempotency, retention
+from storage import idempotency, retention, segments
 from storage.logs import get_logger
 
 __all__ = ["CleanNow", "Cleaner", "Tick", "start_cleaner"]
@@ -38,7 +42,12 @@ class Cleaner(Actor[Tick | CleanNow]):
         self._log = get_logger(__name__, actor="cleaner")
 
     async def on_start(self) -> None:
-        """Schedule the ticks."""
+        """Make the segments publishes are about to need, then schedule the ticks."""
+        try:
+            async with self._pool.acquire() as conn:
+                await segments.maintain(conn, interval=self._interval)
+        except Exception as exc:  # the first tick tries again
+            self._log.warning("segment_maintenance_failed", error=repr(exc))
         self.self_ref.schedule_every(self._interval, Tick())
 
     async def receive(self, message: Tick | CleanNow) -> Any:
@@ -61,6 +70,8 @@ class Cleaner(Actor[Tick | CleanNow]):
             )
             # Idempotency keys past their topic's dedupe window go with the same pass (bounded too).
             await idempotency.delete_expired(conn, self._batch)
+            # Segments after retention: what it just retired may complete a segment.
+            await segments.maintain(conn, interval=self._interval)
         if deleted:
             self._log.info("retention_deleted", count=deleted)
         return deleted

@@ -83,13 +83,13 @@ REF_DROP = "DROP TABLE soak_ref"
 class Sample:
     """One sampling interval."""
 
-    t: float                 # seconds since start
-    publish_rate: float      # msg/s over the interval
-    consume_rate: float      # deliveries/s over the interval (all groups)
-    lag: int                 # messages behind, all groups
-    bytes: int               # messages tree on disk
+    t: float  # seconds since start
+    publish_rate: float  # msg/s over the interval
+    consume_rate: float  # deliveries/s over the interval (all groups)
+    lag: int  # messages behind, all groups
+    bytes: int  # messages tree on disk
     retained_rows: int
-    retained_bytes: float    # retained rows x fresh bytes per row
+    retained_bytes: float  # retained rows x fresh bytes per row
     dead: int
     live: int
     autovacuums: int
@@ -240,7 +240,9 @@ def chart(samples: list[Sample], path: Path, title: str) -> Path:
     ax = axes[1][0]
     ax.plot(ts, [s.bytes / MIB for s in samples], marker="o", label="on disk (all segments)")
     ax.plot(ts, [s.retained_bytes / MIB for s in samples], marker="o", label="retained rows")
-    ax.plot(ts, [2 * s.retained_bytes / MIB for s in samples], linestyle="--", color="grey", label="2x retained")
+    ax.plot(
+        ts, [2 * s.retained_bytes / MIB for s in samples], linestyle="--", color="grey", label="2x retained"
+    )
     ax.set_ylabel("MiB")
     ax.set_title("messages: size on disk")
     ax.set_ylim(bottom=0)
@@ -286,25 +288,59 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     extra = {**summary, "samples": table, "chart": path.name}
     name = f"{label}: " if label else ""
     return [
-        Result(SCENARIO, f"{name}publish msg/s, last fifth (baseline: first fifth)", pub_last, "msg/s",
-               pub_first, "first fifth", target=">= 0.9x the first fifth", extra=extra),
-        Result(SCENARIO, f"{name}consume msg/s of 3 groups, last fifth (baseline: first fifth)", con_last, "msg/s",
-               con_first, "first fifth", target=">= 0.9x the first fifth"),
-        Result(SCENARIO, f"{name}on-disk size / retained rows' size, worst sample", worst, "x",
-               higher_is_better=False, target="<= 2",
-               extra={"bytes_end": samples[-1].bytes, "retained_bytes_end": samples[-1].retained_bytes}),
-        Result(SCENARIO, f"{name}dead tuples in messages, worst sample", float(max(s.dead for s in samples)), "rows",
-               higher_is_better=False, target="<= 1000",
-               extra={"retired_rows": summary["retired_rows"]}),
-        Result(SCENARIO, f"{name}autovacuum runs on messages", float(samples[-1].autovacuums), "runs",
-               higher_is_better=False),
+        Result(
+            SCENARIO,
+            f"{name}publish msg/s, last fifth (baseline: first fifth)",
+            pub_last,
+            "msg/s",
+            pub_first,
+            "first fifth",
+            target=">= 0.9x the first fifth",
+            extra=extra,
+        ),
+        Result(
+            SCENARIO,
+            f"{name}consume msg/s of 3 groups, last fifth (baseline: first fifth)",
+            con_last,
+            "msg/s",
+            con_first,
+            "first fifth",
+            target=">= 0.9x the first fifth",
+        ),
+        Result(
+            SCENARIO,
+            f"{name}on-disk size / retained rows' size, worst sample",
+            worst,
+            "x",
+            higher_is_better=False,
+            target="<= 2",
+            extra={"bytes_end": samples[-1].bytes, "retained_bytes_end": samples[-1].retained_bytes},
+        ),
+        Result(
+            SCENARIO,
+            f"{name}dead tuples in messages, worst sample",
+            float(max(s.dead for s in samples)),
+            "rows",
+            higher_is_better=False,
+            target="<= 1000",
+            extra={"retired_rows": summary["retired_rows"]},
+        ),
+        Result(
+            SCENARIO,
+            f"{name}autovacuum runs on messages",
+            float(samples[-1].autovacuums),
+            "runs",
+            higher_is_better=False,
+        ),
     ]
 
 
 def print_samples(rows: list[Result]) -> None:
     """The per-interval table, as the closing note shows it."""
     extra = rows[0].extra
-    print(f"{'min':>5} {'pub/s':>7} {'con/s':>7} {'lag':>7} {'disk MiB':>9} {'retained MiB':>12} {'dead':>8} {'autovac':>7} {'leaves':>6}")
+    print(
+        f"{'min':>5} {'pub/s':>7} {'con/s':>7} {'lag':>7} {'disk MiB':>9} {'retained MiB':>12} {'dead':>8} {'autovac':>7} {'leaves':>6}"
+    )
     for s in extra["samples"]:
         print(
             f"{s['t'] / 60:5.1f} {s['publish_rate']:7.0f} {s['consume_rate']:7.0f} {s['lag']:7d} "

@@ -111,10 +111,12 @@ SELECT partition_id, "offset", created_at FROM m
 
 ANNOUNCE = "SELECT count(pg_notify($1, x::text)) FROM unnest($2::bigint[]) AS x"
 
+# From the log start on: rows below it may still be stored (retention is
+# logical until their segment retires, storage/segments.py).
 READ = """
 SELECT "offset", key, headers::text AS headers, payload, created_at
 FROM messages
-WHERE partition_id = $1 AND "offset" >= $2
+WHERE partition_id = $1 AND "offset" >= GREATEST($2, (SELECT log_start FROM partitions WHERE id = $1))
 ORDER BY "offset"
 LIMIT $3
 """

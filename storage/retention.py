@@ -10,10 +10,14 @@ FOR SHARE, so a cursor moved backwards by an admin just before is seen, and
 one moved after has to wait for the delete to commit (and then reads from the
 new log start: cursors below it are lifted when read).
 
-Deletes are bounded (`batch` offsets per partition per pass, `max_partitions`
-per pass) and walk the partitions round-robin by id, so one huge partition
-never starves the rest. Retention is for `cleanup="delete"` topics; compacted
-topics are the Spark job's.
+Removal is logical: the cleaner moves `log_start` (every reader starts
+there), and the rows leave with their whole segment when every row in it is
+below its partition's log start (storage/segments.py: TRUNCATE, then DROP;
+no row-by-row DELETE, so no dead tuples for autovacuum). Passes are bounded
+(`batch` offsets per partition per pass, `max_partitions` per pass) and walk
+the partitions round-robin by id, so one huge partition never starves the
+rest. Retention is for `cleanup="delete"` topics; compacted topics are the
+Spark job's.
 
 Group liveness: a group with no live member, no unexpired claim lease and no
 activity for `group_heartbeat_timeout` becomes `dead` and stops holding
@@ -70,10 +74,6 @@ ORDER BY "offset"
 LIMIT 1
 """
 
-DELETE_RANGE = """
-DELETE FROM messages WHERE partition_id = $1 AND "offset" >= $2 AND "offset" < $3
-"""
-
 ADVANCE_LOG_START = "UPDATE partitions SET log_start = GREATEST(log_start, $2) WHERE id = $1"
 
 TOPIC_PARTITIONS = "SELECT id FROM partitions WHERE topic = $1 ORDER BY id"
@@ -90,10 +90,14 @@ RETURNING g.name
 """
 
 
-async def clean_partition(conn: asyncpg.Connection, partition_id: int, retention_seconds: float, batch: int) -> int:
-    """Delete up to `batch` offsets of the partition that are below its watermark and past retention.
+async def clean_partition(
+    conn: asyncpg.Connection, partition_id: int, retention_seconds: float, batch: int
+) -> int:
+    """Retire up to `batch` offsets of the partition that are below its watermark and past retention.
 
-    Runs in its own transaction; returns the number of messages deleted.
+    Moves the partition's log start past them (the rows go with their
+    segment, storage/segments.py). Runs in its own transaction; returns the
+    number of offsets retired.
     """
     async with conn.transaction():
         part = await conn.fetchrow(LOCK_PARTITION, partition_id)
@@ -114,9 +118,8 @@ async def clean_partition(conn: asyncpg.Connection, partition_id: int, retention
         cut = limit if retained is None else int(retained)
         if cut <= log_start:
             return 0
-        status = await conn.execute(DELETE_RANGE, partition_id, log_start, cut)
         await conn.execute(ADVANCE_LOG_START, partition_id, cut)
-    return int(status.split()[-1])
+    return cut - log_start
 
 
 async def clean_some(
@@ -124,7 +127,7 @@ async def clean_some(
 ) -> tuple[int, int]:
     """One bounded retention pass over partitions with id > after_id.
 
-    Returns (the id to continue after next time (0: start over), messages deleted).
+    Returns (the id to continue after next time (0: start over), offsets retired).
     """
     rows = await conn.fetch(SELECT_CANDIDATES, after_id, max_partitions)
     deleted = 0
@@ -134,7 +137,9 @@ async def clean_some(
     return int(next_after), deleted
 
 
-async def force_complete(conn: asyncpg.Connection, topic: str, older_than: float, *, batch: int = 10_000) -> int:
+async def force_complete(
+    conn: asyncpg.Connection, topic: str, older_than: float, *, batch: int = 10_000
+) -> int:
     """Remove the topic's messages older than `older_than` seconds that no live group still needs.
 
     Dead and cancelled groups do not count (that is what this is for: orphans

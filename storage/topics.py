@@ -119,8 +119,9 @@ async def partitions(conn: asyncpg.Connection | asyncpg.Pool, topic: str) -> lis
 
 TOPIC_STATS = """
 SELECT p.name AS partition, p.log_start, p.next_offset AS end_offset,
-       (SELECT count(*) FROM messages m WHERE m.partition_id = p.id) AS size,
-       (SELECT m.created_at FROM messages m WHERE m.partition_id = p.id ORDER BY m."offset" LIMIT 1) AS oldest,
+       (SELECT count(*) FROM messages m WHERE m.partition_id = p.id AND m."offset" >= p.log_start) AS size,
+       (SELECT m.created_at FROM messages m WHERE m.partition_id = p.id AND m."offset" >= p.log_start
+        ORDER BY m."offset" LIMIT 1) AS oldest,
        (SELECT m.created_at FROM messages m WHERE m.partition_id = p.id ORDER BY m."offset" DESC LIMIT 1) AS newest
 FROM partitions p WHERE p.topic = $1 ORDER BY p.id
 """
