@@ -1,27 +1,34 @@
-"""The chaos run: a dedicated PostgreSQL, a producer, members of three groups, random faults.
+"""The chaos run: a dedicated PostgreSQL, producers, the loops users write, random faults.
 
 `run_chaos(seconds, seed)` starts an embedded server of its own (so restarting
-it disturbs no other test), a topic, one producer process and seven member
-processes in three groups (range and sticky handler subscriptions, and a
-round-robin poll + commit consumer), samples every cursor every 100 ms, and
-injects faults chosen by a seeded random generator:
+it disturbs no other test), a pubsub topic `orders`, a queue topic `jobs` and
+an event store, one producer process for each, and member processes (ROLES):
+each process runs one member of several groups, each group a usage pattern of
+README.md / API.md (see tests/chaos/member.py): handler subscriptions (one
+with retries and a dead-letter topic), poll + commit, commit_async,
+auto-commit, `c.transaction()`, `commit(connection=)` + `rewind()`, claims,
+queue consumers and event-store claims with guards. It samples every cursor
+every 100 ms and injects faults chosen by a seeded random generator:
 
-- `kill`: SIGKILL a member, start a replacement;
+- `kill`: SIGKILL a member process, start a replacement;
 - `terminate_backends`: `pg_terminate_backend` every bus connection;
 - `restart`: restart PostgreSQL (same port);
-- `zombie`: SIGSTOP a member past its session, then SIGCONT;
-- `slow`: make the slow member's handler block its process past its lease.
+- `zombie`: SIGSTOP a member process past its session, then SIGCONT;
+- `slow`: make the slow process's handler block it past its lease;
+- `rebalance`: start one more process of a role (its members join every group
+  of the role), let it work a few seconds, stop it gracefully (they leave):
+  two rebalances while the other members' transactions are open.
 
-Then it stops the producer, lets the groups drain, stops the members
-gracefully, and returns the recorded `History` with what went wrong outside
+Then it stops the producers, lets every group drain, stops the members
+gracefully, collects the user's table, the dead-letter topics and the event
+store's log, and returns the recorded `History` with what went wrong outside
 the checker's reach (processes that died on their own, a drain that never
-finished). The faults the bus itself reported in a member (its "V" lines:
-session expired, fenced, lease lost, actor restarted, release failed) join the
-injected ones in the history (see the checker's OBSERVED).
+finished). The faults the bus itself, or a member's loop, reported (its "V"
+lines) join the injected ones in the history (see the checker's OBSERVED).
 
-With CHAOS_KEEP=1 the recordings stay, injected faults included (faults.tsv);
-`python -m tests.chaos.harness OUTDIR` checks them again (without the cursor
-samples, which are not kept).
+With CHAOS_KEEP=1 the recordings stay, injected faults and the collected
+tables included; `python -m tests.chaos.harness OUTDIR` checks them again
+(without the cursor samples, which are not kept).
 """
 
 from __future__ import annotations
@@ -41,20 +48,36 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 
 import bus
+from bus.consumer import Consumer
 from storage.embedded import ensure_server, restart_server, stop_server
-from tests.chaos.checker import Ack, Delivery, Fault, History, Sample
+from tests.chaos.checker import (
+    Ack,
+    DeadLetter,
+    Delivery,
+    Fault,
+    History,
+    Row,
+    Sample,
+    StoreItem,
+    Tally,
+    UserAck,
+)
+from tests.chaos.member import CREATE_USER_TABLE, QUEUE, STORE, TOPIC, USER_TABLE, Item, poison
+from tests.chaos.member import Tally as TallyEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "chaos"
-TOPIC = "orders"
 PARTITIONS = 6
-RATE = 150.0
+# (what, prefix, messages per second): the pubsub topic every group but two reads, the queue, the store.
+PRODUCERS: list[tuple[str, str, float]] = [(TOPIC, "p", 100.0), (QUEUE, "q", 30.0), (f"es:{STORE}", "e", 15.0)]
 
 # Sessions long enough to ride out a PostgreSQL restart, short enough that a zombie is swept quickly.
 MEMBER_CONFIG: dict[str, float] = dict(
     heartbeat_interval=0.3, session_timeout=3.0, rebalance_delay=0.2, max_poll_interval=0.5, lease_time=4.0,
+    claim_ttl=3.0,
 )
 # The slow member: a short lease, and a stall longer than it (but shorter than its session).
 SLOW_CONFIG: dict[str, float] = {**MEMBER_CONFIG, "lease_time": 1.0, "slow_seconds": 2.0}
@@ -66,18 +89,30 @@ EVENT_FAULTS = {
     "release_failed": "release_failed",
     "actor.restarting": "actor_restart",
     "loop_lag": "loop_lag",
+    "rolled_back": "rolled_back",
+    "nacked": "nacked",
+    "abandoned": "abandoned",
+    "guard_conflict": "guard_conflict",
+    "claim_failed": "ack_failed",
+    "queue_failed": "ack_failed",
+    "es_failed": "ack_failed",
 }
 
-# (group, mode, assignor, members, index of the slow member or -1)
-GROUPS: list[tuple[str, str, str, int, int]] = [
-    ("g-range", "handler", "range", 3, 0),
-    ("g-sticky", "handler", "sticky", 2, -1),
-    ("g-poll", "poll", "roundrobin", 2, -1),
-]
-# CHAOS_KINDS=restart,kill narrows a run to some faults (to chase one bug).
+# role -> (processes, index of the slow one or -1, [(group, pattern, assignor)]): one process runs
+# one member of each of its role's groups.
+ROLES: dict[str, tuple[int, int, list[tuple[str, str, str]]]] = {
+    "H": (2, 0, [("g-range", "handler", "range"), ("g-dlq", "handler-dlq", "sticky")]),
+    "P": (2, -1, [("g-poll", "poll", "roundrobin"), ("g-async", "commit-async", "range"), ("g-auto", "auto", "range")]),
+    "T": (2, -1, [("g-tx", "tx", "range"), ("g-txlow", "txlow", "range")]),
+    "L": (2, -1, [("g-claims", "claims", "-"), ("q-jobs", "queue", "-"), ("es-g", "es", "-")]),
+}
+# Groups whose processes a `rebalance` fault grows and shrinks.
+REBALANCED_ROLES = ("T", "T", "P")
+# CHAOS_KINDS=restart,kill narrows a run to some faults; CHAOS_PATTERNS=tx,txlow to some patterns.
 KINDS = tuple(
-    k for k in os.environ.get("CHAOS_KINDS", "kill,terminate_backends,restart,zombie,slow").split(",") if k
+    k for k in os.environ.get("CHAOS_KINDS", "kill,terminate_backends,restart,zombie,slow,rebalance").split(",") if k
 )
+ONLY_PATTERNS = frozenset(p for p in os.environ.get("CHAOS_PATTERNS", "").split(",") if p)
 
 SAMPLE = """
 SELECT o.group_name, p.topic, p.name, o.committed, o.owner, o.lease_epoch
@@ -85,25 +120,41 @@ FROM offsets o JOIN partitions p ON p.id = o.partition_id
 """
 LAGGING = """
 SELECT count(*) FILTER (WHERE o.committed < p.next_offset) AS lagging, count(*) AS cursors
-FROM offsets o JOIN partitions p ON p.id = o.partition_id
+FROM offsets o JOIN partitions p ON p.id = o.partition_id WHERE p.topic = $1
 """
+PENDING_JOBS = "SELECT count(*) FROM queue_jobs WHERE topic = $1"
 TERMINATE = """
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 WHERE application_name = 'bus' AND pid <> pg_backend_pid()
 """
+USER_ROWS = "SELECT grp, topic, part, off, msg_id FROM user_rows"
+
+
+def patterns_in_use() -> dict[str, list[tuple[str, str, str]]]:
+    """Each role's groups this run drives (CHAOS_PATTERNS narrows; `tx` needs Consumer.transaction)."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for role, (_, _, members) in ROLES.items():
+        chosen = [m for m in members if not ONLY_PATTERNS or m[1] in ONLY_PATTERNS]
+        if not hasattr(Consumer, "transaction"):
+            chosen = [m for m in chosen if m[1] != "tx"]
+        if chosen:
+            out[role] = chosen
+    return out
 
 
 @dataclass
 class Slot:
-    """A member position in a group; a killed member's replacement takes the same slot."""
+    """A member process position; a killed process's replacement takes the same slot."""
 
     name: str
-    group: str
-    mode: str
-    assignor: str
+    role: str
     slow: bool
     proc: subprocess.Popen[bytes] | None = None
     started: int = 0
+
+    @property
+    def log(self) -> str:
+        return f"{self.name}-{self.started}.log"
 
 
 @dataclass
@@ -116,6 +167,7 @@ class Outcome:
     member_errors: Counter[str] = field(default_factory=Counter)
     publish_failures: int = 0
     drained_in: float | None = None
+    skipped: list[str] = field(default_factory=list)
 
 
 class ChaosRun:
@@ -129,14 +181,20 @@ class ChaosRun:
         self.out = self.home / "out"
         self.out.mkdir()
         self.dsn = ""
+        self.roles = patterns_in_use()
         self.slots: list[Slot] = []
-        self.producer: subprocess.Popen[bytes] | None = None
+        self.extra = 0
+        self.producers: list[subprocess.Popen[bytes]] = []
         self.faults: list[Fault] = []
         self.fault_file = self.out / "faults.tsv"
         self.samples: list[Sample] = []
         self.problems: list[str] = []
         self.expected_exit: set[int] = set()
         self._sampling = True
+
+    @property
+    def groups(self) -> list[tuple[str, str, str]]:
+        return [m for members in self.roles.values() for m in members]
 
     # -- processes -------------------------------------------------------------------
 
@@ -151,11 +209,11 @@ class ChaosRun:
         slot.started += 1
         tag = f"{slot.name}-{slot.started}"
         config = SLOW_CONFIG if slot.slow else MEMBER_CONFIG
-        args = [f"{k}={v}" for k, v in config.items()] + [f"assignor={slot.assignor}"]
+        spec = ",".join(":".join(m) for m in self.roles[slot.role])
         slot.proc = self._spawn(
-            ["tests.chaos.member", self.dsn, SCHEMA, slot.group, TOPIC, str(self.out / f"{tag}.tsv"),
-             slot.mode, "1" if slot.slow else "0", *args],
-            f"{tag}.log",
+            ["tests.chaos.member", self.dsn, SCHEMA, str(self.out / f"{tag}.tsv"), "1" if slot.slow else "0", spec,
+             *(f"{k}={v}" for k, v in config.items())],
+            slot.log,
         )
 
     def _check_alive(self) -> None:
@@ -163,15 +221,19 @@ class ChaosRun:
         for slot in self.slots:
             proc = slot.proc
             if proc is not None and proc.poll() is not None and proc.pid not in self.expected_exit:
-                tail = (self.out / f"{slot.name}-{slot.started}.log").read_text(errors="replace")[-2000:]
+                tail = (self.out / slot.log).read_text(errors="replace")[-2000:]
                 self.problems.append(
                     f"member {slot.name} (pid {proc.pid}) exited by itself with code {proc.returncode}:\n{tail}"
                 )
                 self._start_member(slot)
-        if self.producer is not None and self.producer.poll() is not None and self.producer.pid not in self.expected_exit:
-            tail = (self.out / "producer.log").read_text(errors="replace")[-2000:]
-            self.problems.append(f"the producer exited by itself with code {self.producer.returncode}:\n{tail}")
-            self.expected_exit.add(self.producer.pid)
+        for i, producer in enumerate(self.producers):
+            if producer.poll() is not None and producer.pid not in self.expected_exit:
+                tail = (self.out / f"producer-{i}.log").read_text(errors="replace")[-2000:]
+                self.problems.append(f"producer {i} exited by itself with code {producer.returncode}:\n{tail}")
+                self.expected_exit.add(producer.pid)
+
+    def _joined(self, slot: Slot) -> bool:
+        return "joined" in (self.out / slot.log).read_text(errors="replace")
 
     # -- sampling --------------------------------------------------------------------
 
@@ -197,15 +259,16 @@ class ChaosRun:
 
     # -- faults ----------------------------------------------------------------------
 
-    def _pick_member(self, *, slow: bool | None = None) -> Slot:
+    def _pick_member(self, *, slow: bool | None = None) -> Slot | None:
         live = [s for s in self.slots if s.proc is not None and s.proc.poll() is None and (slow is None or s.slow == slow)]
-        return self.rng.choice(live)
+        return self.rng.choice(live) if live else None
 
     async def _inject(self, kind: str) -> None:
         t0 = time.time()
         if kind == "kill":
             slot = self._pick_member()
-            assert slot.proc is not None
+            if slot is None or slot.proc is None:
+                return
             pid = slot.proc.pid
             self.expected_exit.add(pid)
             slot.proc.send_signal(signal.SIGKILL)
@@ -224,7 +287,8 @@ class ChaosRun:
             self._record(Fault("restart", t0, time.time(), None))
         elif kind == "zombie":
             slot = self._pick_member(slow=False)
-            assert slot.proc is not None
+            if slot is None or slot.proc is None:
+                return
             pid = slot.proc.pid
             os.kill(pid, signal.SIGSTOP)
             try:
@@ -234,15 +298,38 @@ class ChaosRun:
             self._record(Fault("zombie", t0, time.time(), pid, slot.name))
         elif kind == "slow":
             slot = self._pick_member(slow=True)
-            assert slot.proc is not None
+            if slot is None or slot.proc is None:
+                return
             slot.proc.send_signal(signal.SIGUSR1)
             # The interval comes from the member's own "S start/end" lines; this marks the request.
             self._record(Fault("slow_request", t0, t0, slot.proc.pid, slot.name))
+        elif kind == "rebalance":
+            await self._rebalance(t0)
+
+    async def _rebalance(self, t0: float) -> None:
+        """One more process of a role joins every group of it, works a little, and leaves."""
+        candidates = [r for r in REBALANCED_ROLES if r in self.roles]
+        if not candidates:
+            return
+        role = self.rng.choice(candidates)
+        self.extra += 1
+        slot = Slot(f"X{role}{self.extra}", role, slow=False)
+        self._start_member(slot)
+        assert slot.proc is not None
+        proc = slot.proc
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline and proc.poll() is None and not self._joined(slot):  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(self.rng.uniform(1.0, 3.0))
+        await self._stop(proc, f"member {slot.name}")
+        groups = frozenset(g for g, _, _ in self.roles[role])
+        self._record(Fault("rebalance", t0, time.time(), None, f"{slot.name} joined and left", groups))
 
     def _record(self, fault: Fault) -> None:
         self.faults.append(fault)
         with open(self.fault_file, "a") as fh:
-            fh.write(f"{fault.kind}\t{fault.start:.6f}\t{fault.end:.6f}\t{fault.pid or ''}\t{fault.detail}\n")
+            fh.write(f"{fault.kind}\t{fault.start:.6f}\t{fault.end:.6f}\t{fault.pid or ''}\t{fault.detail}\t"
+                     f"{','.join(sorted(fault.groups))}\n")
 
     async def _faults(self, until: float) -> None:
         plan = list(KINDS)
@@ -259,33 +346,58 @@ class ChaosRun:
     # -- the run ---------------------------------------------------------------------
 
     async def _warm_up(self, within: float) -> None:
-        """Faults start once every member has joined and the producer has published."""
+        """Faults start once every member has joined and every producer has published."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < within:
-            joined = all(
-                "joined" in (self.out / f"{s.name}-{s.started}.log").read_text(errors="replace") for s in self.slots
-            )
-            acks = self.out / "acks.tsv"
-            if joined and acks.exists() and acks.stat().st_size > 0:
+            joined = all(self._joined(s) for s in self.slots)
+            acks = [self.out / f"acks-{i}.tsv" for i in range(len(self.producers))]
+            if joined and all(a.exists() and a.stat().st_size > 0 for a in acks):
                 return
             self._check_alive()
-            if self.producer is not None and self.producer.poll() is not None:
-                return  # recorded as a problem; the run goes on so its history is still checked
             await asyncio.sleep(0.2)
-        self.problems.append(f"the members did not all join within {within:.0f} s")
+        self.problems.append(f"the members did not all join (or producers publish) within {within:.0f} s")
+
+    async def _lagging(self, conn: asyncpg.Connection, store: Any) -> list[str]:
+        """What has not drained yet (empty: everything has)."""
+        behind = []
+        on_topic = [g for g, p, _ in self.groups if p not in ("queue", "es")]
+        if on_topic:
+            row = await conn.fetchrow(LAGGING, TOPIC)
+            if row["lagging"] or row["cursors"] != len(on_topic) * PARTITIONS:
+                behind.append(f"{TOPIC}: {row['lagging']} cursors lagging of {row['cursors']}")
+        if any(p == "queue" for _, p, _ in self.groups):
+            jobs = await conn.fetchval(PENDING_JOBS, QUEUE)
+            if jobs:
+                behind.append(f"{QUEUE}: {jobs} jobs pending")
+        for g, p, _ in self.groups:
+            if p != "es":
+                continue
+            last: dict[str, int] = {}
+            for a in read_acks(self.out):
+                if a.topic == STORE:
+                    last[a.partition] = max(last.get(a.partition, 0), a.offset)
+            at = {c.partition_value.get("account"): c.position for c in await store.partitions(g)}
+            late = [acc for acc, pos in last.items() if at.get(acc, 0) < pos]
+            if late:
+                behind.append(f"{g}: accounts {sorted(late)} behind")
+        return behind
 
     async def _drain(self, within: float) -> float | None:
         conn = await self._connect("chaos-drain")
         t0 = time.monotonic()
+        behind: list[str] = []
         try:
-            while time.monotonic() - t0 < within:
-                self._check_alive()
-                row = await conn.fetchrow(LAGGING)
-                if row["lagging"] == 0 and row["cursors"] == len(GROUPS) * PARTITIONS:
-                    return time.monotonic() - t0
-                await asyncio.sleep(0.2)
+            async with bus.connect(self.dsn, schema=SCHEMA) as b:
+                store = b.event_store(STORE)
+                while time.monotonic() - t0 < within:
+                    self._check_alive()
+                    behind = await self._lagging(conn, store)
+                    if not behind:
+                        return time.monotonic() - t0
+                    await asyncio.sleep(0.3)
         finally:
             await conn.close()
+        self.problems.append(f"not drained: {'; '.join(behind)}")
         return None
 
     async def _stop(self, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -305,6 +417,49 @@ class ChaosRun:
             if proc.returncode != 0:
                 self.problems.append(f"{what} (pid {proc.pid}) stopped with code {proc.returncode}")
 
+    async def _setup(self) -> None:
+        async with bus.connect(self.dsn, schema=SCHEMA) as b:
+            await b.create_topic(TOPIC, partitions=PARTITIONS)
+            await b.create_topic(QUEUE, partitions=PARTITIONS, semantics="queue")
+            await b.pool.execute(CREATE_USER_TABLE.format(schema=SCHEMA))
+
+    async def _collect(self) -> None:
+        """The user's table, the dead-letter topics and the store's log, written to the out dir."""
+        async with bus.connect(self.dsn, schema=SCHEMA) as b:
+            with open(self.out / USER_TABLE, "w") as fh:  # noqa: ASYNC230 (once, at the end)
+                for r in await b.pool.fetch(USER_ROWS):
+                    fh.write("\t".join(str(v) for v in r) + "\n")
+            with open(self.out / "dead_letters.tsv", "w") as fh:  # noqa: ASYNC230
+                for g, p, _ in self.groups:
+                    if p not in ("handler-dlq", "queue"):
+                        continue
+                    dlq = f"{g}.dlq" if p == "handler-dlq" else f"{QUEUE}.dlq"
+                    prefix = "bus.source." if p == "handler-dlq" else "dead_letter."
+                    try:
+                        stats = await b.admin.topic_stats(dlq)
+                    except bus.errors.TopicNotFoundError:
+                        continue
+                    for ps in stats:
+                        offset = ps.log_start
+                        while offset < ps.end_offset:
+                            got = await b.read(dlq, partition=ps.partition, offset=offset, max_messages=1000)
+                            if not got:
+                                break
+                            for m in got:
+                                h = m.headers
+                                fh.write(f"{g}\t{h[prefix + 'topic']}\t{h[prefix + 'partition']}\t"
+                                         f"{h[prefix + 'offset']}\t{msgspec.json.decode(m.payload)['id']}\t"
+                                         f"{m.created_at.timestamp():.6f}\n")
+                            offset = got[-1].offset + 1
+            with open(self.out / "store.tsv", "w") as fh:  # noqa: ASYNC230
+                for pe in await b.event_store(STORE).read():
+                    e, t = pe.message, pe.created_at.timestamp()
+                    if isinstance(e, Item):
+                        fh.write(f"I\t{e.account}\t{pe.position}\n")
+                    elif isinstance(e, TallyEvent):
+                        fh.write(f"T\t{e.account}\t{e.first}\t{e.last}\t{e.guard_position}\t{pe.position}\t"
+                                 f"{e.worker}\t{t:.6f}\n")
+
     async def run(self) -> Outcome:
         """Run the scenario and return the recorded history."""
         server = await asyncio.to_thread(ensure_server, self.home)
@@ -312,25 +467,26 @@ class ChaosRun:
         sampler: asyncio.Task[None] | None = None
         drained: float | None = None
         try:
-            async with bus.connect(self.dsn, schema=SCHEMA) as b:
-                await b.create_topic(TOPIC, partitions=PARTITIONS)
-            self.producer = self._spawn(
-                ["tests.chaos.producer", self.dsn, SCHEMA, TOPIC, str(PARTITIONS), str(self.out / "acks.tsv"), str(RATE)],
-                "producer.log",
-            )
-            for group, mode, assignor, n, slow_index in GROUPS:
+            await self._setup()
+            for i, (what, prefix, rate) in enumerate(PRODUCERS):
+                self.producers.append(self._spawn(
+                    ["tests.chaos.producer", self.dsn, SCHEMA, what, str(PARTITIONS), str(self.out / f"acks-{i}.tsv"),
+                     str(rate), prefix],
+                    f"producer-{i}.log",
+                ))
+            for role in self.roles:
+                n, slow_index, _ = ROLES[role]
                 for i in range(n):
-                    slot = Slot(f"{group}-{i}", group, mode, assignor, slow=i == slow_index)
+                    slot = Slot(f"{role}-{i}", role, slow=i == slow_index)
                     self.slots.append(slot)
                     self._start_member(slot)
             sampler = asyncio.create_task(self._sampler())
             await self._warm_up(within=60.0)
             await self._faults(time.monotonic() + self.seconds)
-            await self._stop(self.producer, "the producer")
+            await asyncio.gather(*(self._stop(p, f"producer {i}") for i, p in enumerate(self.producers)))
             drained = await self._drain(within=90.0)
-            if drained is None:
-                self.problems.append("the groups did not drain within 90 s after the producer stopped")
             await asyncio.gather(*(self._stop(s.proc, f"member {s.name}") for s in self.slots if s.proc))
+            await self._collect()
         finally:
             self._sampling = False
             if sampler is not None:
@@ -338,21 +494,22 @@ class ChaosRun:
             for s in self.slots:
                 if s.proc is not None and s.proc.poll() is None:
                     s.proc.kill()
-            if self.producer is not None and self.producer.poll() is None:
-                self.producer.kill()
+            for p in self.producers:
+                if p.poll() is None:
+                    p.kill()
             await asyncio.to_thread(stop_server, self.home)
-        outcome = Outcome(self.seed, self._history(), self.problems, drained_in=drained)
+        with open(self.out / "groups.tsv", "w") as fh:  # noqa: ASYNC230
+            fh.writelines(f"{g}\t{p}\n" for g, p, _ in self.groups)
+        outcome = Outcome(self.seed, read_history(self.out, self.faults, self.samples), self.problems,
+                          drained_in=drained)
+        if not hasattr(Consumer, "transaction"):
+            outcome.skipped.append("tx (bus.Consumer has no transaction() yet)")
         self._count_errors(outcome)
         if os.environ.get("CHAOS_KEEP"):
             print(f"chaos: recordings kept in {self.out}", flush=True)
         else:
             shutil.rmtree(self.home, ignore_errors=True)
         return outcome
-
-    # -- reading back ----------------------------------------------------------------
-
-    def _history(self) -> History:
-        return read_history(self.out, self.faults, self.samples)
 
     def _count_errors(self, outcome: Outcome) -> None:
         for path in self.out.glob("*.tsv"):
@@ -364,10 +521,13 @@ class ChaosRun:
                     outcome.publish_failures += 1
 
 
+# -- reading back --------------------------------------------------------------------
+
+
 def _config_of(member_file: Path) -> dict[str, float]:
     """The config a member recording ran with (its slot name is the file name without "-N.tsv")."""
     slot = member_file.stem.rsplit("-", 1)[0]
-    slow = {f"{g}-{i}" for g, _, _, _, i in GROUPS if i >= 0}
+    slow = {f"{role}-{i}" for role, (_, i, _) in ROLES.items() if i >= 0}
     return SLOW_CONFIG if slot in slow else MEMBER_CONFIG
 
 
@@ -375,30 +535,48 @@ def _fields(line: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
 
 
+def _lines(path: Path) -> list[list[str]]:
+    return [line.split("\t") for line in (path.read_text().splitlines() if path.exists() else [])]
+
+
+def read_acks(out: Path) -> list[Ack]:
+    """Every publish / append the producers saw succeed."""
+    acks = []
+    for path in sorted(out.glob("acks-*.tsv")):
+        for f in _lines(path):
+            if f[0] == "A" and len(f) == 6:
+                acks.append(Ack(f[1], f[2], int(f[3]), f[4], float(f[5])))
+    return acks
+
+
 def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> History:
-    """The history recorded in `out`: acks, deliveries, stalls and the members' own fault events."""
-    acks: list[Ack] = []
-    ack_file = out / "acks.tsv"
-    for line in (ack_file.read_text() if ack_file.exists() else "").splitlines():
-        f = line.split("\t")
-        if f[0] == "A" and len(f) == 6:
-            acks.append(Ack(f[1], f[2], int(f[3]), f[4], float(f[5])))
+    """The history recorded in `out`: acks, deliveries, stalls, the members' own fault events, the tables."""
+    groups = {f[0]: f[1] for f in _lines(out / "groups.tsv") if len(f) == 2}
+    acks = read_acks(out)
     deliveries: list[Delivery] = []
+    user_acks: list[UserAck] = []
+    counters: Counter[tuple[str, str]] = Counter()
+    breaches: list[str] = []
     faults = list(injected)
     pid_of_member: dict[str, int] = {}
     expired: list[tuple[float, str]] = []  # (when, member id): swept by whichever process saw it
     for path in sorted(out.glob("*.tsv")):
-        if path.name in ("acks.tsv", "faults.tsv"):
+        if path.name.startswith(("acks-", "faults", "groups", "dead_letters", "store")):
             continue
         config = _config_of(path)
         slow_start: float | None = None
         pid = 0
         events: list[tuple[float, str, dict[str, str]]] = []
-        for seq, line in enumerate(path.read_text().splitlines()):
-            f = line.split("\t")
+        for seq, f in enumerate(_lines(path)):
             if f[0] == "D" and len(f) == 10:
                 pid = int(f[6])
                 deliveries.append(Delivery(f[1], f[2], f[3], int(f[4]), f[5], pid, f[7], int(f[8]), float(f[9]), seq))
+            elif f[0] == "K" and len(f) == 9:
+                user_acks.append(UserAck(f[1], f[2], f[3], int(f[4]), f[5], int(f[6]), int(f[7]), float(f[8])))
+            elif f[0] == "N" and len(f) == 3:
+                counters[(f[1], f[2])] += 1
+            elif f[0] == "B" and len(f) == 3:
+                breaches.append(f"{path.stem}: {f[2]}")
             elif f[0] == "S" and len(f) == 3:
                 if f[1] == "start":
                     slow_start = float(f[2])
@@ -425,20 +603,48 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
                 before = {"lease_lost": config["lease_time"], "fenced": config["session_timeout"]}
                 if kind == "loop_lag":  # the loop stood still for that long before it noticed
                     before[kind] = float(fields.get("seconds", "0"))
-                faults.append(Fault(kind, t - before.get(kind, 0.0), t, pid, " ".join(f"{k}={v}" for k, v in fields.items())))
+                if "since" in fields:  # a transaction rolled back: its batch was out since it began
+                    before[kind] = t - float(fields["since"])
+                group = fields.get("group")
+                scope = frozenset({group}) if group in groups else frozenset()
+                detail = " ".join(f"{k}={v}" for k, v in fields.items())
+                faults.append(Fault(kind, t - before.get(kind, 0.0), t, pid, detail, scope))
     for t, member in expired:
         if member in pid_of_member:
             faults.append(Fault("member_expired", t - MEMBER_CONFIG["session_timeout"], t, pid_of_member[member], member))
-    return History([g for g, *_ in GROUPS], acks, deliveries, samples, faults)
+    rows: dict[str, list[Row]] = {g: [] for g, p in groups.items() if p in ("tx", "txlow")}
+    for f in _lines(out / USER_TABLE):
+        rows.setdefault(f[0], []).append(Row(f[0], f[1], f[2], int(f[3]), f[4]))
+    dead: dict[str, list[DeadLetter]] = {g: [] for g, p in groups.items() if p in ("handler-dlq", "queue")}
+    for f in _lines(out / "dead_letters.tsv"):
+        dead.setdefault(f[0], []).append(DeadLetter(f[0], f[1], f[2], int(f[3]), f[4], float(f[5])))
+    for dls in dead.values():
+        dls.sort(key=lambda x: x.t)
+    tallies: dict[str, list[Tally]] = {g: [] for g, p in groups.items() if p == "es"}
+    items: list[StoreItem] = []
+    for f in _lines(out / "store.tsv"):
+        if f[0] == "I":
+            items.append(StoreItem(f[1], int(f[2])))
+        elif f[0] == "T":
+            worker_pid = int(f[6].removeprefix("es"))
+            for g in tallies:
+                tallies[g].append(Tally(g, f[1], int(f[2]), int(f[3]), int(f[4]), int(f[5]), worker_pid, float(f[7])))
+    reads = {g: QUEUE if p == "queue" else STORE if p == "es" else TOPIC for g, p in groups.items()}
+    return History(
+        list(groups), acks, deliveries, samples, faults,
+        patterns=groups, reads=reads, rows=rows, dead_letters=dead,
+        poison=frozenset(a.msg_id for a in acks if poison(a.msg_id)), user_acks=user_acks,
+        tallies=tallies, store_items=items, breaches=breaches, counters=counters,
+    )
 
 
 def read_faults(out: Path) -> list[Fault]:
     """The injected faults a kept run recorded in faults.tsv."""
-    path = out / "faults.tsv"
     faults = []
-    for line in (path.read_text() if path.exists() else "").splitlines():
-        kind, start, end, pid, detail = line.split("\t", 4)
-        faults.append(Fault(kind, float(start), float(end), int(pid) if pid else None, detail))
+    for f in _lines(out / "faults.tsv"):
+        kind, start, end, pid, detail, groups = (f + [""] * 6)[:6]
+        faults.append(Fault(kind, float(start), float(end), int(pid) if pid else None, detail,
+                            frozenset(g for g in groups.split(",") if g)))
     return faults
 
 
@@ -457,6 +663,7 @@ def describe(outcome: Outcome, report: Any) -> str:
     if outcome.member_errors:
         lines.append("errors members saw: " + ", ".join(f"{k} x{v}" for k, v in outcome.member_errors.most_common()))
     lines.append(f"drained in: {outcome.drained_in:.1f} s" if outcome.drained_in is not None else "drained: NO")
+    lines += [f"skipped pattern: {s}" for s in outcome.skipped]
     lines += [f"problem: {p}" for p in outcome.problems]
     return "\n".join(lines)
 

@@ -1,33 +1,55 @@
-"""A chaos group member in its own OS process.
+"""A chaos member process: the loops a user writes, one per group, in one OS process.
 
-    python -m tests.chaos.member DSN SCHEMA GROUP TOPIC OUTFILE MODE SLOW [key=value config...]
+    python -m tests.chaos.member DSN SCHEMA OUTFILE SLOW GROUP:PATTERN:ASSIGNOR[,...] [key=value config...]
 
-(config: the Bus's float settings, plus `assignor=` and `slow_seconds=`.)
+(config: the Bus's settings, plus `slow_seconds=`.) One Bus per process runs
+one member of each listed group, each with the loop README.md and API.md
+show for its PATTERN:
 
-MODE "handler": `b.subscribe` (the actors commit per batch); MODE "poll":
-poll + an explicit `commit()` after each batch is recorded. Every delivery is
-appended to OUTFILE as a tab-separated line, flushed per line (a SIGKILL loses
-nothing already written):
+- `handler`: `b.subscribe(group, handler)` (the actors commit per batch);
+- `handler-dlq`: `subscribe` with `retry=bus.Retry(...)` and `dead_letter=`;
+  messages whose number is `n % 31 == 7` always fail (poison: dead-lettered),
+  `n % 13 == 5` fail on their first attempt only;
+- `poll`: `poll()` + `commit()` after each batch, committing in `on_revoke`;
+- `commit-async`: `poll()` + `c.commit_async()` (fire and forget);
+- `auto`: `poll()` with `auto_commit=True`;
+- `tx`: `async with c.transaction() as tx:` around `poll()` and the user's own
+  INSERTs on `tx.connection` (exactly once in the user's table USER_TABLE);
+- `txlow`: the user's own transaction, INSERTs, `commit(connection=conn)`,
+  and `await c.rewind()` when anything raised (exactly once too);
+- `claims`: `b.claim` then `ack()`, a partial `ack(offset)`, `release()`, or
+  work past the lease then `extend()` (LeaseLostError expected when another
+  worker took it; a later `ack()` must raise too);
+- `queue`: `queue_consumer` `take`, `ack` / `ack_many`, `nack` (poison
+  `n % 31 == 7` always: dead letters; `n % 7 == 3` once), and jobs abandoned on
+  their first attempt (`n % 11 == 4`: the visibility timeout brings them back);
+- `es`: event-store `claim_next`, a guarded `append` of a Tally covering the
+  claimed Items, `ack` (a guard conflict: `release` and claim again).
 
-    D group topic partition offset msg_id pid member generation time
+The tx patterns hold their transaction open a little (the user's work), so
+rebalances land while it is open.
 
-SLOW "1": SIGUSR1 makes the next handled message block the whole process
-(time.sleep, heartbeats included) for `slow_seconds`, longer than the lease,
-recorded as "S start|end time" lines. Connection loss is the bus's to survive;
-errors the member sees are recorded as "E time kind message" lines. SIGTERM
-stops the member gracefully (commit, release, leave).
+Lines appended to OUTFILE, flushed per line (a SIGKILL loses nothing written):
 
-The library's own events that make a process read some messages again (its
-member fenced and re-joined, a worker's lease lost, an actor restarted by its
-supervisor, a release or leave that failed) are recorded as
-"V time event detail" lines, so the checker can tell such a re-read from a
-duplicate nothing explains.
+    D group topic partition offset msg_id pid member generation time   a message handled
+    K group topic partition offset msg_id pid generation time          a user ack that returned (claims, queue, es)
+    N group kind                                                       a pattern event to count (released, nacked, ...)
+    V time event detail                                                a library event or a pattern event that re-delivers
+    E time kind message                                                an error the member saw (it goes on)
+    B time text                                                        a contract breach the member saw
+    S start|end time                                                   a slow-handler stall
+
+For claims `generation` is the lease epoch, for queue jobs the attempt, for
+event-store claims the cursor id. SLOW "1": SIGUSR1 makes the next handled
+message block the whole process (time.sleep, heartbeats included) for
+`slow_seconds`, longer than the lease. SIGTERM stops the member gracefully.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import sys
 import time
@@ -38,6 +60,51 @@ import structlog
 
 import bus
 
+TOPIC = "orders"
+QUEUE = "jobs"
+STORE = "chaos-es"
+USER_TABLE = "user_rows"
+INSERT_ROW = (
+    "INSERT INTO {schema}.user_rows (grp, topic, part, off, msg_id, pid, member, t) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+)
+CREATE_USER_TABLE = (
+    "CREATE TABLE IF NOT EXISTS {schema}.user_rows (grp text, topic text, part text, off bigint, msg_id text, "
+    "pid int, member text, t double precision)"  # no unique key on purpose: a duplicate must show
+)
+RETRY = bus.Retry(max_attempts=3, backoff=0.05)
+QUEUE_MAX_ATTEMPTS = 5
+QUEUE_VISIBILITY = 2.0
+CLAIM_LEASE = 2.0
+
+
+def number(msg_id: str) -> int:
+    """The producer's sequence number in a message id ("p-17" -> 17)."""
+    return int(msg_id.rsplit("-", 1)[1])
+
+
+def poison(msg_id: str) -> bool:
+    """Messages every handler attempt fails on (dead-lettered by handler-dlq and queue)."""
+    return number(msg_id) % 31 == 7
+
+
+class Item(bus.Event, tag="chaos.item"):
+    """An event-store event the producer appends; partitioned by account."""
+
+    account: str
+    id: str
+
+
+class Tally(bus.Event, tag="chaos.tally"):
+    """What an event-store worker appends (guarded) for the Items of one claim."""
+
+    account: str
+    first: int
+    last: int
+    guard_position: int
+    worker: str
+
+
 # The library events a chaos member records (see the module docstring).
 RECORDED_EVENTS = frozenset({
     "member_fenced", "member_joined", "member_expired", "lease_lost", "actor.failed", "actor.restarting",
@@ -45,31 +112,42 @@ RECORDED_EVENTS = frozenset({
 })
 
 
+def _clean(text: str) -> str:
+    return text.replace("\t", " ").replace("\n", " ")[:300]
+
+
 class Recorder:
     """Appends delivery and event lines for one process."""
 
-    def __init__(self, fh: TextIO, group: str, slow_seconds: float) -> None:
+    def __init__(self, fh: TextIO, slow_seconds: float) -> None:
         self.fh = fh
-        self.group = group
         self.pid = os.getpid()
         self.slow_seconds = slow_seconds
         self.slow_next = False
 
-    def delivery(self, m: bus.Message, member: str | None, generation: int) -> None:
+    def delivery(self, group: str, m: bus.Message, member: str | None, generation: int) -> None:
         msg_id = msgspec.json.decode(m.payload)["id"]
-        self.fh.write(
-            f"D\t{self.group}\t{m.topic}\t{m.partition}\t{m.offset}\t{msg_id}\t{self.pid}\t{member}\t"
-            f"{generation}\t{time.time():.6f}\n"
-        )
+        self.line("D", group, m.topic, m.partition, m.offset, msg_id, self.pid, member, generation, f"{time.time():.6f}")
+
+    def line(self, *fields: Any) -> None:
+        self.fh.write("\t".join(str(f) for f in fields) + "\n")
+
+    def count(self, group: str, kind: str) -> None:
+        self.line("N", group, kind)
+
+    def mark(self, name: str, **fields: Any) -> None:
+        """A "V" line: an event that makes this process's messages come again (the checker's OBSERVED)."""
+        detail = " ".join(f"{k}={v}" for k, v in fields.items())
+        self.line("V", f"{time.time():.6f}", name, _clean(detail))
 
     def maybe_stall(self) -> None:
         if not self.slow_next:
             return
         self.slow_next = False
-        self.fh.write(f"S\tstart\t{time.time():.6f}\n")
+        self.line("S", "start", f"{time.time():.6f}")
         # Blocking on purpose: the heartbeat stalls too, so the lease expires under the handler.
         time.sleep(self.slow_seconds)
-        self.fh.write(f"S\tend\t{time.time():.6f}\n")
+        self.line("S", "end", f"{time.time():.6f}")
 
     def event(self, _logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
         """A structlog processor: record the events in RECORDED_EVENTS, pass everything on."""
@@ -78,31 +156,69 @@ class Recorder:
             detail = " ".join(
                 f"{k}={v}" for k, v in event_dict.items() if k not in ("event", "exc_info", "timestamp", "level")
             )
-            detail = detail.replace("\t", " ").replace("\n", " ")[:300]
-            self.fh.write(f"V\t{time.time():.6f}\t{name}\t{detail}\n")
+            self.line("V", f"{time.time():.6f}", name, _clean(detail))
         return event_dict
 
     def error(self, kind: str, exc: BaseException) -> None:
-        text = repr(exc).replace("\t", " ").replace("\n", " ")[:300]
-        self.fh.write(f"E\t{time.time():.6f}\t{kind}\t{text}\n")
+        self.line("E", f"{time.time():.6f}", kind, _clean(repr(exc)))
+
+    def breach(self, text: str) -> None:
+        self.line("B", f"{time.time():.6f}", _clean(text))
 
 
-async def run_handler(b: bus.Bus, rec: Recorder, topic: str, assignor: str, stop: asyncio.Event) -> None:
+class Ctx:
+    """What every pattern loop gets."""
+
+    def __init__(self, b: bus.Bus, rec: Recorder, group: str, assignor: str, stop: asyncio.Event, schema: str) -> None:
+        self.b = b
+        self.rec = rec
+        self.group = group
+        self.assignor = assignor
+        self.stop = stop
+        self.schema = schema
+        self.rng = random.Random(f"{os.getpid()}-{group}")
+
+
+async def _pause(ctx: Ctx, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(ctx.stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+# -- handler style -------------------------------------------------------------------
+
+
+async def run_handler(ctx: Ctx, *, dead_letter: bool) -> None:
     sub: Any = None
+    rec = ctx.rec
 
     async def handler(m: bus.Message) -> None:
         rec.maybe_stall()
-        rec.delivery(m, sub.member_id if sub else None, sub.generation if sub else -1)
+        if dead_letter:
+            msg_id = msgspec.json.decode(m.payload)["id"]
+            if poison(msg_id) or (number(msg_id) % 13 == 5 and m.attempt == 1):
+                raise RuntimeError(f"chaos: {msg_id} fails on attempt {m.attempt}")
+        rec.delivery(ctx.group, m, sub.member_id if sub else None, sub.generation if sub else -1)
 
-    sub = await b.subscribe(rec.group, handler, topics=[topic], start="earliest", batch_size=50,
-                            assignor=assignor)
-    print("joined", flush=True)
-    await stop.wait()
-    await sub.stop()
+    options: dict[str, Any] = {}
+    if dead_letter:
+        options = {"retry": RETRY, "dead_letter": f"{ctx.group}.dlq"}
+    sub = await ctx.b.subscribe(ctx.group, handler, topics=[TOPIC], start="earliest", batch_size=50,
+                                assignor=ctx.assignor, **options)
+    try:
+        await ctx.stop.wait()
+    finally:
+        await sub.stop()
 
 
-async def run_poll(b: bus.Bus, rec: Recorder, topic: str, assignor: str, stop: asyncio.Event) -> None:
+# -- poll style ----------------------------------------------------------------------
+
+
+async def run_poll(ctx: Ctx, style: str) -> None:
+    """`poll` + `commit()`, `commit_async()`, or auto-commit."""
     c: Any = None
+    rec = ctx.rec
 
     async def commit_before_revoke(partitions: set[bus.TopicPartition]) -> None:
         # Kafka's pattern: commit what was handled while the leases are still ours, so a
@@ -112,11 +228,17 @@ async def run_poll(b: bus.Bus, rec: Recorder, topic: str, assignor: str, stop: a
         except bus.errors.BusError as exc:
             rec.error("revoke_commit", exc)
 
-    c = b.consumer(rec.group, topics=[topic], start="earliest", auto_commit=False, max_poll_records=50,
-                   assignor=assignor, on_revoke=commit_before_revoke)
+    def async_done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            rec.error("commit_async", task.exception())  # type: ignore[arg-type]
+
+    options: dict[str, Any] = {"auto_commit": style == "auto"}
+    if style == "poll":
+        options["on_revoke"] = commit_before_revoke
+    c = ctx.b.consumer(ctx.group, topics=[TOPIC], start="earliest", max_poll_records=50, assignor=ctx.assignor,
+                       **options)
     async with c:
-        print("joined", flush=True)
-        while not stop.is_set():
+        while not ctx.stop.is_set():
             try:
                 batch = await c.poll(timeout=0.3)
             except bus.errors.BusError as exc:
@@ -125,13 +247,283 @@ async def run_poll(b: bus.Bus, rec: Recorder, topic: str, assignor: str, stop: a
                 continue
             for m in batch:
                 rec.maybe_stall()
-                rec.delivery(m, c.member_id, c.generation)
-            if batch:
+                rec.delivery(ctx.group, m, c.member_id, c.generation)
+            if not batch or style == "auto":
+                continue
+            if style == "commit-async":
+                c.commit_async().add_done_callback(async_done)
+                continue
+            try:
+                await c.commit()
+            except bus.errors.BusError as exc:
+                # Stale: the partition moved on, its new owner re-reads. Unavailable: same, later.
+                rec.error("commit", exc)
+
+
+# -- effectively once ----------------------------------------------------------------
+
+
+async def _user_work(ctx: Ctx, conn: Any, c: Any, batch: list[bus.Message]) -> None:
+    """The user's writes for a batch, then a little work while the transaction stays open."""
+    rows = []
+    for m in batch:
+        ctx.rec.maybe_stall()
+        ctx.rec.delivery(ctx.group, m, c.member_id, c.generation)
+        msg_id = msgspec.json.decode(m.payload)["id"]
+        rows.append((ctx.group, m.topic, m.partition, m.offset, msg_id, ctx.rec.pid, c.member_id, time.time()))
+    await conn.executemany(INSERT_ROW.format(schema=ctx.schema), rows)
+    await asyncio.sleep(ctx.rng.uniform(0.0, 0.3))
+
+
+async def run_tx(ctx: Ctx) -> None:
+    """API.md's `async with c.transaction() as tx:` loop."""
+    rec = ctx.rec
+    c = ctx.b.consumer(ctx.group, topics=[TOPIC], start="earliest", auto_commit=False, max_poll_records=50,
+                       assignor=ctx.assignor)
+    async with c:
+        while not ctx.stop.is_set():
+            polled = 0
+            since = time.time()
+            try:
+                async with c.transaction() as tx:
+                    batch = await c.poll(timeout=0.3)
+                    polled = len(batch)
+                    if batch:
+                        await _user_work(ctx, tx.connection, c, batch)
+            except Exception as exc:  # any error: the bus rolled back and rewound; the batch comes again
+                rec.error("transaction", exc)
+                if polled:
+                    rec.mark("rolled_back", group=ctx.group, messages=polled, since=f"{since:.6f}")
+                    rec.count(ctx.group, "rolled_back")
+                await asyncio.sleep(0.1)
+            else:
+                if polled:
+                    rec.count(ctx.group, "committed")
+
+
+async def run_txlow(ctx: Ctx) -> None:
+    """The low-level loop: the user's transaction, `commit(connection=conn)`, `rewind()` after any error."""
+    rec = ctx.rec
+    c = ctx.b.consumer(ctx.group, topics=[TOPIC], start="earliest", auto_commit=False, max_poll_records=50,
+                       assignor=ctx.assignor)
+    can_rewind = hasattr(c, "rewind")
+    async with c:
+        while not ctx.stop.is_set():
+            try:
+                batch = await c.poll(timeout=0.3)
+            except bus.errors.BusError as exc:
+                rec.error("poll", exc)
+                await asyncio.sleep(0.2)
+                continue
+            if not batch:
+                continue
+            since = time.time()
+            try:
+                async with ctx.b.pool.acquire() as conn, conn.transaction():
+                    await _user_work(ctx, conn, c, batch)
+                    await c.commit(connection=conn)
+            except Exception as exc:  # nothing of this batch applied (or unknown): rewind before polling
+                rec.error("commit_connection", exc)
+                rec.mark("rolled_back", group=ctx.group, messages=len(batch), since=f"{since:.6f}")
+                rec.count(ctx.group, "rolled_back")
+                while can_rewind and not ctx.stop.is_set():
+                    try:
+                        await c.rewind()
+                        break
+                    except bus.errors.BusError as exc2:
+                        rec.error("rewind", exc2)
+                        await asyncio.sleep(0.2)
+            else:
+                rec.count(ctx.group, "committed")
+
+
+# -- claims --------------------------------------------------------------------------
+
+
+async def run_claims(ctx: Ctx) -> None:
+    rec, group = ctx.rec, ctx.group
+    worker = f"w{rec.pid}"
+    while not ctx.stop.is_set():
+        try:
+            claim = await ctx.b.claim(group, topic=TOPIC, worker_id=worker, max_messages=20, lease_time=CLAIM_LEASE,
+                                      start="earliest")
+        except bus.errors.BusError as exc:
+            rec.error("claim", exc)
+            await asyncio.sleep(0.2)
+            continue
+        if claim is None:
+            await asyncio.sleep(0.05)
+            continue
+        epoch = claim.lease_epoch
+        roll = ctx.rng.random()
+        try:
+            if roll < 0.08:  # give it back untouched: the same messages come again
+                await claim.release()
+                rec.count(group, "released")
+                continue
+            upto = claim.messages
+            if roll < 0.18 and len(claim.messages) > 1:  # handle part, ack up to there
+                upto = claim.messages[: len(claim.messages) // 2]
+            for m in upto:
+                rec.maybe_stall()
+                rec.delivery(group, m, worker, epoch)
+            if roll > 0.92:  # slow work: past the lease, then extend
+                await asyncio.sleep(CLAIM_LEASE + 0.5)
                 try:
-                    await c.commit()
-                except bus.errors.BusError as exc:
-                    # Stale: the partition moved on, its new owner re-reads. Unavailable: same, later.
-                    rec.error("commit", exc)
+                    await claim.extend(5.0)
+                    rec.count(group, "extended")
+                except bus.errors.LeaseLostError:
+                    rec.mark("lease_lost", group=group, partition=claim.partition, epoch=epoch)
+                    rec.count(group, "extend_lease_lost")
+                    try:
+                        await claim.ack()
+                    except bus.errors.LeaseLostError:
+                        pass
+                    else:
+                        rec.breach(f"{group}: ack() after extend() raised LeaseLostError returned silently "
+                                   f"({claim.topic}/{claim.partition} epoch {epoch})")
+                    continue
+            await claim.ack(upto[-1].offset if upto is not claim.messages else None)
+            rec.count(group, "partial_ack" if upto is not claim.messages else "acked")
+            for m in upto:
+                rec.line("K", group, m.topic, m.partition, m.offset, msgspec.json.decode(m.payload)["id"], rec.pid,
+                         epoch, f"{time.time():.6f}")
+        except bus.errors.LeaseLostError as exc:
+            rec.mark("lease_lost", group=group, partition=claim.partition, epoch=epoch)
+            rec.error("claim_ack", exc)
+        except bus.errors.BusError as exc:  # unknown outcome: the lease runs out, the messages come again
+            rec.mark("claim_failed", group=group, partition=claim.partition, epoch=epoch)
+            rec.error("claim_ack", exc)
+
+
+# -- queues --------------------------------------------------------------------------
+
+
+async def run_queue(ctx: Ctx) -> None:
+    rec, group = ctx.rec, ctx.group
+    async with ctx.b.queue_consumer(QUEUE, visibility_timeout=QUEUE_VISIBILITY, max_attempts=QUEUE_MAX_ATTEMPTS) as q:
+        batches = 0
+        while not ctx.stop.is_set():
+            try:
+                jobs = await q.take(max_messages=10, timeout=0.5)
+            except bus.errors.BusError as exc:
+                rec.error("take", exc)
+                await asyncio.sleep(0.2)
+                continue
+            if not jobs:
+                continue
+            batches += 1
+            done: list[bus.Message] = []
+            try:
+                for job in jobs:
+                    rec.maybe_stall()
+                    msg_id = msgspec.json.decode(job.payload)["id"]
+                    n = number(msg_id)
+                    rec.delivery(group, job, q.consumer_id, job.attempt)
+                    if poison(msg_id) or (n % 7 == 3 and job.attempt == 1):
+                        rec.mark("nacked", group=group, job=f"{job.partition}@{job.offset}")
+                        await q.nack(job, delay=0.1, error="poison" if poison(msg_id) else "transient")
+                        rec.count(group, "nacked")
+                    elif n % 11 == 4 and job.attempt == 1:
+                        rec.mark("abandoned", group=group, job=f"{job.partition}@{job.offset}")
+                        rec.count(group, "abandoned")
+                    else:
+                        done.append(job)
+                if batches % 2:
+                    await q.ack_many(done)
+                    rec.count(group, "ack_many")
+                else:
+                    for job in done:
+                        await q.ack(job)
+                for job in done:
+                    rec.line("K", group, job.topic, job.partition, job.offset,
+                             msgspec.json.decode(job.payload)["id"], rec.pid, job.attempt, f"{time.time():.6f}")
+            except bus.errors.LeaseLostError as exc:
+                rec.mark("lease_lost", group=group)
+                rec.error("queue_ack", exc)
+            except bus.errors.BusError as exc:  # the jobs come back after their visibility timeout
+                rec.mark("queue_failed", group=group)
+                rec.error("queue_ack", exc)
+
+
+# -- event store ---------------------------------------------------------------------
+
+
+async def run_es(ctx: Ctx) -> None:
+    rec, group = ctx.rec, ctx.group
+    worker = f"es{rec.pid}"
+    store = ctx.b.event_store(STORE)
+    while not ctx.stop.is_set():
+        try:
+            await store.register_group(group)
+            break
+        except bus.errors.BusError as exc:
+            rec.error("register_group", exc)
+            await asyncio.sleep(0.2)
+    beat = 0.0
+    while not ctx.stop.is_set():
+        try:
+            if time.monotonic() - beat > 0.5:
+                await store.heartbeat(worker)
+                beat = time.monotonic()
+            c = await store.claim_next(group, partition_by=["account"], handled_types=[Item], worker_id=worker,
+                                       max_messages=20)
+        except bus.errors.BusError as exc:
+            rec.error("claim_next", exc)
+            await asyncio.sleep(0.2)
+            continue
+        if c is None:
+            await asyncio.sleep(0.05)
+            continue
+        account = c.partition_value["account"]
+        for pe in c.messages:
+            rec.maybe_stall()
+            rec.line("D", group, STORE, account, pe.position, pe.message.id, rec.pid, worker, c.offset_id,
+                     f"{time.time():.6f}")
+        first, last = c.messages[0].position, c.messages[-1].position
+        await asyncio.sleep(ctx.rng.uniform(0.0, 0.05))
+        try:
+            tally = Tally(account=account, first=first, last=last, guard_position=c.guard.position, worker=worker)
+            try:
+                await store.append(tally, guard=c.guard)
+            except bus.errors.ConcurrentAppendError:
+                rec.mark("guard_conflict", group=group, account=account)
+                rec.count(group, "guard_conflict")
+                await store.release(group, c.offset_id, worker_id=worker)
+                continue
+            rec.count(group, "tally")
+            await store.ack(group, offset_id=c.offset_id, position=last, worker_id=worker)
+            for pe in c.messages:
+                rec.line("K", group, STORE, account, pe.position, pe.message.id, rec.pid, c.offset_id,
+                         f"{time.time():.6f}")
+        except bus.errors.LeaseLostError as exc:
+            rec.mark("lease_lost", group=group, account=account)
+            rec.error("es_ack", exc)
+        except bus.errors.BusError as exc:  # unknown outcome: give the claim back, its events come again
+            rec.mark("es_failed", group=group, account=account)
+            rec.error("es_ack", exc)
+            for _ in range(20):
+                try:
+                    await store.release(group, c.offset_id, worker_id=worker)
+                    break
+                except bus.errors.LeaseLostError:
+                    break
+                except bus.errors.BusError:
+                    await asyncio.sleep(0.2)
+
+
+PATTERNS = {
+    "handler": lambda ctx: run_handler(ctx, dead_letter=False),
+    "handler-dlq": lambda ctx: run_handler(ctx, dead_letter=True),
+    "poll": lambda ctx: run_poll(ctx, "poll"),
+    "commit-async": lambda ctx: run_poll(ctx, "commit-async"),
+    "auto": lambda ctx: run_poll(ctx, "auto"),
+    "tx": run_tx,
+    "txlow": run_txlow,
+    "claims": run_claims,
+    "queue": run_queue,
+    "es": run_es,
+}
 
 
 async def watch_loop_lag(rec: Recorder, every: float = 0.1, report: float = 0.5) -> None:
@@ -146,27 +538,35 @@ async def watch_loop_lag(rec: Recorder, every: float = 0.1, report: float = 0.5)
         await asyncio.sleep(every)
         late = loop.time() - t0 - every
         if late > report:
-            rec.fh.write(f"V\t{time.time():.6f}\tloop_lag\tseconds={late:.3f}\n")
+            rec.line("V", f"{time.time():.6f}", "loop_lag", f"seconds={late:.3f}")
+
+
+async def run_pattern(ctx: Ctx, pattern: str) -> None:
+    """One group's loop; an unexpected error is recorded and the loop starts again (a user's supervisor)."""
+    while not ctx.stop.is_set():
+        try:
+            await PATTERNS[pattern](ctx)
+        except Exception as exc:
+            ctx.rec.error(f"{pattern}_loop", exc)
+            await asyncio.sleep(0.5)
 
 
 async def main() -> None:
-    dsn, schema, group, topic, out, mode, slow = sys.argv[1:8]
+    dsn, schema, out, slow, spec = sys.argv[1:6]
     config: dict[str, Any] = {"schema": schema}
     slow_seconds = 0.0
-    assignor = "range"
-    for kv in sys.argv[8:]:
+    for kv in sys.argv[6:]:
         k, v = kv.split("=", 1)
         if k == "slow_seconds":
             slow_seconds = float(v)
-        elif k == "assignor":
-            assignor = v
         else:
             config[k] = float(v)
+    members = [tuple(s.split(":")) for s in spec.split(",")]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 (once, at start-up)
-        rec = Recorder(fh, group, slow_seconds)
+        rec = Recorder(fh, slow_seconds)
         # Every library event passes through rec.event first. Tracebacks print plain: the
         # default (rich, with locals) blocks the event loop for seconds per traceback on
         # loaded cores, which fenced every member after each database restart.
@@ -183,10 +583,13 @@ async def main() -> None:
         while not stop.is_set():
             try:
                 async with bus.connect(dsn, **config) as b:
-                    if mode == "poll":
-                        await run_poll(b, rec, topic, assignor, stop)
-                    else:
-                        await run_handler(b, rec, topic, assignor, stop)
+                    tasks = [
+                        asyncio.create_task(run_pattern(Ctx(b, rec, group, assignor, stop, schema), pattern))
+                        for group, pattern, assignor in members
+                    ]
+                    await asyncio.sleep(0.5)
+                    print("joined", flush=True)
+                    await asyncio.gather(*tasks)
             except bus.errors.StorageUnavailableError as exc:
                 rec.error("start", exc)
                 await asyncio.sleep(0.5)

@@ -3,7 +3,9 @@
     python -m tests.chaos.producer DSN SCHEMA TOPIC PARTITIONS OUTFILE RATE [PREFIX]
 
 Publishes {"id": "<prefix>-<n>"} to partition n % PARTITIONS at about RATE
-messages per second and appends "A topic partition offset id time" to OUTFILE
+messages per second (TOPIC "es:STORE": appends `Item(account="a<n % PARTITIONS>",
+id="<prefix>-<n>")` to the event store STORE instead, recorded with the
+store as topic, the account as partition and the position as offset) and appends "A topic partition offset id time" to OUTFILE
 only after `publish` returned (flushed per line). A publish that fails (the
 database restarted, the connection was terminated) is recorded as
 "F id time error" and not retried under the same id: it may or may not exist,
@@ -18,6 +20,7 @@ import sys
 import time
 
 import bus
+from tests.chaos.member import Item
 
 
 async def main() -> None:
@@ -34,13 +37,18 @@ async def main() -> None:
             except bus.errors.StorageUnavailableError:
                 await asyncio.sleep(0.5)  # the database is restarting: retry, as documented
         async with b:
+            store = b.event_store(topic[3:]) if topic.startswith("es:") else None
             print("ready", flush=True)
             n = 0
             next_at = time.monotonic()
             while not stop.is_set():
                 msg_id = f"{prefix}-{n}"
                 try:
-                    rec = await b.publish(topic, {"id": msg_id}, partition=str(n % partitions))
+                    if store is not None:
+                        [pe] = await store.append(Item(account=f"a{n % partitions}", id=msg_id))
+                        rec = bus.Record(store.name, f"a{n % partitions}", pe.position, pe.created_at)
+                    else:
+                        rec = await b.publish(topic, {"id": msg_id}, partition=str(n % partitions))
                 except Exception as exc:  # anything: recorded, the run goes on
                     text = repr(exc).replace("\t", " ").replace("\n", " ")[:300]
                     fh.write(f"F\t{msg_id}\t{time.time():.6f}\t{text}\n")

@@ -1,7 +1,8 @@
 """The chaos run: faults at random (seeded, printed), then the history checker's verdict.
 
-`make test` runs a bounded run (CHAOS_SECONDS, default 40 s of faults);
-`make chaos` a longer one. The counts are printed (see them with -s).
+`make test` runs a bounded run (CHAOS_SECONDS, default 60 s of faults) of every
+usage pattern at once (see tests/chaos/member.py); `make chaos` a longer one.
+The counts, per pattern too, are printed (see them with -s).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 from tests.chaos.checker import check
 from tests.chaos.harness import describe, run_chaos
 
-SECONDS = float(os.environ.get("CHAOS_SECONDS", "40"))
+SECONDS = float(os.environ.get("CHAOS_SECONDS", "60"))
 
 pytestmark = pytest.mark.slow
 

@@ -1,10 +1,25 @@
-"""The chaos checker flags each kind of breach in a synthetic history, and passes a clean one."""
+"""The chaos checker flags each kind of breach in a synthetic history, and passes a clean one.
+
+One history per invariant and usage pattern (see the checker's docstring).
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.chaos.checker import Ack, Delivery, Fault, History, Sample, check
+from tests.chaos.checker import (
+    Ack,
+    DeadLetter,
+    Delivery,
+    Fault,
+    History,
+    Row,
+    Sample,
+    StoreItem,
+    Tally,
+    UserAck,
+    check,
+)
 
 
 def _acks(n: int, partition: str = "0") -> list[Ack]:
@@ -125,3 +140,125 @@ def test_an_observed_fault_explains_only_duplicates_on_the_process_it_hit() -> N
     lost_here = check(_history(ds, faults=[Fault("lease_lost", 100.5, 100.9, pid=1)]))
     assert lost_here.ok and lost_here.explained_by["lease_lost"] == 2
     assert "faults observed: lease_lost=1" in lost_here.summary()
+
+
+# -- the usage patterns ----------------------------------------------------------------
+
+
+def _rows(offsets: list[int], group: str = "g") -> list[Row]:
+    return [Row(group, "t", "0", o, f"id-0-{o}") for o in offsets]
+
+
+def test_exactly_once_table_passes_with_one_row_per_acknowledged_message_and_counts_it() -> None:
+    h = _history(_deliver([0, 1, 2, 3, 4]))
+    h.patterns, h.rows = {"g": "tx"}, {"g": _rows([0, 1, 2, 3, 4])}
+    r = check(h)
+    assert r.ok, r.summary()
+    pc = r.patterns["g"]
+    assert (pc.pattern, pc.acked, pc.delivered, pc.rows, pc.row_duplicates, pc.row_losses) == ("tx", 5, 5, 5, 0, 0)
+    assert "table rows=5 dup=0 lost=0" in r.summary()
+
+
+def test_a_second_row_in_the_users_table_is_a_violation_whatever_the_faults() -> None:
+    ds = _deliver([0, 1, 2]) + _deliver([2, 3, 4], pid=2, member="m2", t0=101.0)
+    h = _history(ds, faults=[Fault("kill", 100.5, 100.5, pid=1)])
+    h.patterns, h.rows = {"g": "txlow"}, {"g": _rows([0, 1, 2, 2, 3, 4])}
+    r = check(h)
+    assert r.unexplained_duplicates == 0  # the re-delivery itself is explained by the kill
+    assert r.patterns["g"].row_duplicates == 1
+    assert any(v.startswith("exactly-once:") and "2 rows for t/0@2" in v for v in r.violations)
+
+
+def test_a_batch_delivered_but_missing_from_the_users_table_is_a_loss_the_delivery_check_cannot_see() -> None:
+    # The commit(connection=) loss: every message was handed out in order (no gap, nothing to
+    # re-read), but the transaction of offsets 2..3 rolled back and the position stayed past them.
+    h = _history(_deliver([0, 1, 2, 3, 4]))
+    h.patterns, h.rows = {"g": "txlow"}, {"g": _rows([0, 1, 4])}
+    r = check(h)
+    assert r.losses == 0 and r.patterns["g"].row_losses == 2
+    assert any("table has no row for t/0@2" in v for v in r.violations)
+
+
+def test_poison_must_be_dead_lettered_and_may_be_skipped_by_order_and_commits() -> None:
+    acks = [Ack("t", "0", i, f"p-{i}", float(i)) for i in range(5)]  # p-2 poison (the harness decides)
+    ds = [Delivery("g", "t", "0", o, f"p-{o}", 1, "m1", 1, 100.0 + i * 0.01, seq=i) for i, o in enumerate([0, 1, 3, 4])]
+    samples = [Sample(100.0, "g", "t", "0", 0, "m1", 1), Sample(100.5, "g", "t", "0", 3, "m1", 1)]
+    h = History(["g"], acks, ds, samples, [], patterns={"g": "handler-dlq"}, poison=frozenset({"p-2"}),
+                dead_letters={"g": [DeadLetter("g", "t", "0", 2, "p-2", 100.015)]})
+    r = check(h)
+    assert r.ok, r.summary()
+    assert r.patterns["g"].dead_lettered == 1
+    h.dead_letters = {"g": []}
+    missing = check(h)
+    assert any(v.startswith("loss:") and "never dead-lettered t/0@2" in v for v in missing.violations)
+
+
+def test_a_message_that_is_not_poison_in_the_dead_letter_topic_needs_a_fault() -> None:
+    acks = [Ack("t", "0", i, f"p-{i}", float(i)) for i in range(2)]
+    ds = [Delivery("g", "t", "0", o, f"p-{o}", 1, "m1", 1, 100.0 + o, seq=o) for o in (0, 1)]
+    h = History(["g"], acks, ds, [], [], patterns={"g": "queue"}, reads={"g": "t"},
+                dead_letters={"g": [DeadLetter("g", "t", "0", 1, "p-1", 102.0)]})
+    assert any(v.startswith("dead letter:") for v in check(h).violations)
+    h.faults = [Fault("zombie", 101.0, 101.5, pid=1)]
+    assert check(h).ok
+
+
+def test_a_claim_or_job_acked_and_handed_out_again_under_a_later_generation_is_flagged() -> None:
+    ds = _deliver([0, 1, 2, 3, 4], gen=1) + _deliver([3, 4], pid=2, member="w2", gen=2, t0=105.0)
+    h = _history(ds, faults=[Fault("kill", 104.0, 104.0, pid=None)])
+    h.patterns = {"g": "claims"}
+    h.user_acks = [UserAck("g", "t", "0", o, f"id-0-{o}", 1, 1, 101.0) for o in range(5)]
+    r = check(h)
+    assert any(v.startswith("acked again:") and "t/0@3" in v for v in r.violations)
+    h.user_acks = [UserAck("g", "t", "0", o, f"id-0-{o}", 1, 1, 101.0) for o in range(3)]
+    assert check(h).ok  # only 0..2 were acked: 3..4 coming back is the at-least-once window
+
+
+def test_queue_jobs_have_no_order_and_a_nack_explains_the_job_coming_back() -> None:
+    ds = _deliver([3, 1, 0, 4, 2]) + _deliver([1], pid=2, member="c2", gen=2, t0=101.0)
+    h = _history(ds, faults=[Fault("nacked", 100.2, 100.2, pid=1, groups=frozenset({"g"}))])
+    h.patterns = {"g": "queue"}
+    r = check(h)
+    assert r.ok, r.summary()
+    assert r.patterns["g"].explained_by["nacked"] == 1
+    h.faults = [Fault("nacked", 100.2, 100.2, pid=1, groups=frozenset({"other"}))]
+    assert check(h).unexplained_duplicates == 1  # a fault scoped to another group explains nothing here
+
+
+def test_event_store_guards_and_tally_coverage() -> None:
+    acks = [Ack("s", "a", p, f"e-{p}", float(p)) for p in (1, 3, 5)]
+    items = [StoreItem("a", p) for p in (1, 3, 5)]
+    ds = [Delivery("es", "s", "a", p, f"e-{p}", 1, "w", 7, 100.0 + p, seq=i) for i, p in enumerate((1, 3, 5))]
+    base = dict(patterns={"es": "es"}, reads={"es": "s"}, store_items=items)
+    good = [Tally("es", "a", 1, 3, 3, 4, 1, 104.0), Tally("es", "a", 5, 5, 5, 6, 1, 106.0)]
+    r = check(History(["es"], acks, ds, [], [], tallies={"es": good}, **base))  # type: ignore[arg-type]
+    assert r.ok, r.summary()
+    assert r.patterns["es"].tallies == 2
+    # Appended at 6 with guard position 3 although Item a@5 came in between: the guard failed.
+    bad = [Tally("es", "a", 1, 3, 3, 6, 1, 106.0)]
+    r = check(History(["es"], acks, ds, [], [], tallies={"es": bad}, **base))  # type: ignore[arg-type]
+    assert any(v.startswith("guard:") for v in r.violations)
+    assert any(v.startswith("tally:") and "a@5" in v for v in r.violations)
+    twice = [*good, Tally("es", "a", 5, 5, 5, 7, 2, 107.0)]
+    r = check(History(["es"], acks, ds, [], [], tallies={"es": twice}, **base))  # type: ignore[arg-type]
+    assert r.patterns["es"].tally_duplicates == 1 and any("covered by Tallies" in v for v in r.violations)
+    r = check(History(["es"], acks, ds, [], [Fault("kill", 106.5, 106.5, pid=1)], tallies={"es": twice}, **base))  # type: ignore[arg-type]
+    assert r.ok, r.summary()
+
+
+def test_event_store_positions_may_skip_but_not_go_unseen() -> None:
+    acks = [Ack("s", "a", p, f"e-{p}", float(p)) for p in (1, 4, 9)]
+    ds = [Delivery("es", "s", "a", p, f"e-{p}", 1, "w", 7, 100.0 + i, seq=i) for i, p in enumerate((1, 4, 9))]
+    r = check(History(["es"], acks, ds, [], [], patterns={"es": "es"}, reads={"es": "s"}))
+    assert r.ok, r.summary()
+
+
+def test_breaches_the_members_saw_are_violations_and_the_summary_has_one_line_per_pattern() -> None:
+    h = _history(_deliver([0, 1, 2, 3, 4]) + _deliver([0, 1, 2, 3, 4], group="h"))
+    h.groups, h.patterns = ["g", "h"], {"g": "poll", "h": "commit-async"}
+    h.breaches = ["L-0-1: g-claims: ack() after extend() raised LeaseLostError returned silently"]
+    r = check(h)
+    assert r.violations == ["breach: L-0-1: g-claims: ack() after extend() raised LeaseLostError returned silently"]
+    table = r.table().splitlines()
+    assert table[0].split()[:3] == ["pattern", "group", "acked"]
+    assert [line.split()[:3] for line in table[1:]] == [["commit-async", "h", "5"], ["poll", "g", "5"]]
