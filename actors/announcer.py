@@ -13,7 +13,6 @@ the transaction, because only the commit tells when the message exists.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -60,8 +59,7 @@ class Announcer(Actor[Announce | Flush]):
                 if not self._scheduled:
                     self._scheduled = True
                     # Everything announced until the loop comes round again goes in one statement.
-                    ref = self.self_ref
-                    asyncio.get_running_loop().call_soon(ref.signal, Flush())
+                    self.self_ref.schedule_once(0.0, Flush())
             case Flush():
                 self._scheduled = False
                 await self._flush()

@@ -62,7 +62,7 @@ class MemberSpec:
     """Who this member is and how it behaves."""
 
     group: str
-    topics: tuple[str, ...]          # empty: every topic of the group (wildcard)
+    topics: tuple[str, ...]  # empty: every topic of the group (wildcard)
     instance_id: str | None
     client_id: str
     session_timeout: float
@@ -98,6 +98,7 @@ class Coordinator(Actor[CoordinatorMessage]):
         self._workers: dict[int, tuple[tuple[str, str], ActorRef[Any]]] = {}
         self._failed: set[int] = set()
         self._names = itertools.count()
+        self._worker_names: dict[str, int] = {}  # supervisor child name -> partition id
         self._supervisor: Supervisor | None = None
         self._log = get_logger(__name__, group=spec.group)
 
@@ -110,7 +111,9 @@ class Coordinator(Actor[CoordinatorMessage]):
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
         )
         await self._join()
-        self._notifier.signal(Subscribe(self.spec.groups_channel, self.spec.group, self.self_ref, GroupChanged()))
+        self._notifier.signal(
+            Subscribe(self.spec.groups_channel, self.spec.group, self.self_ref, GroupChanged())
+        )
         self.self_ref.signal(Sync())
 
     async def on_stop(self) -> None:
@@ -123,7 +126,11 @@ class Coordinator(Actor[CoordinatorMessage]):
             try:
                 async with self._pool.acquire() as conn:
                     await membership.leave(
-                        conn, self.spec.group, self.member_id, self.spec.rebalance_delay, self.spec.groups_channel
+                        conn,
+                        self.spec.group,
+                        self.member_id,
+                        self.spec.rebalance_delay,
+                        self.spec.groups_channel,
                     )
             except TRANSIENT_ERRORS as exc:
                 # Unreachable database: the session expires and the sweep removes us.
@@ -138,8 +145,15 @@ class Coordinator(Actor[CoordinatorMessage]):
         )
         async with self._pool.acquire() as conn:
             row = await membership.join(
-                conn, self.spec.group, self.member_id, self.spec.instance_id, self.spec.client_id,
-                socket.gethostname(), os.getpid(), list(self.spec.topics), self.spec.session_timeout,
+                conn,
+                self.spec.group,
+                self.member_id,
+                self.spec.instance_id,
+                self.spec.client_id,
+                socket.gethostname(),
+                os.getpid(),
+                list(self.spec.topics),
+                self.spec.session_timeout,
                 self.spec.rebalance_delay,
             )
         self._log = get_logger(__name__, group=self.spec.group, member=self.member_id)
@@ -148,8 +162,9 @@ class Coordinator(Actor[CoordinatorMessage]):
         self._monitor.signal(LeaderSeen(self.spec.group, row["leader"]))
 
     def _worker_gave_up(self, name: str, exc: BaseException) -> None:
-        pid = int(name.split("-")[1])
-        self.self_ref.signal(WorkerFailed(pid, repr(exc)))
+        pid = self._worker_names.get(name)
+        if pid is not None:
+            self.self_ref.signal(WorkerFailed(pid, repr(exc)))
 
     # -- messages ------------------------------------------------------------------
 
@@ -194,9 +209,7 @@ class Coordinator(Actor[CoordinatorMessage]):
                 except TRANSIENT_ERRORS:
                     # Not joined: no heartbeat reply or NOTIFY will come for an id never
                     # registered, so nothing else would retry; try again shortly.
-                    asyncio.get_running_loop().call_later(
-                        self.spec.rebalance_delay + 0.5, self.self_ref.signal, MemberFenced(self.member_id)
-                    )
+                    self.self_ref.schedule_once(self.spec.rebalance_delay + 0.5, MemberFenced(self.member_id))
                     raise
                 await self._sync()
 
@@ -226,7 +239,9 @@ class Coordinator(Actor[CoordinatorMessage]):
             metrics.assigned(self.spec.group, len([p for p in arriving if p in names]))
         self._failed &= wanted
 
-    async def _callback(self, fn: Callable[[set[tuple[str, str]]], Awaitable[None]], tps: set[tuple[str, str]]) -> None:
+    async def _callback(
+        self, fn: Callable[[set[tuple[str, str]]], Awaitable[None]], tps: set[tuple[str, str]]
+    ) -> None:
         # The user's on_assign/on_revoke: its failure is reported, never fatal to membership.
         try:
             await fn(tps)
@@ -237,14 +252,21 @@ class Coordinator(Actor[CoordinatorMessage]):
     def _start_worker(self, pid: int, tp: tuple[str, str]) -> None:
         assert self._supervisor is not None
         spec = WorkerSpec(
-            group=self.spec.group, member_id=self.member_id, generation=self.generation,
-            topic=tp[0], partition=tp[1], partition_id=pid, lease_time=self.spec.lease_time,
-            poll_interval=self.spec.poll_interval, fetch_size=self.spec.fetch_size,
+            group=self.spec.group,
+            member_id=self.member_id,
+            generation=self.generation,
+            topic=tp[0],
+            partition=tp[1],
+            partition_id=pid,
+            lease_time=self.spec.lease_time,
+            poll_interval=self.spec.poll_interval,
+            fetch_size=self.spec.fetch_size,
             messages_channel=self.spec.messages_channel,
         )
+        name = f"worker-{pid}-{next(self._names)}"
+        self._worker_names[name] = pid
         ref = self._supervisor.spawn(
-            lambda: PartitionWorker(spec, self._pool, self._sink, self._notifier, self.self_ref),
-            f"worker-{pid}-{next(self._names)}",
+            lambda: PartitionWorker(spec, self._pool, self._sink, self._notifier, self.self_ref), name
         )
         self._workers[pid] = (tp, ref)
 
@@ -262,4 +284,6 @@ class Coordinator(Actor[CoordinatorMessage]):
         metrics.revoked(self.spec.group, len(pids))
         # In parallel: each worker commits and releases on its own; the next owners wait on all of them.
         refs = [self._workers.pop(pid)[1] for pid in sorted(pids)]
+        for ref in refs:
+            self._worker_names.pop(ref.name, None)
         await asyncio.gather(*(ref.stop(drain=False) for ref in refs))

@@ -61,7 +61,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         self._notifier = notifier
         self._members: dict[tuple[str, str], ActorRef[Any]] = {}
         self._rebalancers: dict[str, tuple[str, ActorRef[Any]]] = {}
-        self._stopping: set[asyncio.Task[None]] = set()  # rebalancers being stopped (see _leadership)
+        self._stopping: set[ActorRef[Any]] = set()  # rebalancers being stopped (see _leadership)
         self._supervisor: Supervisor | None = None
         self._log = get_logger(__name__, actor="heartbeat")
 
@@ -71,7 +71,8 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
 
     async def on_stop(self) -> None:
         if self._stopping:
-            await asyncio.gather(*self._stopping, return_exceptions=True)
+            stopping, self._stopping = self._stopping, set()
+            await asyncio.gather(*(ref.join() for ref in stopping), return_exceptions=True)
         if self._supervisor is not None:
             await self._supervisor.stop()
 
@@ -107,7 +108,11 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             seen.add(key)
             ref = self._members.get(key)
             if ref is not None:
-                ref.signal(HeartbeatReply(row["member_generation"], row["group_generation"], row["leader"], row["state"]))
+                ref.signal(
+                    HeartbeatReply(
+                        row["member_generation"], row["group_generation"], row["leader"], row["state"]
+                    )
+                )
             await self._leadership(row["group_name"], row["leader"])
         for key in keys:
             if key not in seen and key in self._members:
@@ -158,20 +163,23 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             # database for seconds after an outage; this actor must keep beating meanwhile
             # or every local member's session runs out. (Rebalances lock the group row, so
             # a successor starting before it ended is harmless.)
-            task = asyncio.get_running_loop().create_task(current[1].stop(drain=False))
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+            current[1].request_stop(drain=False)
+            self._stopping = {ref for ref in self._stopping if ref.is_alive}
+            self._stopping.add(current[1])
 
     def _start_rebalancer(self, group: str, leader: str) -> None:
         assert self._supervisor is not None
         check = max(0.05, min(self.config.rebalance_delay / 2, 0.25))
         ref = self._supervisor.spawn(
             lambda: Rebalancer(
-                group, leader, self._pool, self._notifier,
-                groups_channel=self.config.groups_channel, topics_channel=self.config.topics_channel,
+                group,
+                leader,
+                self._pool,
+                self._notifier,
+                groups_channel=self.config.groups_channel,
+                topics_channel=self.config.topics_channel,
                 check_interval=check,
             ),
             f"rebalancer-{group}-{id(object())}",
         )
         self._rebalancers[group] = (leader, ref)
-

@@ -10,7 +10,6 @@ and marks the group stable once every moved partition has been taken over.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ import asyncpg
 from actors import metrics
 from actors.assignors import Member, Partition, assign
 from actors.messages import RebalanceCheck, SetLeader, Subscribe, Unsubscribe
-from actors.runtime import Actor, ActorRef
+from actors.runtime import Actor, ActorRef, Timer
 from storage import groups as group_sql
 from storage import membership
 from storage.db import TRANSIENT_ERRORS
@@ -28,7 +27,9 @@ from storage.logs import get_logger
 FINGERPRINT_EVERY = 4  # checks between looks for new partitions/topics
 
 
-def compute_assignment(members: Sequence[asyncpg.Record], parts: Sequence[asyncpg.Record], assignor: str) -> dict[str, list[int]]:
+def compute_assignment(
+    members: Sequence[asyncpg.Record], parts: Sequence[asyncpg.Record], assignor: str
+) -> dict[str, list[int]]:
     """Adapt database rows to the pure assignors."""
     return assign(
         assignor,
@@ -62,7 +63,7 @@ class Rebalancer(Actor[RebalanceCheck | SetLeader]):
         self._check_interval = check_interval
         self._fingerprint: tuple[int, int, int] | None = None
         self._checks = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._log = get_logger(__name__, group=group, leader=leader_id)
 
     async def on_start(self) -> None:
@@ -115,8 +116,7 @@ class Rebalancer(Actor[RebalanceCheck | SetLeader]):
         delay = max(0.0, (due - dt.datetime.now(dt.UTC)).total_seconds()) + 0.005
         if self._timer is not None:
             self._timer.cancel()
-        ref = self.self_ref
-        self._timer = asyncio.get_running_loop().call_later(min(delay, self._check_interval), lambda: ref.signal(RebalanceCheck()))
+        self._timer = self.self_ref.schedule_once(min(delay, self._check_interval), RebalanceCheck())
 
     async def _look_for_new_partitions(self) -> None:
         await group_sql.add_matching_topics(self._pool, self.group)

@@ -484,6 +484,15 @@ class ActorRef(Generic[M]):
         if asyncio.current_task() is not self._cell.task:
             await self.join()
 
+    def request_stop(self, drain: bool = False) -> None:
+        """Ask the actor to stop and return at once (the message in hand is finished first).
+
+        For an owner that must not wait on it (e.g. one that has to keep
+        beating while the stopping actor waits on the database); `join()`
+        waits for the end.
+        """
+        self._cell.request_stop(drain)
+
     async def join(self) -> None:
         """Wait until the actor's task has ended, for whatever reason."""
         await asyncio.wait({self._cell.task})
