@@ -20,9 +20,22 @@ Partition identity is AND: a partition exists for each combination of
 `partition_by` values found together on one event. Fetching is conditional
 AND: an event belongs to a partition when every partition attribute it
 carries has the partition's value (events with only some of the attributes
-are included on those). A group's `partition_by` and `handled_types` are
-passed on each call and are expected to stay the same for the group's life;
-change them with `reset_group` (or use a new group).
+are included on those). A group's `partition_by` is passed on each call and
+is expected to stay the same for the group's life (change it with
+`reset_group`, or use a new group).
+
+A group remembers the union of the `handled_types` its calls passed, and
+partitions are pending by that union, whichever call discovered them: when a
+deploy adds a handled type, the new workers find the events of that type
+(the log is scanned again, incrementally, to lower the cursors' hints); old
+workers still running skip partitions where only the new type is pending.
+The union only grows: after removing a handled type, `reset_group` (or a new
+group) stops workers from passing over partitions where only it is pending.
+
+Discovery is incremental and bounded: a call scans at most
+`discovery_budget` seconds of not yet scanned log (steps of at most
+`discovery_batch` positions), so the first claim on a long existing log
+returns quickly and the following calls go on; `discover()` runs it ahead.
 
 Claims on a stopped or failed group return None (as in the seed), they do not
 raise. A claim whose worker stops heartbeating for `claim_ttl` (config,
@@ -33,6 +46,7 @@ default 120 s) can be taken by another worker; pass `worker_id=` to `ack`,
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -65,8 +79,11 @@ _MAX_EMPTY_CLAIMS = 1000
 # (to hand out the truly earliest one) before it settles for what it holds.
 _MAX_REFINEMENTS = 8
 _MAX_REMEMBERED_CLAIMS = 10_000
-# Discovery scans the log in windows of this many positions (one transaction each).
-_SCAN_WINDOW = 200_000
+# Discovery steps: the first window (positions) a store object tries, the
+# smallest it adapts down to, and the time a step aims at.
+_FIRST_WINDOW = 1000
+_MIN_WINDOW = 50
+_STEP_SECONDS = 0.05
 
 _registry: dict[str, type[Event]] = {}
 _encoder = msgspec.json.Encoder()
@@ -85,7 +102,12 @@ class _EventMeta(msgspec.StructMeta):
     """Reads the `tag` class keyword, caches the attribute names, and registers the class."""
 
     def __new__(
-        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], tag: str | None = None, **kwargs: Any
+        mcls,
+        name: str,
+        bases: tuple[type, ...],
+        namespace: dict[str, Any],
+        tag: str | None = None,
+        **kwargs: Any,
     ) -> _EventMeta:
         if tag is not None and (not isinstance(tag, str) or _TAG.fullmatch(tag) is None):
             raise ValidationError(
@@ -142,7 +164,9 @@ class Event(msgspec.Struct, metaclass=_EventMeta):
         if not wanted:
             return []
         if tag is None:
-            raise ValidationError(f"{cls.__name__} has no tag; declare it as class {cls.__name__}(bus.Event, tag=...)")
+            raise ValidationError(
+                f"{cls.__name__} has no tag; declare it as class {cls.__name__}(bus.Event, tag=...)"
+            )
         conditions = []
         for name in wanted:
             text = attribute_text(values[name])
@@ -264,7 +288,9 @@ def _encode_events(
         cls = type(event)
         tag = cls.__event_tag__
         if tag is None:
-            raise ValidationError(f"{cls.__name__} has no tag; declare it as class {cls.__name__}(bus.Event, tag=...)")
+            raise ValidationError(
+                f"{cls.__name__} has no tag; declare it as class {cls.__name__}(bus.Event, tag=...)"
+            )
         try:
             data = _encoder.encode(event)
         except (TypeError, msgspec.EncodeError, OverflowError) as exc:
@@ -311,13 +337,17 @@ def _condition_arrays(conditions: Iterable[QueryCondition]) -> tuple[list[str], 
 
 def _validate_attribute_names(partition_by: str | Sequence[str]) -> list[str]:
     if not isinstance(partition_by, (str, list, tuple)):
-        raise ValidationError("partition_by must be an attribute name or a list of them, e.g. ['course_name']")
+        raise ValidationError(
+            "partition_by must be an attribute name or a list of them, e.g. ['course_name']"
+        )
     names = [partition_by] if isinstance(partition_by, str) else list(partition_by)
     if not names:
         raise ValidationError("partition_by needs at least one attribute name, e.g. ['course_name']")
     for name in names:
         if not isinstance(name, str) or not name.isidentifier() or len(name) > 200:
-            raise ValidationError(f"partition_by attribute {name!r} is not an attribute name (a Python identifier)")
+            raise ValidationError(
+                f"partition_by attribute {name!r} is not an attribute name (a Python identifier)"
+            )
     if len(set(names)) != len(names):
         raise ValidationError(f"partition_by lists an attribute twice: {names}")
     return sorted(names)  # canonical order: the same partition whatever order the caller uses
@@ -337,7 +367,9 @@ def _handled_classes(handled_types: Sequence[type[Event] | str]) -> list[type[Ev
         elif isinstance(item, type) and issubclass(item, Event) and item.__event_tag__ is not None:
             cls = item
         else:
-            raise ValidationError(f"handled_types takes tagged bus.Event classes (or their tags), not {item!r}")
+            raise ValidationError(
+                f"handled_types takes tagged bus.Event classes (or their tags), not {item!r}"
+            )
         if cls not in classes:
             classes.append(cls)
     if not classes:
@@ -352,7 +384,12 @@ def _positive_int(value: object, what: str) -> int:
 
 
 def _seconds(value: object, what: str, *, allow_zero: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
         raise ValidationError(f"{what} must be a number of seconds >= 0, got {value!r}")
     return float(value)
 
@@ -372,8 +409,16 @@ class EventStore:
     Get it with `b.event_store(name)`; the store exists once something is appended.
     """
 
+    #: Most log positions one discovery step scans (one transaction).
+    discovery_batch: int = 100_000
+    #: Seconds of discovery one claim_next may spend before it claims; the
+    #: rest of a long log is discovered by the following calls.
+    discovery_budget: float = 0.2
+
     def __init__(self, bus: Bus, name: str) -> None:
         self._bus = bus
+        # (group, partition_by) -> the discovery window that last took about _STEP_SECONDS.
+        self._windows: dict[tuple[str, tuple[str, ...]], int] = {}
         self.name = validate_name(name, "event store name")
         self._log = log.bind(store=name)
         # offset_id -> (last fetched position, fetch cut short) of the claims this
@@ -390,7 +435,9 @@ class EventStore:
 
     # -- the log -------------------------------------------------------------------
 
-    async def append(self, events: Event | Sequence[Event], guard: Guard | None = None) -> list[PositionedEvent]:
+    async def append(
+        self, events: Event | Sequence[Event], guard: Guard | None = None
+    ) -> list[PositionedEvent]:
         """Append one event or a list atomically; their positions come back in order.
 
         With a guard: raises ConcurrentAppendError (nothing written) if an event
@@ -406,7 +453,9 @@ class EventStore:
         else:
             raise ValidationError("append takes a bus.Event or a list of them")
         if guard is not None and not isinstance(guard, Guard):
-            raise ValidationError("guard must be a bus.Guard (from claim_next, or Guard(conditions, position))")
+            raise ValidationError(
+                "guard must be a bus.Guard (from claim_next, or Guard(conditions, position))"
+            )
         tags, payloads, attrs = _encode_events(items, self._bus.config.max_message_bytes)
         if not items:
             return []
@@ -547,49 +596,48 @@ class EventStore:
         """Claim the unclaimed partition with the earliest pending handled event.
 
         Discovers partitions first (AND over `partition_by`, incrementally: only
-        events appended since the last call are scanned). Returns up to
-        `max_messages` events (conditional AND) and a guard built from every
-        handled type's own attributes; None when nothing is pending, or the group
-        is stopped or failed. Raises GroupNotFoundError for an unregistered group.
+        events appended since the last call are scanned, for at most
+        `discovery_budget` seconds per call, so the first call on a long log
+        returns quickly and later calls go on). Returns up to `max_messages`
+        events (conditional AND) of the `handled_types` and a guard built from
+        every handled type's own attributes; None when nothing is pending (or,
+        while a long log is still being discovered, nothing was found within
+        this call's budget), or the group is stopped or failed. Raises
+        GroupNotFoundError for an unregistered group.
         """
         validate_name(group, "group name")
         worker = _worker(worker_id)
         names = _validate_attribute_names(partition_by)
         classes = _handled_classes(handled_types)
         _positive_int(max_messages, "max_messages")
-        tags = [c.__event_tag__ for c in classes]
+        tags = [str(c.__event_tag__) for c in classes]
         ttl = float(self._bus.config.claim_ttl)
+        started = time.monotonic()
         with db.translate_errors():
             state = await self._pool.fetchrow(sql.CLAIM_STATE, self.name, group, names)
             if state["status"] is None:
                 raise _group_not_found(self.name, group)
             if state["status"] != "active":
                 return None
-            if state["upto"] > state["scanned"]:
-                await self._discover(group, names, tags)
-            refinements = 0
-            for _ in range(_MAX_EMPTY_CLAIMS):
-                row = await self._pool.fetchrow(sql.CLAIM_PARTITION, self.name, group, names, worker, ttl)
-                if row is None:
-                    return None
-                rows = await self._pool.fetch(
-                    sql.FETCH_PARTITION, self.name, names, row["vals"], row["position"], tags, max_messages + 1
-                )
-                if not rows:
-                    await self._pool.execute(sql.RELEASE_EMPTY, row["id"], worker)
-                    continue
-                if rows[0]["position"] > row["next_position"] and refinements < _MAX_REFINEMENTS:
-                    # Another partition may have an earlier pending event: put this
-                    # one back under its exact position and pick again.
-                    refinements += 1
-                    await self._pool.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
-                    continue
-                more = len(rows) > max_messages
-                rows = rows[:max_messages]
-                self._remember_claim(row["id"], rows[-1]["position"], more)
-                break
-            else:
-                return None
+            union: list[str] | None = state["handled_tags"]
+            left = 0
+            if union is None or not set(tags).issubset(union):
+                union = await self._add_handled_tags(group, names, tags)
+                left = await self._discover(group, names, budget=self.discovery_budget)
+            elif state["upto"] > state["scanned"]:
+                left = await self._discover(group, names, budget=self.discovery_budget)
+            claimed = await self._claim(group, names, worker, ttl, set(tags), union, max_messages)
+            # Nothing claimable among the partitions found so far, and the log is
+            # not fully discovered yet: go on discovering while the budget lasts.
+            while claimed is None and left > 0:
+                remaining = self.discovery_budget - (time.monotonic() - started)
+                if remaining <= 0:
+                    break
+                left = await self._discover(group, names, budget=remaining)
+                claimed = await self._claim(group, names, worker, ttl, set(tags), union, max_messages)
+        if claimed is None:
+            return None
+        row, rows = claimed
         value = dict(zip(names, row["vals"], strict=True))
         messages = [_positioned(r) for r in rows]
         conditions = [c for cls in classes for c in cls.to_conditions(**value)]
@@ -602,35 +650,147 @@ class EventStore:
             attempts=row["attempts"],
         )
 
+    async def _claim(
+        self,
+        group: str,
+        names: list[str],
+        worker: str,
+        ttl: float,
+        handled: set[str],
+        union: list[str],
+        max_messages: int,
+    ) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+        """Take the partition with the earliest pending event; it and its events of the `handled` types.
+
+        Hints count the events of every type the group handles (`union`), so
+        the fetch reads those too: that is what tells "nothing pending for the
+        group" (clear the hint) from "pending only for other workers of the
+        group, which handle more types" (leave it to them: skipped this call).
+        """
+        narrow = not handled.issuperset(union)
+        skipped: list[int] = []
+        refinements = 0
+        for _ in range(_MAX_EMPTY_CLAIMS):
+            row = await self._pool.fetchrow(
+                sql.CLAIM_PARTITION, self.name, group, names, worker, ttl, skipped
+            )
+            if row is None:
+                return None
+            rows = await self._pool.fetch(
+                sql.FETCH_PARTITION, self.name, names, row["vals"], row["position"], union, max_messages + 1
+            )
+            if not rows:
+                await self._pool.execute(sql.RELEASE_EMPTY, row["id"], worker)
+                continue
+            if rows[0]["position"] > row["next_position"] and refinements < _MAX_REFINEMENTS:
+                # Another partition may have an earlier pending event: put this
+                # one back under its exact position and pick again.
+                refinements += 1
+                await self._pool.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
+                continue
+            more = len(rows) > max_messages
+            rows = rows[:max_messages]
+            mine = [r for r in rows if r["tag"] in handled] if narrow else rows
+            if not mine:
+                # Pending, but only events other workers of the group handle.
+                await self._pool.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
+                skipped.append(row["id"])
+                continue
+            # The bounds of what was read, not of what is handed out: the ack
+            # must not clear a hint that still covers other workers' events.
+            self._remember_claim(row["id"], rows[-1]["position"], more)
+            return row, mine
+        return None
+
     def _remember_claim(self, offset_id: int, last: int, more: bool) -> None:
         self._claims.pop(offset_id, None)
         if len(self._claims) >= _MAX_REMEMBERED_CLAIMS:  # claims never acked: forget the oldest
             del self._claims[next(iter(self._claims))]
         self._claims[offset_id] = (last, more)
 
-    async def _discover(self, group: str, names: list[str], tags: list[str | None]) -> None:
-        """Scan the events appended since the last discovery: new partitions, lowered hints."""
+    async def _add_handled_tags(self, group: str, names: list[str], tags: list[str]) -> list[str]:
+        """Add a call's handled types to the group's union (a new type makes discovery rescan); the union."""
+        try:
+            union = await self._pool.fetchval(sql.ADD_HANDLED_TAGS, self.name, group, names, tags)
+        except asyncpg.ForeignKeyViolationError:
+            raise _group_not_found(self.name, group) from None
+        self._log.info("event_group_handled_types", group=group, partition_by=names, handled=union)
+        return list(union)
+
+    async def discover(
+        self,
+        group: str,
+        partition_by: str | Sequence[str],
+        handled_types: Sequence[type[Event] | str],
+        *,
+        budget: float | None = None,
+    ) -> int:
+        """Run partition discovery for the group without claiming; how many log positions are left to scan.
+
+        claim_next does this too, `discovery_budget` seconds per call; call it
+        (budget None: until caught up) to find every partition of a long log
+        ahead of the first claims. Raises GroupNotFoundError for an unknown group.
+        """
+        validate_name(group, "group name")
+        names = _validate_attribute_names(partition_by)
+        tags = [str(c.__event_tag__) for c in _handled_classes(handled_types)]
+        seconds = None if budget is None else _seconds(budget, "budget")
+        with db.translate_errors():
+            state = await self._pool.fetchrow(sql.CLAIM_STATE, self.name, group, names)
+            if state["status"] is None:
+                raise _group_not_found(self.name, group)
+            union = state["handled_tags"]
+            if union is None or not set(tags).issubset(union):
+                await self._add_handled_tags(group, names, tags)
+            return await self._discover(group, names, budget=seconds)
+
+    async def _discover(self, group: str, names: list[str], *, budget: float | None) -> int:
+        """Scan events appended since the last discovery (new partitions, lowered hints); positions left.
+
+        Steps of at most `discovery_batch` positions (one transaction each, the
+        window adapted so a step takes about `_STEP_SECONDS`) until caught up or
+        `budget` seconds are spent (None: no limit). At least one step runs, so
+        every call makes progress.
+        """
+        started = time.monotonic()
+        key = (group, tuple(names))
         async with self._pool.acquire() as conn:
-            try:
-                await conn.execute(sql.ENSURE_SCAN, self.name, group, names)
-            except asyncpg.ForeignKeyViolationError:
-                raise _group_not_found(self.name, group) from None
             while True:
+                step_started = time.monotonic()
                 async with conn.transaction():
-                    scanned = await conn.fetchval(sql.LOCK_SCAN, self.name, group, names)
-                    if scanned is None:  # the group was reset or deleted meanwhile
-                        return
+                    scan = await conn.fetchrow(sql.LOCK_SCAN, self.name, group, names)
+                    if scan is None:  # the group was reset or deleted meanwhile
+                        return 0
+                    scanned, union = scan["scanned"], scan["handled_tags"]
                     last = await conn.fetchval(sql.LAST_POSITION, self.name)
                     if last <= scanned:
-                        return
-                    upto = min(last, scanned + _SCAN_WINDOW)
+                        return 0
+                    window = min(self._windows.get(key, _FIRST_WINDOW), self.discovery_batch)
+                    upto = min(last, scanned + window)
                     created = await conn.fetchval(
-                        sql.DISCOVER_PARTITIONS, self.name, group, names, scanned, upto, tags
+                        sql.DISCOVER_PARTITIONS, self.name, group, names, scanned, upto, union
                     )
-                    await conn.execute(sql.BUMP_HINTS, self.name, group, names, scanned, upto, tags)
+                    await conn.execute(sql.BUMP_HINTS, self.name, group, names, scanned, upto, union)
+                    if created and len(names) > 1:
+                        await conn.execute(sql.LOOKBACK_HINTS, self.name, created, union, scanned)
                     await conn.execute(sql.SET_SCANNED, self.name, group, names, upto)
+                now = time.monotonic()
+                # Keep a step near _STEP_SECONDS: its cost grows with the window
+                # (mostly with the new partitions in it) over a fixed overhead.
+                took = now - step_started
+                if took < _STEP_SECONDS / 2 and upto - scanned == window:
+                    window *= 2
+                elif took > _STEP_SECONDS * 2:
+                    window //= 2
+                self._windows[key] = max(_MIN_WINDOW, min(self.discovery_batch, window))
                 if created:
-                    self._log.debug("event_partitions_discovered", group=group, count=created, scanned=upto)
+                    self._log.debug(
+                        "event_partitions_discovered", group=group, count=len(created), scanned=upto
+                    )
+                if upto >= last:
+                    return 0
+                if budget is not None and now - started >= budget:
+                    return int(last - upto)
 
     async def ack(self, group: str, offset_id: int, position: int, *, worker_id: str | None = None) -> None:
         """Advance the partition's cursor to `position` (never backwards) and release the claim.
@@ -643,7 +803,9 @@ class EventStore:
         worker = None if worker_id is None else _worker(worker_id)
         last, more = self._claims.pop(offset_id, (None, None))
         with db.translate_errors():
-            done = await self._pool.fetchval(sql.ACK, self.name, group, offset_id, position, worker, last, more)
+            done = await self._pool.fetchval(
+                sql.ACK, self.name, group, offset_id, position, worker, last, more
+            )
         if done is None:
             await self._explain_missing(group, offset_id, worker)
 
@@ -731,7 +893,9 @@ class EventStore:
     async def _explain_missing(self, group: str, offset_id: int, worker: str | None) -> None:
         with db.translate_errors():
             exists = await self._pool.fetchrow(sql.OFFSET_EXISTS, self.name, group, offset_id)
-            status = None if exists is not None else await self._pool.fetchrow(sql.GROUP_ROW, self.name, group)
+            status = (
+                None if exists is not None else await self._pool.fetchrow(sql.GROUP_ROW, self.name, group)
+            )
         if exists is not None:
             raise LeaseLostError(
                 f"worker {worker!r} no longer holds partition {offset_id} of group {group!r} "

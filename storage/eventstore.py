@@ -7,11 +7,13 @@ conflicting events in a statement that runs after it holds that lock, so no
 conflicting append can commit between the check and its own commit.
 
 Consumer-group cursors (`es_offsets`) carry `next_position`, a lower bound of
-the earliest pending handled event of their partition. Discovery keeps it up
-to date incrementally (only events appended since the group's last scan are
-looked at), so finding the next partition to claim is one index probe however
-long the log is. A hint that is too low is harmless: the claimer fetches,
-finds nothing, clears it and moves on.
+the earliest pending event of their partition whose type the group handles
+(the union of the handled types of all its calls, `es_scans.handled_tags`).
+Discovery keeps it up to date incrementally (only events appended since the
+group's last scan are looked at, a bounded window per step), so finding the
+next partition to claim is one index probe however long the log is. A hint
+that is too low is harmless: the claimer fetches, finds nothing, clears it and
+moves on.
 """
 
 from __future__ import annotations
@@ -146,23 +148,33 @@ DELETE FROM es_stores WHERE name = $1
 # -- claiming --------------------------------------------------------------------
 
 # One round trip before claiming: the group's status, how far discovery has
-# scanned for this partition_by, and the last committed position.
+# scanned for this partition_by and with which handled types, and the last
+# committed position.
 CLAIM_STATE = """
 SELECT (SELECT status FROM es_groups WHERE store = $1 AND name = $2) AS status,
-       coalesce((SELECT scanned FROM es_scans
-                 WHERE store = $1 AND group_name = $2 AND partition_by = $3::text[]), 0) AS scanned,
+       coalesce(s.scanned, 0) AS scanned, s.handled_tags,
        coalesce((SELECT next_position - 1 FROM es_stores WHERE name = $1), 0) AS upto
+FROM (SELECT 1) AS one
+LEFT JOIN es_scans s ON s.store = $1 AND s.group_name = $2 AND s.partition_by = $3::text[]
 """
 
-ENSURE_SCAN = """
-INSERT INTO es_scans (store, group_name, partition_by) VALUES ($1, $2, $3::text[])
-ON CONFLICT DO NOTHING
+# Add a call's handled types ($4) to the group's union. A type the union
+# lacked sends discovery back to position 0: the hints of the partitions
+# already found must come to include that type's events (see migration 009).
+ADD_HANDLED_TAGS = """
+INSERT INTO es_scans AS s (store, group_name, partition_by, handled_tags)
+VALUES ($1, $2, $3::text[], ARRAY(SELECT DISTINCT t FROM unnest($4::text[]) AS t ORDER BY t))
+ON CONFLICT (store, group_name, partition_by) DO UPDATE
+SET handled_tags = ARRAY(SELECT DISTINCT t FROM unnest(s.handled_tags || $4::text[]) AS t ORDER BY t),
+    scanned = CASE WHEN s.handled_tags @> $4::text[] THEN s.scanned ELSE 0 END
+RETURNING handled_tags
 """
 
-# Discovery runs one at a time per (group, partition_by): this lock keeps the
-# scanned windows disjoint and contiguous.
+# Discovery runs one step at a time per (group, partition_by): this lock keeps
+# the scanned windows disjoint and contiguous, and the union read with it is
+# the one the step uses.
 LOCK_SCAN = """
-SELECT scanned FROM es_scans WHERE store = $1 AND group_name = $2 AND partition_by = $3::text[]
+SELECT scanned, handled_tags FROM es_scans WHERE store = $1 AND group_name = $2 AND partition_by = $3::text[]
 FOR UPDATE
 """
 
@@ -170,31 +182,38 @@ SET_SCANNED = """
 UPDATE es_scans SET scanned = $4 WHERE store = $1 AND group_name = $2 AND partition_by = $3::text[]
 """
 
+# A discovery step must cost in proportion to its window of the log, never to
+# the number of partitions the group already has. The cursor tables grow from
+# empty during a first discovery, so their statistics are always behind: the
+# statements below are shaped so that the only sensible plans probe indexes
+# once per event of the window (unique-index arbiters, fenced LATERAL
+# subqueries, updates driven by unnested id arrays) instead of joining with
+# every cursor of the group.
+
 # New partitions (AND): value tuples of the events in (scanned, upto] that carry
-# every partition_by attribute ($3, sorted). Each new cursor's hint is the
-# first handled event ($6) sharing any of its (name, value) pairs: a lower
-# bound, since the conditional-AND fetch only removes events from that set.
+# every partition_by attribute ($3, sorted), whatever their type. Existing
+# ones are skipped by the unique index. A new cursor's hint starts at its
+# first such event of a handled type ($6, the group's union) in the window;
+# BUMP_HINTS, run next, lowers it to the window's events sharing only some of
+# its pairs, later steps set it from theirs (if it has none yet), and
+# LOOKBACK_HINTS from the events before the window.
 DISCOVER_PARTITIONS = """
 WITH found AS (
-    SELECT DISTINCT t.vals FROM (
-        SELECT array_agg(a.value ORDER BY k.ord) AS vals
+    SELECT t.vals, min(t.position) FILTER (WHERE t.handled) AS first FROM (
+        SELECT a.position, array_agg(a.value ORDER BY k.ord) AS vals, bool_and(a.tag = ANY($6::text[])) AS handled
         FROM es_attributes a
         JOIN unnest($3::text[]) WITH ORDINALITY AS k(name, ord) ON a.name = k.name
         WHERE a.store = $1 AND a.position > $4 AND a.position <= $5
         GROUP BY a.position
         HAVING count(*) = cardinality($3::text[])
     ) AS t
+    GROUP BY t.vals
 ), ins AS (
     INSERT INTO es_offsets (store, group_name, names, vals, partition_key, next_position)
     SELECT $1, $2, $3::text[], f.vals,
            (SELECT string_agg(kv.n || ':' || kv.v, '|' ORDER BY kv.o)
               FROM unnest($3::text[], f.vals) WITH ORDINALITY AS kv(n, v, o)),
-           (SELECT min(h.position)
-              FROM unnest($3::text[], f.vals) AS kv(n, v)
-              CROSS JOIN LATERAL (
-                  SELECT min(x.position) AS position FROM es_attributes x
-                  WHERE x.store = $1 AND x.name = kv.n AND x.value = kv.v AND x.tag = ANY($6::text[])
-              ) AS h)
+           f.first
     FROM found f
     ON CONFLICT (store, group_name, names, vals) DO NOTHING
     RETURNING id, vals
@@ -202,29 +221,59 @@ WITH found AS (
     INSERT INTO es_offset_keys (offset_id, store, group_name, name, value)
     SELECT ins.id, $1, $2, kv.n, kv.v FROM ins, unnest($3::text[], ins.vals) AS kv(n, v)
 )
-SELECT count(*) FROM ins
+SELECT coalesce(array_agg(id), '{}') FROM ins
 """
 
-# Existing partitions touched (OR, by any of their pairs) by handled events in
-# (scanned, upto]: lower their hint; `bumps` tells a claimer the hint moved.
+# New cursors ($2 ids) of a partition_by with several attributes: an event
+# before the window ($4 = scanned) may share some of their pairs (a
+# CourseCreated before the first UserJoinedCourse of the course): lower the
+# hint to the first such event of a handled type ($3). With one attribute
+# there is none, since the partition's first event is its discovery.
+LOOKBACK_HINTS = """
+UPDATE es_offsets o
+SET next_position = LEAST(o.next_position, (
+        SELECT min(x.position)
+        FROM unnest(o.names, o.vals) AS kv(name, value)
+        JOIN es_attributes x ON x.store = $1 AND x.name = kv.name AND x.value = kv.value
+        WHERE x.tag = ANY($3::text[]) AND x.position <= $4))
+FROM unnest($2::bigint[]) AS n(id)
+WHERE o.id = n.id
+"""
+
+# Partitions touched (OR, by any of their pairs) by handled events in
+# (scanned, upto], new ones included: lower their hint. A cursor whose hint is already at or below
+# the new event is left alone (no write) unless it is claimed: then `bumps`
+# tells the claimer that the hint moved while it held the claim, so its
+# release or ack keeps the hint instead of clearing it.
 BUMP_HINTS = """
-WITH touched AS (
-    SELECT o.id, min(a.position) AS p
+WITH w AS MATERIALIZED (
+    SELECT a.position, a.name, a.value
     FROM es_attributes a
-    JOIN es_offset_keys k ON k.store = $1 AND k.group_name = $2 AND k.name = a.name AND k.value = a.value
-    JOIN es_offsets o ON o.id = k.offset_id
     WHERE a.store = $1 AND a.position > $4 AND a.position <= $5
       AND a.name = ANY($3::text[]) AND a.tag = ANY($6::text[])
-      AND o.names = $3::text[] AND a.position > o.position
-    GROUP BY o.id
+), touched AS (
+    SELECT array_agg(t.id) AS ids, array_agg(t.p) AS ps FROM (
+        SELECT c.id, min(w.position) AS p
+        FROM w CROSS JOIN LATERAL (
+            SELECT o.id, o.position FROM es_offset_keys k JOIN es_offsets o ON o.id = k.offset_id
+            WHERE k.store = $1 AND k.group_name = $2 AND k.name = w.name AND k.value = w.value
+              AND o.names = $3::text[]
+            OFFSET 0
+        ) AS c
+        WHERE w.position > c.position
+        GROUP BY c.id
+    ) AS t
 )
 UPDATE es_offsets o SET next_position = LEAST(o.next_position, t.p), bumps = o.bumps + 1
-FROM touched t
+FROM touched, unnest(touched.ids, touched.ps) AS t(id, p)
 WHERE o.id = t.id
+  AND (o.next_position IS NULL OR t.p < o.next_position OR o.claimed_by IS NOT NULL)
 """
 
 # Claim the partition with the earliest pending event that nobody holds (or
 # whose holder stopped heartbeating for $5 seconds), if the group is active.
+# $6: cursors this call already passed over (their pending events are of
+# types other workers of the group handle).
 CLAIM_PARTITION = """
 UPDATE es_offsets o
 SET claimed_by = $4, claimed_at = clock_timestamp(), claim_bumps = o.bumps
@@ -234,6 +283,7 @@ WHERE o.id = (
           AND c.next_position IS NOT NULL
           AND (c.claimed_by IS NULL OR c.claimed_at < clock_timestamp() - make_interval(secs => $5))
           AND (c.retry_at IS NULL OR c.retry_at <= clock_timestamp())
+          AND c.id <> ALL($6::bigint[])
         ORDER BY c.next_position, c.id
         LIMIT 1
         FOR UPDATE SKIP LOCKED)
@@ -339,7 +389,9 @@ ORDER BY id
 """
 
 # Refresh planner statistics after a bulk load (COPY straight into the tables).
-ANALYZE_TABLES = "ANALYZE es_stores, es_events, es_attributes, es_groups, es_scans, es_offsets, es_offset_keys"
+ANALYZE_TABLES = (
+    "ANALYZE es_stores, es_events, es_attributes, es_groups, es_scans, es_offsets, es_offset_keys"
+)
 
 COUNT_GROUP_ROWS = """
 SELECT (SELECT count(*) FROM es_groups WHERE store = $1) AS groups,

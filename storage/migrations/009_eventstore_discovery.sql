@@ -1,0 +1,13 @@
+-- Event store discovery that does not depend on who happens to run it.
+--
+-- `handled_tags`: the union of the handled event types of every claim_next a
+-- group made with this partition_by. Discovery computes the partitions'
+-- pending hints from this union, never from the types of the one call that
+-- scanned, so a partition found by a worker that does not handle its events is
+-- still pending for a worker of the group that does (a deploy that adds a
+-- handled type). When a call brings a type the union lacks, the union grows
+-- and `scanned` goes back to 0: the log is scanned again (incrementally, like
+-- any discovery) to lower the hints for the new type's events. Rows written
+-- before this migration start with an empty union, so their first claim_next
+-- rescans once and repairs hints computed from a narrower set.
+ALTER TABLE es_scans ADD COLUMN handled_tags text[] NOT NULL DEFAULT '{}';
