@@ -79,8 +79,9 @@ JOIN partitions p ON p.id = d.partition_id
 ORDER BY d.partition_id, d."offset"
 """
 
-# Groups read with claims (no member rows: claims hold partition leases instead),
-# with their lease and pending counts.
+# Groups read with claims, with their lease and pending counts. A claims group
+# never has member rows and never rebalances (generation 0); a consumer group
+# whose members left keeps the generation it reached.
 CLAIM_GROUPS = """
 SELECT g.name, g.status, g.state, g.recorded_at, g.last_active_at,
        count(o.partition_id) AS partitions,
@@ -91,7 +92,7 @@ SELECT g.name, g.status, g.state, g.recorded_at, g.last_active_at,
 FROM groups g
 LEFT JOIN offsets o ON o.group_name = g.name
 LEFT JOIN partitions p ON p.id = o.partition_id
-WHERE NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = g.name)
+WHERE g.generation = 0 AND NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = g.name)
 GROUP BY g.name, g.status, g.state, g.recorded_at, g.last_active_at
 ORDER BY g.name
 """

@@ -134,7 +134,7 @@ def command(
     if not is_loopback(host):
         console.print(f"[yellow]warning:[/yellow] listening on {host}: anyone who can reach it sees the bus")
     mode = f"admin (audit log: {audit_log})" if admin else "read-only"
-    console.print(f"bus dashboard on http://{host}:{port}/  [{mode}]  Ctrl-C stops it")
+    console.print(f"bus dashboard on http://{host}:{port}/  ({mode})  Ctrl-C stops it", markup=False)
     try:
         asyncio.run(serve(host, port, admin_token=token, audit_log=audit_log, refresh=refresh))
     except KeyboardInterrupt:

@@ -54,7 +54,7 @@ async def test_every_page_shows_its_data(populated: bus.Bus) -> None:
             "/groups/email": ["generation", f'data-lag="{lag}"', "lag-chart", "<svg"],
             "/queues": ["jobs", "jobs.dlq", "dead letters"],
             "/queues/jobs.dlq": ["boom: card declined", "{&#34;job&#34;:1}", "jobs"],
-            "/claims": ["billing", "courses", "mailer"],
+            "/claims": ['data-group="billing"', "courses", "mailer", "certificates", "KeyError", "failed"],
             "/claims/billing": ["orders", "lease expires"],
             "/eventstore/courses/mailer": ["active", "max attempts"],
             "/compaction": ["Compaction runs"],
@@ -67,6 +67,9 @@ async def test_every_page_shows_its_data(populated: bus.Bus) -> None:
                 assert needle in r.text, (path, needle)
             # read-only: no action forms
             assert "/actions/" not in r.text
+        claims = (await client.get("/claims")).text
+        assert 'data-group="email"' not in claims  # a consumer group whose member left is not a claims group
+        assert "attempt 1: upstream 503" in (await client.get("/queues/jobs.dlq")).text
         missing = await client.get("/groups/nope")
         assert missing.status_code == 404 and "does not exist" in missing.text
         assert (await client.get("/static/dashboard.js")).status_code == 200

@@ -28,7 +28,10 @@
   if (live && window.EventSource) {
     var last = null;
     var source = new EventSource(live.getAttribute("data-live"));
+    var events = 0;
     source.onmessage = function (ev) {
+      events += 1;
+      document.body.setAttribute("data-live-events", String(events));
       // Replace only when something changed, so open <details> and focus survive quiet periods.
       if (ev.data === last) return;
       last = ev.data;
