@@ -201,3 +201,22 @@ def test_cli_refuses_admin_without_token() -> None:
         [sys.executable, "-m", "bus", "dashboard", "--admin"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "--token" in proc.stdout
+
+
+async def test_mounted_in_a_service_under_a_prefix(populated: bus.Bus) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    dash = bus.dashboard.app(populated, admin_token=TOKEN)
+    service = Starlette(routes=[Mount("/ops/bus", app=dash)])
+    async with await client_for(service) as client:
+        page = (await client.get("/ops/bus/queues/jobs.dlq")).text
+        assert 'src="/ops/bus/static/dashboard.js"' in page and 'data-live="/ops/bus/live/queues/jobs.dlq"' in page
+        assert 'action="/ops/bus/actions/replay"' in page and 'href="/ops/bus/groups"' in page
+        r = await client.post(
+            "/ops/bus/actions/replay",
+            data={"topic": "jobs.dlq", "token": TOKEN, "confirm": "yes", "next": "/queues/jobs.dlq"},
+        )
+        assert r.status_code == 303 and r.headers["location"].startswith("/ops/bus/queues/jobs.dlq?msg=")
+        assert (await client.get("/ops/bus/static/dashboard.js")).status_code == 200
+    await dash.state.history.stop()
