@@ -121,6 +121,7 @@ async def soak(dsn: str, seconds: float, rate: float) -> tuple[list[Sample], dic
     published = 0
     consumed = 0
     stop = asyncio.Event()
+    errors: list[str] = []
     try:
         await b.create_topic(TOPIC, partitions=PARTITIONS, retention=timedelta(seconds=retention))
         per_row = await _bytes_per_row(b)
@@ -139,20 +140,29 @@ async def soak(dsn: str, seconds: float, rate: float) -> tuple[list[Sample], dic
                 n = int(owed)
                 if n:
                     owed -= n
-                    await b.publish_many(TOPIC, [PAYLOAD] * n)
-                    published += n
+                    try:
+                        await b.publish_many(TOPIC, [PAYLOAD] * n)
+                        published += n
+                    except (
+                        bus.BusError,
+                        asyncpg.PostgresError,
+                    ) as exc:  # counted and reported; the soak goes on
+                        errors.append(repr(exc))
                 next_at += TICK
                 await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
 
         async def consume(group: str, worker: str) -> None:
             nonlocal consumed
             while not stop.is_set():
-                c = await b.claim(group, topic=TOPIC, worker_id=worker, max_messages=500)
-                if c is None:
-                    await asyncio.sleep(0.02)
-                    continue
-                consumed += len(c.messages)
-                await c.ack()
+                try:
+                    c = await b.claim(group, topic=TOPIC, worker_id=worker, max_messages=500)
+                    if c is None:
+                        await asyncio.sleep(0.02)
+                        continue
+                    await c.ack()
+                    consumed += len(c.messages)
+                except (bus.BusError, asyncpg.PostgresError) as exc:
+                    errors.append(repr(exc))
 
         tasks = [asyncio.create_task(produce())]
         tasks += [asyncio.create_task(consume(g, f"w{i}")) for g in GROUPS for i in range(2)]
@@ -186,7 +196,9 @@ async def soak(dsn: str, seconds: float, rate: float) -> tuple[list[Sample], dic
                 last_t, last_pub, last_con = now, pub, con
         finally:
             stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
         async with b.pool.acquire() as conn:
             retained, total = await conn.fetchrow(RETAINED)
         summary = {
@@ -197,6 +209,8 @@ async def soak(dsn: str, seconds: float, rate: float) -> tuple[list[Sample], dic
             "consumed": consumed,
             "retired_rows": int(total) - int(retained),
             "bytes_per_row_fresh": round(per_row, 1),
+            "errors": len(errors),
+            "first_errors": errors[:3],
         }
         return samples, summary
     finally:

@@ -47,6 +47,8 @@ MAX_SEGMENTS = 96
 GRACE_WIDTHS = 4
 SWEEP_BATCH = 10_000
 LOCK_TIMEOUT = "200ms"
+#: Seconds after now that a segment made to catch up starts (see `ensure`).
+CATCH_UP_MARGIN = 2.0
 # Session advisory lock: one maintainer per schema (the schema name is mixed in).
 _MAINTAIN_LOCK = 0x6275_7347
 
@@ -57,6 +59,7 @@ FROM topics WHERE cleanup = 'delete' AND retention_seconds IS NOT NULL
 NOW = "SELECT clock_timestamp()"
 LAST_HI = "SELECT max(hi) FROM message_segments"
 SEGMENT_COUNT = "SELECT count(*) FROM message_segments"
+LOCK_DEFAULT = "LOCK TABLE messages_default IN ACCESS EXCLUSIVE MODE"
 DEFAULT_NEWEST = "SELECT max(created_at) FROM messages_default"
 CLOSED = "SELECT name, lo, hi FROM message_segments WHERE hi <= clock_timestamp() ORDER BY hi"
 ALL_SEGMENTS = "SELECT name, lo, hi FROM message_segments ORDER BY hi"
@@ -110,13 +113,15 @@ async def segments(conn: asyncpg.Connection | asyncpg.Pool) -> list[Segment]:
     return [Segment(r["name"], r["lo"], r["hi"]) for r in await conn.fetch(ALL_SEGMENTS)]
 
 
-async def ensure(conn: asyncpg.Connection, *, width: float, ahead: float) -> list[str]:
+async def ensure(
+    conn: asyncpg.Connection, *, width: float, ahead: float, margin: float = CATCH_UP_MARGIN
+) -> list[str]:
     """Create segments of `width` seconds until they cover `ahead` seconds past now; returns the new names.
 
-    A new segment starts where the last one ends; if that is in the past (no
+    A new segment starts where the last one ends; if that is (nearly) past (no
     maintainer ran for a while: rows went to the DEFAULT partition), it starts
-    now instead, and always after the newest DEFAULT row, so that ATTACH never
-    finds a row of its range there (ATTACH checks it anyway, under lock).
+    `margin` seconds from now instead, and always after the newest
+    DEFAULT row, so that ATTACH never finds a row of its range there.
     """
     created: list[str] = []
     step = timedelta(seconds=width)
@@ -130,7 +135,17 @@ async def ensure(conn: asyncpg.Connection, *, width: float, ahead: float) -> lis
             if int(await conn.fetchval(SEGMENT_COUNT)) >= MAX_SEGMENTS:
                 log.warning("segments_at_limit", limit=MAX_SEGMENTS)
                 return created
-            lo = now if last is None or last < now else last
+            # No row may enter the DEFAULT partition while the new range is
+            # chosen and attached (ATTACH would find it there and fail).
+            await conn.execute(LOCK_DEFAULT)
+            now = await conn.fetchval(NOW)
+            # A publish blocked on that lock already has its created_at (< the
+            # commit of this transaction), and PostgreSQL re-checks a row
+            # routed to the DEFAULT partition against its new bounds: a
+            # segment that starts now would fail it. So a catching-up segment
+            # starts a margin later; ahead of time, it starts where the last ends.
+            soonest = now + timedelta(seconds=margin)
+            lo = soonest if last is None or last < soonest else last
             newest: datetime | None = await conn.fetchval(DEFAULT_NEWEST)
             if newest is not None and newest >= lo:
                 lo = newest + _MICRO
