@@ -1,0 +1,344 @@
+"""The hand-off between a member's actors and the user-facing Consumer / Subscription.
+
+The Coordinator and its PartitionWorkers talk to a member through a Sink
+(`actors.worker.Sink`, `actors.coordinator.MemberSink`): batches offered,
+partitions assigned, revoked and released, handlers run. These objects are
+that Sink, so the public classes expose only what users call.
+
+`PollHandoff` is the poll consumer's bounded channel: batches queue here
+(a slow consumer slows fetching; memory stays flat), and it keeps the
+positions the user has polled through, committed, or sent inside a caller's
+transaction, which `Consumer.commit()` writes. Everything runs on the event
+loop of the member's actors; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from actors import metrics as _metrics
+from actors.messages import Wake
+from actors.runtime import ActorRef
+from actors.worker import Batch, RetryPolicy
+from bus.codec import messages_from_rows
+from bus.types import Message, Outgoing, TopicPartition
+from storage.errors import TopicNotFoundError
+
+if TYPE_CHECKING:
+    from bus.client import Bus
+
+Callback = Callable[[set[TopicPartition]], Awaitable[None] | None]
+#: (epoch, next offset) of one partition
+Position = tuple[int, int]
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+class MemberState:
+    """What a member's actors tell it: identity, assignment, errors; the user's rebalance callbacks."""
+
+    handler_mode = False
+    retry = RetryPolicy()
+
+    def __init__(self, group: str, on_assign: Callback | None, on_revoke: Callback | None) -> None:
+        self.group = group
+        self.on_assign_callback = on_assign
+        self.on_revoke_callback = on_revoke
+        self.assignment: set[TopicPartition] = set()
+        self.assigned = asyncio.Event()
+        self.member_id: str | None = None
+        self.generation = -1
+        self.errors: list[str] = []
+        self.has_error = asyncio.Event()
+
+    def on_member(self, member_id: str, generation: int) -> None:
+        self.member_id = member_id
+        self.generation = generation
+
+    def on_error(self, error: str) -> None:
+        self.errors.append(error)
+        self.has_error.set()
+
+    async def on_assign(self, partitions: set[tuple[str, str]]) -> None:
+        tps = {TopicPartition(t, p) for t, p in partitions}
+        self.assignment |= tps
+        if tps:
+            self.assigned.set()
+        if self.on_assign_callback is not None and tps:
+            await _maybe_await(self.on_assign_callback(tps))
+
+    async def on_revoke(self, partitions: set[tuple[str, str]]) -> None:
+        tps = {TopicPartition(t, p) for t, p in partitions}
+        if self.on_revoke_callback is not None and tps:
+            await _maybe_await(self.on_revoke_callback(tps))
+        self.assignment -= tps
+        if not self.assignment:
+            self.assigned.clear()
+
+    def failed(self, topic: str, partition: str, error: BaseException) -> None:
+        self.on_error(f"{topic}/{partition}: {error!r}")
+
+
+class PollHandoff(MemberState):
+    """The poll consumer's side of the hand-off: a bounded buffer of batches and the positions."""
+
+    def __init__(
+        self,
+        group: str,
+        on_assign: Callback | None,
+        on_revoke: Callback | None,
+        *,
+        capacity: int,
+        auto_commit: bool,
+    ) -> None:
+        super().__init__(group, on_assign, on_revoke)
+        self.capacity = capacity
+        self.auto_commit = auto_commit
+        self.buffer: deque[tuple[Batch, int]] = deque()  # (batch, index of its next row)
+        self.buffered = 0
+        self.ready = asyncio.Event()
+        # partition id -> position the user has been given / known committed / sent
+        # inside a caller's transaction whose outcome this consumer cannot see.
+        self.polled: dict[int, Position] = {}
+        self.committed: dict[int, Position] = {}
+        self.unconfirmed: dict[int, Position] = {}
+        # Partitions that left this member while positions polled from them were not
+        # committed: the next commit reports them (StaleGenerationError, nothing applied).
+        self.moved: dict[int, TopicPartition] = {}
+        # While a Consumer.transaction() is open its positions belong to that transaction.
+        self.in_transaction = False
+        self.tp_of: dict[int, TopicPartition] = {}
+        self.workers: dict[int, ActorRef[Any]] = {}
+        self._worker_epoch: dict[int, int] = {}
+        # Workers whose batch did not fit: take() wakes them once it made room,
+        # instead of leaving them idle until their next poll-fallback tick.
+        self._refused: dict[int, ActorRef[Any]] = {}
+        # partition id -> the worker being revoked (on_revoke has run or is running):
+        # nothing more of its batches is handed out.
+        self._revoking: dict[int, ActorRef[Any] | None] = {}
+
+    # -- the workers' side ---------------------------------------------------------
+
+    def offer(self, batch: Batch) -> bool:
+        """Buffer a batch; False when it does not fit (the worker keeps it and tries again)."""
+        if batch.partition_id in self._revoking:
+            if self._revoking[batch.partition_id] is batch.worker:
+                return False  # being revoked: the worker drops it when it stops
+            del self._revoking[batch.partition_id]  # a new worker: the partition came back
+        if self.buffered and self.buffered + len(batch.rows) > self.capacity:
+            self._refused[batch.partition_id] = batch.worker
+            return False
+        self.buffer.append((batch, 0))
+        self.buffered += len(batch.rows)
+        self.tp_of[batch.partition_id] = TopicPartition(batch.topic, batch.partition)
+        self.workers[batch.partition_id] = batch.worker
+        self._worker_epoch[batch.partition_id] = batch.epoch
+        self.ready.set()
+        return True
+
+    def consumed(self, partition_id: int, epoch: int) -> int | None:
+        """With auto_commit, the position a stopping worker commits (None: commit nothing)."""
+        # Inside an open transaction() the positions belong to the caller's
+        # transaction: committing them outside it could lose what it rolls back.
+        if not self.auto_commit or self.in_transaction:
+            return None
+        polled = self.polled.get(partition_id)
+        if polled is None or polled[0] != epoch:
+            return None
+        return polled[1]
+
+    def revoked(self, partition_id: int, epoch: int) -> None:
+        """Drop whatever is buffered from this lease."""
+        self.drop_buffered(partition_id, epoch)
+
+    async def on_revoke(self, partitions: set[tuple[str, str]]) -> None:
+        """Kafka's contract for a clean revoke: the user's on_revoke is the last word on these partitions.
+
+        Before it runs, whatever is buffered from them is dropped and their
+        workers' further batches are refused, so nothing polled after the
+        callback's commit can belong to a partition that is leaving. A commit
+        inside the callback still applies (the leases are held until it
+        returns); positions it leaves uncommitted are reported by the next
+        commit() (see `released`).
+        """
+        tps = {TopicPartition(t, p) for t, p in partitions}
+        for pid in [pid for pid, tp in self.tp_of.items() if tp in tps]:
+            self._revoking[pid] = self.workers.get(pid)
+            self.drop_buffered(pid, None)
+        await super().on_revoke(partitions)
+
+    def released(self, partition_id: int, epoch: int, committed: int | None) -> None:
+        """The lease of `partition_id` ended (revoked, lost, or this consumer closing).
+
+        A position polled under that lease and not known to be committed
+        (here, by the worker as it let go, or sent inside a caller's
+        transaction) is a move: the new owner reads those messages again, so
+        the next commit() raises StaleGenerationError and applies nothing,
+        with or without an on_revoke callback. Either way the partition's
+        positions are forgotten: a later commit never re-sends them.
+        """
+        polled = self.polled.get(partition_id)
+        if polled is not None and polled[0] == epoch:
+            settled = (
+                committed == polled[1]
+                or self.committed.get(partition_id) == polled
+                or self.unconfirmed.get(partition_id) == polled
+            )
+            if not settled:
+                self.moved[partition_id] = self.tp_of.get(
+                    partition_id, TopicPartition("?", str(partition_id))
+                )
+            self.forget(partition_id)
+        if self._worker_epoch.get(partition_id) == epoch:
+            self.workers.pop(partition_id, None)
+            self._worker_epoch.pop(partition_id, None)
+
+    async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
+        raise RuntimeError("a poll consumer has no handler")
+
+    async def dead_letter(
+        self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int
+    ) -> bool:
+        return False
+
+    # -- the consumer's side -------------------------------------------------------
+
+    def take(self, limit: int) -> list[Message]:
+        """Up to `limit` buffered messages, in order per partition; records the polled positions."""
+        out: list[Message] = []
+        while self.buffer and len(out) < limit:
+            batch, index = self.buffer.popleft()
+            rows = batch.rows[index : index + (limit - len(out))]
+            out.extend(messages_from_rows(batch.topic, batch.partition, rows))
+            self.buffered -= len(rows)
+            _metrics.consumed(self.group, batch.topic, len(rows))
+            self.polled[batch.partition_id] = (batch.epoch, rows[-1]["offset"] + 1)
+            if index + len(rows) < len(batch.rows):
+                self.buffer.appendleft((batch, index + len(rows)))
+        if out and self._refused:
+            refused, self._refused = self._refused, {}
+            for worker in refused.values():
+                worker.signal(Wake())
+        return out
+
+    def drop_buffered(self, partition_id: int | None, epoch: int | None) -> None:
+        """Drop buffered batches of a partition (of one lease epoch, or any when None; every partition when None)."""
+        kept: deque[tuple[Batch, int]] = deque()
+        for batch, index in self.buffer:
+            if (partition_id is None or batch.partition_id == partition_id) and (
+                epoch is None or batch.epoch == epoch
+            ):
+                self.buffered -= len(batch.rows) - index
+            else:
+                kept.append((batch, index))
+        self.buffer = kept
+
+    def pending(self) -> list[tuple[int, int, int]]:
+        """(partition id, offset, epoch) of every polled position not known to be committed."""
+        return [
+            (pid, offset, epoch)
+            for pid, (epoch, offset) in self.polled.items()
+            if self.committed.get(pid) != (epoch, offset)
+        ]
+
+    def confirm(self, written: list[tuple[int, int, int]]) -> None:
+        for pid, offset, epoch in written:
+            self.committed[pid] = (epoch, offset)
+            self.unconfirmed.pop(pid, None)
+
+    def sent(self, written: list[tuple[int, int, int]]) -> None:
+        self.unconfirmed.update({pid: (epoch, offset) for pid, offset, epoch in written})
+
+    def forget(self, partition_id: int) -> None:
+        for table in (self.polled, self.committed, self.unconfirmed):
+            table.pop(partition_id, None)
+
+    def reset_positions(self) -> None:
+        """Forget every position and drop the buffer (a rewind: the database's committed offsets rule)."""
+        self.moved.clear()
+        for table in (self.polled, self.committed, self.unconfirmed):
+            table.clear()
+        self.buffer.clear()
+        self.buffered = 0
+
+
+class HandlerHandoff(MemberState):
+    """The subscription's side of the hand-off: the user's handler, retries and the dead-letter topic."""
+
+    handler_mode = True
+
+    def __init__(
+        self,
+        bus: Bus,
+        group: str,
+        handler: Callable[[Message], Awaitable[Any]],
+        retry: RetryPolicy,
+        dead_letter_topic: str | None,
+        on_assign: Callback | None,
+        on_revoke: Callback | None,
+    ) -> None:
+        super().__init__(group, on_assign, on_revoke)
+        self._bus = bus
+        self.handler = handler
+        self.retry = retry
+        self.dead_letter_topic = dead_letter_topic
+        self.processed = 0
+        self.dead_lettered = 0
+
+    def offer(self, batch: Batch) -> bool:
+        raise RuntimeError("a subscription handles messages itself")
+
+    def consumed(self, partition_id: int, epoch: int) -> int | None:
+        return None
+
+    def revoked(self, partition_id: int, epoch: int) -> None:
+        return None
+
+    def released(self, partition_id: int, epoch: int, committed: int | None) -> None:
+        return None
+
+    async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
+        (message,) = messages_from_rows(topic, partition, [row], attempt)
+        await self.handler(message)
+        self.processed += 1
+        _metrics.consumed(self.group, topic)
+
+    async def dead_letter(
+        self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int
+    ) -> bool:
+        if self.dead_letter_topic is None:
+            return False
+        b = self._bus
+        try:
+            info = await b.topic(self.dead_letter_topic)
+        except TopicNotFoundError:
+            await b.create_topic(self.dead_letter_topic, partitions=None)
+            info = await b.topic(self.dead_letter_topic)
+        (m,) = messages_from_rows(topic, partition, [row], attempts)
+        headers = dict(m.headers)
+        headers.update(
+            {
+                "bus.error": repr(error)[:2000],
+                "bus.attempts": str(attempts),
+                "bus.source.topic": topic,
+                "bus.source.partition": partition,
+                "bus.source.offset": str(m.offset),
+                "bus.group": self.group,
+            }
+        )
+        out_partition = partition if info.dynamic else None
+        payload = m.payload if m.payload is not None else b""
+        await b.publish_many(
+            self.dead_letter_topic, [Outgoing(payload, key=m.key, partition=out_partition, headers=headers)]
+        )
+        self.dead_lettered += 1
+        return True
