@@ -129,3 +129,17 @@ def messages_from_rows(topic: str, partition: str, rows: Sequence[Any], attempt:
             )
         )
     return out
+
+
+def to_message(topic: str, partition: str, row: Any, attempt: int = 1) -> Message:
+    """One Message from a fetched log row (columns "offset", key, headers, payload, created_at)."""
+    return Message(
+        topic=topic,
+        partition=partition,
+        offset=row["offset"],
+        key=row["key"],
+        headers=decode_headers(row["headers"]),
+        payload=row["payload"],
+        created_at=row["created_at"],
+        attempt=attempt,
+    )

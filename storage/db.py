@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any, Literal, TypeAlias
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from storage.errors import StorageUnavailableError
 from storage.logs import get_logger
@@ -24,8 +25,12 @@ from storage.names import validate_schema
 
 log = get_logger(__name__)
 
+#: One connection: a plain one, or one acquired from a pool.
+Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 #: Anything statements can run on: one connection, or the pool (one statement, autocommit).
-Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
+Conn: TypeAlias = (
+    "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record] | asyncpg.Pool[asyncpg.Record]"
+)
 
 _MIGRATION_FILE = re.compile(r"(\d{3})_([a-z0-9_]+)\.sql")
 # A fixed key for pg_advisory_xact_lock (any int8); the schema name is mixed in
