@@ -468,7 +468,8 @@ class ChaosRun:
         drained: float | None = None
         try:
             await self._setup()
-            for i, (what, prefix, rate) in enumerate(PRODUCERS):
+            reads = {QUEUE if p == "queue" else f"es:{STORE}" if p == "es" else TOPIC for _, p, _ in self.groups}
+            for i, (what, prefix, rate) in enumerate(p for p in PRODUCERS if p[0] in reads):
                 self.producers.append(self._spawn(
                     ["tests.chaos.producer", self.dsn, SCHEMA, what, str(PARTITIONS), str(self.out / f"acks-{i}.tsv"),
                      str(rate), prefix],
