@@ -17,13 +17,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
-
 from actors.assignors import ASSIGNORS
 from actors.coordinator import MemberSpec
 from actors.messages import Rewind, Seek
 from actors.runtime import ActorRef, ActorStoppedError
 from actors.worker import RetryPolicy
+from bus import tracing
 from bus.handoff import Callback, HandlerHandoff, MemberState, PollHandoff
 from bus.start import parse_start
 from bus.types import Message, TopicPartition
@@ -135,7 +134,7 @@ USER_SEARCH_PATH = '"$user", public'
 class ConsumerTransaction:
     """The open transaction of `Consumer.transaction()`: write through `connection`."""
 
-    connection: asyncpg.Connection
+    connection: db.Connection
 
 
 class _MemberBase:
@@ -314,7 +313,9 @@ class Consumer(_MemberBase):
                 await asyncio.wait_for(h.ready.wait(), remaining)
             except TimeoutError:
                 return []
-        return h.take(limit)
+        messages = h.take(limit)
+        tracing.received("poll", messages, group=self.group)
+        return messages
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self._iterate()
@@ -326,7 +327,7 @@ class Consumer(_MemberBase):
 
     # -- committing ------------------------------------------------------------------
 
-    async def commit(self, connection: asyncpg.Connection | None = None) -> None:
+    async def commit(self, connection: db.Connection | None = None) -> None:
         """Commit the positions of everything polled so far, all or nothing.
 
         Raises StaleGenerationError (and applies nothing) if any of those
@@ -361,7 +362,7 @@ class Consumer(_MemberBase):
             "owner will read those messages again; call `await c.rewind()` (transaction() does) and poll again"
         )
 
-    async def _commit_on(self, conn: asyncpg.Connection) -> list[tuple[int, int, int]]:
+    async def _commit_on(self, conn: db.Connection) -> list[tuple[int, int, int]]:
         """Write the pending positions on `conn`, all or nothing; what was written. Raises on a move."""
         h = self._h
         if h.moved:

@@ -26,6 +26,7 @@ from actors import metrics as _metrics
 from actors.messages import Wake
 from actors.runtime import ActorRef
 from actors.worker import Batch, RetryPolicy
+from bus import tracing
 from bus.codec import messages_from_rows
 from bus.types import Message, Outgoing, TopicPartition
 from storage.errors import TopicNotFoundError
@@ -308,7 +309,8 @@ class HandlerHandoff(MemberState):
 
     async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
         (message,) = messages_from_rows(topic, partition, [row], attempt)
-        await self.handler(message)
+        with tracing.processing(message, self.group):
+            await self.handler(message)
         self.processed += 1
         _metrics.consumed(self.group, topic)
 

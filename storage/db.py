@@ -53,7 +53,7 @@ def server_settings(schema: str, application_name: str = "bus") -> dict[str, str
 
 
 @asynccontextmanager
-async def on_schema(conn: asyncpg.Connection, schema: str) -> AsyncIterator[None]:
+async def on_schema(conn: Connection, schema: str) -> AsyncIterator[None]:
     """Run bus statements on a caller's connection (the outbox), whatever its own search_path.
 
     Inside a transaction (a savepoint when the caller already has one) the

@@ -110,7 +110,7 @@ async def release(
 
 
 async def commit(
-    conn: asyncpg.Connection, group: str, member_id: str, entries: list[tuple[int, int, int]]
+    conn: Conn, group: str, member_id: str, entries: list[tuple[int, int, int]]
 ) -> set[int]:
     """Apply (partition_id, offset, epoch) commits; the set of partition ids that applied."""
     if not entries:

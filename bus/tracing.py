@@ -1,0 +1,151 @@
+"""OpenTelemetry tracing (the `otel` extra), following the messaging semantic conventions.
+
+* `publish` / `publish_many` open a PRODUCER span ("publish <topic>") and put
+  its W3C trace context (`traceparent`, `tracestate`) into each message's headers.
+* A subscription's handler runs inside a CONSUMER span ("process <topic>")
+  whose parent is the publisher's context (so a handler that publishes
+  continues the trace), with a link to it as well.
+* Batch reads (`poll`, claims, queue takes, event-store claims) record one
+  CONSUMER span ("receive <topic>" / "claim ..." / "take ...") linked to the
+  publishers of the messages they return, with the batch size.
+
+Without OpenTelemetry installed every function here returns at once: no
+import, no allocation on the hot paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bus.types import Message
+
+try:
+    from opentelemetry import propagate as _propagate
+    from opentelemetry import trace as _trace
+except ImportError:  # the `otel` extra is not installed
+    _trace = None  # type: ignore[assignment]
+
+ENABLED = _trace is not None
+SYSTEM = "pgactorbus"
+_MAX_LINKS = 128  # a batch links at most this many publishers
+_TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def _tracer() -> Any:
+    return _trace.get_tracer("pgactorbus")
+
+
+def message_id(topic: str, partition: str, offset: int) -> str:
+    """`messaging.message.id`: a message's place in the log."""
+    return f"{topic}/{partition}/{offset}"
+
+
+@contextmanager
+def publishing(topic: str, count: int) -> Iterator[dict[str, str] | None]:
+    """A PRODUCER span around a publish; yields the trace headers to add to each message (None: no tracing)."""
+    if not ENABLED:
+        yield None
+        return
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "publish",
+        "messaging.destination.name": topic,
+    }
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
+    with _tracer().start_as_current_span(
+        f"publish {topic}", kind=_trace.SpanKind.PRODUCER, attributes=attributes
+    ) as span:
+        carrier: dict[str, str] = {}
+        if span.get_span_context().is_valid:
+            _propagate.inject(carrier)
+        yield carrier or None
+
+
+def with_trace_headers(headers: Mapping[str, str] | None, trace: Mapping[str, str] | None) -> Any:
+    """The message's headers with the publisher's trace context added (the caller's own keys win)."""
+    if not trace:
+        return headers
+    merged = dict(trace)
+    if headers:
+        merged.update(headers)
+    return merged
+
+
+def _link(headers: Mapping[str, str]) -> Any:
+    if "traceparent" not in headers:
+        return None
+    ctx = _propagate.extract({k: headers[k] for k in _TRACE_HEADERS if k in headers})
+    span_context = _trace.get_current_span(ctx).get_span_context()
+    return _trace.Link(span_context) if span_context.is_valid else None
+
+
+def _links(messages: Sequence[Message]) -> list[Any]:
+    links = []
+    for m in messages:
+        link = _link(m.headers)
+        if link is not None:
+            links.append(link)
+            if len(links) >= _MAX_LINKS:
+                break
+    return links
+
+
+def received(operation: str, messages: Sequence[Message], *, group: str | None = None) -> None:
+    """Record one CONSUMER span for a batch handed to the user (poll, claim, take), linked to its publishers."""
+    if not ENABLED or not messages:
+        return
+    first = messages[0]
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "receive",
+        "messaging.operation.name": operation,
+        "messaging.destination.name": first.topic,
+        "messaging.destination.partition.id": first.partition,
+        "messaging.batch.message_count": len(messages),
+    }
+    if group is not None:
+        attributes["messaging.consumer.group.name"] = group
+    if len(messages) == 1:
+        attributes["messaging.message.id"] = message_id(first.topic, first.partition, first.offset)
+    span = _tracer().start_span(
+        f"{operation} {first.topic}", kind=_trace.SpanKind.CONSUMER, attributes=attributes, links=_links(messages)
+    )
+    span.end()
+
+
+@contextmanager
+def processing(message: Message, group: str) -> Iterator[None]:
+    """A CONSUMER span around a handler: child of the publisher's context, linked to it too."""
+    if not ENABLED:
+        yield
+        return
+    parent = None
+    links = []
+    if "traceparent" in message.headers:
+        parent = _propagate.extract({k: message.headers[k] for k in _TRACE_HEADERS if k in message.headers})
+        link = _link(message.headers)
+        if link is not None:
+            links.append(link)
+    attributes = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": message.topic,
+        "messaging.destination.partition.id": message.partition,
+        "messaging.consumer.group.name": group,
+        "messaging.message.id": message_id(message.topic, message.partition, message.offset),
+        "messaging.message.delivery_attempt": message.attempt,
+    }
+    with _tracer().start_as_current_span(
+        f"process {message.topic}",
+        context=parent,
+        kind=_trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        links=links,
+    ):
+        yield
