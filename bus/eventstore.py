@@ -670,36 +670,47 @@ class EventStore:
         narrow = not handled.issuperset(union)
         skipped: list[int] = []
         refinements = 0
-        for _ in range(_MAX_EMPTY_CLAIMS):
-            row = await self._pool.fetchrow(
-                sql.CLAIM_PARTITION, self.name, group, names, worker, ttl, skipped
-            )
-            if row is None:
-                return None
-            rows = await self._pool.fetch(
-                sql.FETCH_PARTITION, self.name, names, row["vals"], row["position"], union, max_messages + 1
-            )
-            if not rows:
-                await self._pool.execute(sql.RELEASE_EMPTY, row["id"], worker)
-                continue
-            if rows[0]["position"] > row["next_position"] and refinements < _MAX_REFINEMENTS:
-                # Another partition may have an earlier pending event: put this
-                # one back under its exact position and pick again.
-                refinements += 1
-                await self._pool.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
-                continue
-            more = len(rows) > max_messages
-            rows = rows[:max_messages]
-            mine = [r for r in rows if r["tag"] in handled] if narrow else rows
-            if not mine:
-                # Pending, but only events other workers of the group handle.
-                await self._pool.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
-                skipped.append(row["id"])
-                continue
-            # The bounds of what was read, not of what is handed out: the ack
-            # must not clear a hint that still covers other workers' events.
-            self._remember_claim(row["id"], rows[-1]["position"], more)
-            return row, mine
+        async with self._pool.acquire() as conn:
+            for _ in range(_MAX_EMPTY_CLAIMS):
+                # The claim and the fetch commit together: a claim whose events never
+                # reached the worker (a lost connection, any error) rolls back, instead
+                # of staying held by a worker whose heartbeats would keep it forever.
+                async with conn.transaction():
+                    row = await conn.fetchrow(
+                        sql.CLAIM_PARTITION, self.name, group, names, worker, ttl, skipped
+                    )
+                    if row is None:
+                        return None
+                    rows = await conn.fetch(
+                        sql.FETCH_PARTITION,
+                        self.name,
+                        names,
+                        row["vals"],
+                        row["position"],
+                        union,
+                        max_messages + 1,
+                    )
+                    if not rows:
+                        await conn.execute(sql.RELEASE_EMPTY, row["id"], worker)
+                        continue
+                    if rows[0]["position"] > row["next_position"] and refinements < _MAX_REFINEMENTS:
+                        # Another partition may have an earlier pending event: put this
+                        # one back under its exact position and pick again.
+                        refinements += 1
+                        await conn.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
+                        continue
+                    more = len(rows) > max_messages
+                    rows = rows[:max_messages]
+                    mine = [r for r in rows if r["tag"] in handled] if narrow else rows
+                    if not mine:
+                        # Pending, but only events other workers of the group handle.
+                        await conn.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
+                        skipped.append(row["id"])
+                        continue
+                # The bounds of what was read, not of what is handed out: the ack
+                # must not clear a hint that still covers other workers' events.
+                self._remember_claim(row["id"], rows[-1]["position"], more)
+                return row, mine
         return None
 
     def _remember_claim(self, offset_id: int, last: int, more: bool) -> None:
