@@ -1,25 +1,38 @@
-"""Work queue throughput of the bus next to pgqueuer, on the same PostgreSQL in the same run.
+"""Work queues: the bus next to pgqueuer and next to raw SQL, on the same PostgreSQL in the same run.
 
-Both sides do the same work with the same shape:
+Every peer goes through its own front door:
 
-* enqueue N jobs (~100-byte payloads) in batches of 500
-  (bus: `publish_many` to a `semantics="queue"` topic; pgqueuer: `Queries.enqueue` with lists);
-* then 2 (and 4) competing consumers take 10 jobs at a time and ack each job
-  on its own (bus: `take` + `ack`; pgqueuer: `Queries.dequeue` + `Queries.log_jobs`
-  with one job, its documented completion path), until all N are done.
+* **bus**: `publish_many` (batches of 500) onto a 4-partition `semantics="queue"`
+  topic, then K competing `queue_consumer`s each looping `take(N)` + `ack_many`
+  until the queue is empty.
+* **pgqueuer**: `Queries.enqueue` with lists (batches of 500), then K `PgQueuer`
+  instances (one asyncpg connection each, as its docs set it up) with a no-op
+  entrypoint, each running `PgQueuer.run(batch_size=N, mode=drain)`: its
+  QueueManager's dequeue, its per-job dispatch and its buffered completion
+  (`JobStatusLogBuffer`), until every instance has drained and flushed.
+* **raw asyncpg**: one table, K connections each looping
+  `DELETE ... WHERE id IN (SELECT ... LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING`
+  (one statement, one transaction per 100 jobs): the floor for "take and
+  finish 100 jobs", with no visibility timeout, no retries, no ordering.
+
+Wake-up latency: one consumer waits on an empty queue while a producer enqueues
+one job at a time at a paced 200/s; each sample is the time from just before the
+enqueue call to the job in the consumer's hands (bus: `take` returns it;
+pgqueuer: its entrypoint runs).
 
 pgqueuer gets its own database (`pgq_bench`) on the same server, installed
-fresh each run. The bus gets a fresh schema, dropped afterwards.
+fresh each round; the bus and the raw table get fresh schemas, dropped afterwards.
 
-Run it alone with `bus bench queue` (or `python -m benchmarks.queue`).
+Run it alone with `bus bench queue [--quick]` (or `python -m benchmarks.queue`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 import uuid
-from datetime import timedelta
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -35,16 +48,20 @@ SCENARIO = "queue"
 TOPIC = "bench.jobs"
 ENTRYPOINT = "bench"
 BATCH = 500
-TAKE = 10
-BASELINE = "pgqueuer"
-TARGET = 1.5
+PGQ = "pgqueuer"
+RAW = "raw asyncpg"
 PGQ_DATABASE = "pgq_bench"
+WAKE_RATE = 200.0  # jobs/s offered in the wake-up latency rounds
+WAKE_WARMUP = 20  # samples dropped at the start of a latency round
 
 _encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
 
 
-def _payload(i: int) -> bytes:
-    return _encoder.encode({"job": i, "customer": f"cust-{i % 1000:05d}", "amount": 1234.5, "kind": "invoice"})
+def _payload(i: int, t: float = 0.0) -> bytes:
+    return _encoder.encode(
+        {"job": i, "customer": f"cust-{i % 1000:05d}", "amount": 1234.5, "kind": "invoice", "t": t}
+    )
 
 
 def _dsn_for(dsn: str, database: str) -> str:
@@ -55,127 +72,333 @@ def _dsn_for(dsn: str, database: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
 
 
-async def _pgq_pool(dsn: str, consumers: int) -> asyncpg.Pool:
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _paced(n: int, rate: float, send: Callable[[int], Awaitable[None]]) -> None:
+    """Call `send(i)` n times at `rate` per second on an absolute schedule (no drift)."""
+    started = time.perf_counter()
+    for i in range(n):
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await send(i)
+
+
+# --- bus --------------------------------------------------------------------------
+
+
+async def _bus(dsn: str) -> tuple[bus.Bus, str]:
+    schema = "bench_" + uuid.uuid4().hex[:10]
+    b = await bus.connect(dsn, schema=schema, cleaner_interval=0, pool_max_size=12)
+    await b.create_topic(TOPIC, partitions=4, semantics="queue")
+    return b, schema
+
+
+async def _bus_drop(b: bus.Bus, schema: str) -> None:
+    await b.close()  # first, so no system actor of it meets its dropped tables
+    conn = await asyncpg.connect(b.dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')  # a generated bench schema name
+    finally:
+        await conn.close()
+
+
+async def _bus_drain(dsn: str, jobs: int, consumers: int, take: int) -> tuple[float, float]:
+    """(enqueue jobs/s, drain jobs/s): `consumers` queue consumers looping take(`take`) + ack_many."""
+    b, schema = await _bus(dsn)
+    try:
+        started = time.perf_counter()
+        for first in range(0, jobs, BATCH):
+            await b.publish_many(
+                TOPIC, [bus.Outgoing(_payload(i)) for i in range(first, min(first + BATCH, jobs))]
+            )
+        enqueue = jobs / (time.perf_counter() - started)
+        handled = 0
+
+        async def consume() -> None:
+            nonlocal handled
+            async with b.queue_consumer(TOPIC, visibility_timeout=60) as q:
+                while batch := await q.take(max_messages=take, timeout=0):
+                    handled += len(batch)  # the "work"
+                    await q.ack_many(batch)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(consume() for _ in range(consumers)))
+        elapsed = time.perf_counter() - started
+        left = await b.pool.fetchval("SELECT count(*) FROM queue_jobs")  # bench check, not library SQL
+        if handled != jobs or left:
+            raise RuntimeError(f"bus drain handled {handled} of {jobs} jobs, {left} left")
+        return enqueue, jobs / elapsed
+    finally:
+        await _bus_drop(b, schema)
+
+
+async def _bus_wakeup(dsn: str, samples: int) -> list[float]:
+    """Enqueue->take latencies (s) of one waiting consumer, jobs published one by one at WAKE_RATE/s."""
+    b, schema = await _bus(dsn)
+    try:
+        latencies: list[float] = []
+        total = samples + WAKE_WARMUP
+        async with b.queue_consumer(TOPIC) as q:
+
+            async def consume() -> None:
+                while len(latencies) < total:
+                    batch = await q.take(max_messages=10, timeout=1.0)
+                    now = time.perf_counter()
+                    latencies.extend(now - _decoder.decode(m.payload)["t"] for m in batch)
+                    if batch:
+                        await q.ack_many(batch)
+
+            async def send(i: int) -> None:
+                await b.publish(TOPIC, _payload(i, time.perf_counter()))
+
+            consumer = asyncio.create_task(consume())
+            await asyncio.sleep(0.2)  # the consumer is waiting
+            await _paced(total, WAKE_RATE, send)
+            await asyncio.wait_for(consumer, 30)
+        return latencies[WAKE_WARMUP:]
+    finally:
+        await _bus_drop(b, schema)
+
+
+# --- raw asyncpg ------------------------------------------------------------------
+
+RAW_CREATE = (
+    "CREATE TABLE raw_jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, payload bytea NOT NULL)"
+)
+RAW_INSERT = "INSERT INTO raw_jobs (payload) SELECT unnest($1::bytea[])"
+RAW_TAKE = """
+DELETE FROM raw_jobs WHERE id IN (
+    SELECT id FROM raw_jobs ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+) RETURNING id, payload
+"""
+
+
+async def _raw_drain(dsn: str, jobs: int, consumers: int, take: int) -> float:
+    """Drain jobs/s of `consumers` connections each deleting `take` jobs per statement (SKIP LOCKED)."""
+    schema = "bench_raw_" + uuid.uuid4().hex[:10]
+    settings = {"search_path": schema}
+    admin = await asyncpg.connect(dsn)
+    conns: list[asyncpg.Connection] = []
+    try:
+        await admin.execute(f'CREATE SCHEMA "{schema}"')  # a generated bench schema name
+        await admin.execute(f'SET search_path = "{schema}"')
+        await admin.execute(RAW_CREATE)
+        for first in range(0, jobs, BATCH):
+            await admin.execute(RAW_INSERT, [_payload(i) for i in range(first, min(first + BATCH, jobs))])
+        await admin.execute("ANALYZE raw_jobs")
+        conns = [await asyncpg.connect(dsn, server_settings=settings) for _ in range(consumers)]
+        handled = 0
+
+        async def consume(conn: asyncpg.Connection) -> None:
+            nonlocal handled
+            while rows := await conn.fetch(RAW_TAKE, take):
+                handled += len(rows)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(consume(c) for c in conns))
+        elapsed = time.perf_counter() - started
+        if handled != jobs:
+            raise RuntimeError(f"raw drain handled {handled} of {jobs} jobs")
+        return jobs / elapsed
+    finally:
+        for c in conns:
+            await c.close()
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin.close()
+
+
+# --- pgqueuer ---------------------------------------------------------------------
+
+
+async def _pgq_pool(dsn: str) -> asyncpg.Pool:
     admin = await asyncpg.connect(dsn)
     try:
         if not await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", PGQ_DATABASE):
             await admin.execute(f'CREATE DATABASE "{PGQ_DATABASE}"')  # a constant name, not a value
     finally:
         await admin.close()
-    pool = await asyncpg.create_pool(_dsn_for(dsn, PGQ_DATABASE), min_size=2, max_size=consumers + 4)
+    pool = await asyncpg.create_pool(_dsn_for(dsn, PGQ_DATABASE), min_size=1, max_size=4)
     assert pool is not None
     return pool
 
 
-async def _bus_round(dsn: str, jobs: int, consumers: int) -> tuple[float, float]:
-    """(enqueue jobs/s, consume jobs/s) for the bus."""
-    schema = "bench_" + uuid.uuid4().hex[:10]
-    b = await bus.connect(dsn, schema=schema, cleaner_interval=0, pool_max_size=consumers + 4)
+async def _pgq_install(pool: asyncpg.Pool) -> Any:
+    from pgqueuer import Queries
+
+    queries = Queries.from_asyncpg_pool(pool)
     try:
-        await b.create_topic(TOPIC, partitions=4, semantics="queue")
-        started = time.perf_counter()
-        for first in range(0, jobs, BATCH):
-            await b.publish_many(TOPIC, [bus.Outgoing(_payload(i)) for i in range(first, min(first + BATCH, jobs))])
-        enqueue = jobs / (time.perf_counter() - started)
-        done = 0
-
-        async def consume() -> None:
-            nonlocal done
-            async with b.queue_consumer(TOPIC, visibility_timeout=60) as q:
-                while done < jobs:
-                    batch = await q.take(max_messages=TAKE, timeout=0)
-                    if not batch:
-                        if done >= jobs:
-                            return
-                        await asyncio.sleep(0.001)
-                        continue
-                    for m in batch:
-                        await q.ack(m)
-                        done += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(consume() for _ in range(consumers)))
-        consume_rate = jobs / (time.perf_counter() - started)
-        return enqueue, consume_rate
-    finally:
-        async with b.pool.acquire() as conn:
-            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')  # validated bench schema name
-        await b.close()
+        await queries.uninstall()
+    except Exception:  # not installed yet
+        log.debug("pgqueuer_not_installed")
+    await queries.install()
+    return queries
 
 
-async def _pgq_round(dsn: str, jobs: int, consumers: int) -> tuple[float, float]:
-    """(enqueue jobs/s, consume jobs/s) for pgqueuer."""
-    from pgqueuer.adapters.persistence.queries import Queries
-    from pgqueuer.ports.repository import EntrypointExecutionParameter
+async def _pgq_drain(dsn: str, jobs: int, consumers: int, batch: int) -> tuple[float, float]:
+    """(enqueue jobs/s, drain jobs/s): `consumers` PgQueuer instances in drain mode, batch_size=`batch`."""
+    from pgqueuer import AsyncpgDriver, Job, PgQueuer
+    from pgqueuer.types import QueueExecutionMode
 
-    pool = await _pgq_pool(dsn, consumers)
+    pool = await _pgq_pool(dsn)
+    conns: list[asyncpg.Connection] = []
     try:
-        queries = Queries.from_asyncpg_pool(pool)
-        try:
-            await queries.uninstall()
-        except Exception:  # not installed yet
-            log.debug("pgqueuer_not_installed")
-        await queries.install()
+        queries = await _pgq_install(pool)
         started = time.perf_counter()
         for first in range(0, jobs, BATCH):
             n = min(BATCH, jobs - first)
             await queries.enqueue([ENTRYPOINT] * n, [_payload(i) for i in range(first, first + n)], [0] * n)
         enqueue = jobs / (time.perf_counter() - started)
-        done = 0
-        entrypoints: dict[Any, Any] = {ENTRYPOINT: EntrypointExecutionParameter(concurrency_limit=0)}
+        handled = 0
+        workers = []
+        for _ in range(consumers):
+            conn = await asyncpg.connect(_dsn_for(dsn, PGQ_DATABASE))
+            conns.append(conn)
+            pgq = PgQueuer(AsyncpgDriver(conn))
 
-        async def consume() -> None:
-            nonlocal done
-            manager = uuid.uuid4()
-            while done < jobs:
-                batch = await queries.dequeue(
-                    batch_size=TAKE,
-                    entrypoints=entrypoints,
-                    queue_manager_id=manager,  # type: ignore[arg-type]
-                    global_concurrency_limit=None,
-                    heartbeat_timeout=timedelta(seconds=60),
-                )
-                if not batch:
-                    await asyncio.sleep(0.001)
-                    continue
-                for job in batch:
-                    await queries.log_jobs([(job, "successful", None)])
-                    done += 1
+            @pgq.entrypoint(ENTRYPOINT)
+            async def work(job: Job) -> None:
+                nonlocal handled
+                handled += 1  # the "work"
+
+            workers.append(pgq)
 
         started = time.perf_counter()
-        await asyncio.gather(*(consume() for _ in range(consumers)))
-        consume_rate = jobs / (time.perf_counter() - started)
+        await asyncio.gather(*(w.run(batch_size=batch, mode=QueueExecutionMode.drain) for w in workers))
+        elapsed = time.perf_counter() - started
+        left = await pool.fetchval("SELECT count(*) FROM pgqueuer")  # pgqueuer's own table
+        if handled != jobs or left:
+            raise RuntimeError(f"pgqueuer drain handled {handled} of {jobs} jobs, {left} left")
         await queries.uninstall()
-        return enqueue, consume_rate
+        return enqueue, jobs / elapsed
     finally:
+        for c in conns:
+            await c.close()
         await pool.close()
 
 
+async def _pgq_wakeup(dsn: str, samples: int) -> list[float]:
+    """Enqueue->entrypoint latencies (s) of one waiting PgQueuer, jobs enqueued one by one at WAKE_RATE/s."""
+    from pgqueuer import AsyncpgDriver, Job, PgQueuer
+
+    pool = await _pgq_pool(dsn)
+    conn = await asyncpg.connect(_dsn_for(dsn, PGQ_DATABASE))
+    try:
+        queries = await _pgq_install(pool)
+        pgq = PgQueuer(AsyncpgDriver(conn))
+        latencies: list[float] = []
+        total = samples + WAKE_WARMUP
+
+        @pgq.entrypoint(ENTRYPOINT)
+        async def work(job: Job) -> None:
+            latencies.append(time.perf_counter() - _decoder.decode(job.payload or b"{}")["t"])
+            if len(latencies) >= total:
+                pgq.shutdown.set()
+
+        async def send(i: int) -> None:
+            await queries.enqueue(ENTRYPOINT, _payload(i, time.perf_counter()))
+
+        runner = asyncio.create_task(pgq.run(batch_size=10))
+        await asyncio.sleep(0.5)  # listening and waiting
+        await _paced(total, WAKE_RATE, send)
+        await asyncio.wait_for(runner, 30)
+        await queries.uninstall()
+        return latencies[WAKE_WARMUP:]
+    finally:
+        await conn.close()
+        await pool.close()
+
+
+# --- the scenario -----------------------------------------------------------------
+
+
 async def run(dsn: str, quick: bool) -> list[Result]:
-    """Enqueue and consume (2 and 4 consumers) on the bus and on pgqueuer."""
-    jobs = 2_000 if quick else 20_000
+    """Drain throughput (2 x 100, 5 x 10) against raw SQL and pgqueuer, and wake-up latency against pgqueuer."""
+    jobs = 3_000 if quick else 30_000
+    samples = 200 if quick else 1_000
     results: list[Result] = []
-    for consumers in (2, 4):
-        bus_enqueue, bus_rate = await _bus_round(dsn, jobs, consumers)
-        pgq_enqueue, pgq_rate = await _pgq_round(dsn, jobs, consumers)
-        if consumers == 2:
-            results.append(
-                Result(SCENARIO, f"enqueue, batches of {BATCH}", bus_enqueue, "jobs/s", pgq_enqueue, BASELINE,
-                       extra={"jobs": jobs})
-            )
+    extra: dict[str, Any] = {"jobs": jobs}
+
+    bus_enqueue, bus_2x100 = await _bus_drain(dsn, jobs, 2, 100)
+    raw_2x100 = await _raw_drain(dsn, jobs, 2, 100)
+    pgq_enqueue, pgq_2x100 = await _pgq_drain(dsn, jobs, 2, 100)
+    _, bus_5x10 = await _bus_drain(dsn, jobs, 5, 10)
+    _, pgq_5x10 = await _pgq_drain(dsn, jobs, 5, 10)
+    log.info(
+        "queue_drain",
+        bus_2x100=round(bus_2x100),
+        raw=round(raw_2x100),
+        pgq_2x100=round(pgq_2x100),
+        bus_5x10=round(bus_5x10),
+        pgq_5x10=round(pgq_5x10),
+    )
+
+    results.append(
+        Result(SCENARIO, f"enqueue, batches of {BATCH}", bus_enqueue, "jobs/s", pgq_enqueue, PGQ, extra=extra)
+    )
+    name = "2 consumers, take(100) + ack_many"
+    results.append(
+        Result(
+            SCENARIO,
+            name,
+            bus_2x100,
+            "jobs/s",
+            raw_2x100,
+            f"{RAW} DELETE … SKIP LOCKED 100/tx",
+            target=">= 0.4x raw",
+            extra={**extra, "consumers": 2, "batch": 100},
+        )
+    )
+    results.append(
+        Result(
+            SCENARIO,
+            name,
+            bus_2x100,
+            "jobs/s",
+            pgq_2x100,
+            f"{PGQ} QueueManager 2 × batch 100",
+            target=">= 3x pgqueuer",
+            extra={**extra, "consumers": 2, "batch": 100},
+        )
+    )
+    results.append(
+        Result(
+            SCENARIO,
+            "5 consumers, take(10) + ack_many",
+            bus_5x10,
+            "jobs/s",
+            pgq_5x10,
+            f"{PGQ} QueueManager 5 × batch 10",
+            target=">= 3x pgqueuer",
+            extra={**extra, "consumers": 5, "batch": 10},
+        )
+    )
+
+    bus_lat = await _bus_wakeup(dsn, samples)
+    pgq_lat = await _pgq_wakeup(dsn, samples)
+    wake = {"rate": WAKE_RATE, "samples": samples}
+    log.info(
+        "queue_wakeup",
+        bus_p50_ms=round(1000 * statistics.median(bus_lat), 2),
+        pgq_p50_ms=round(1000 * statistics.median(pgq_lat), 2),
+    )
+    for label, q, target in (("p50", 0.5, "<= 1.0x pgqueuer"), ("p99", 0.99, None)):
         results.append(
             Result(
                 SCENARIO,
-                f"take {TAKE} + ack each, {consumers} consumers",
-                bus_rate,
-                "jobs/s",
-                pgq_rate,
-                BASELINE,
-                target=f">= {TARGET}x pgqueuer",
-                extra={"jobs": jobs, "consumers": consumers},
+                f"enqueue→take wake-up {label}, paced {WAKE_RATE:.0f}/s",
+                1000 * _pct(bus_lat, q),
+                "ms",
+                1000 * _pct(pgq_lat, q),
+                PGQ,
+                higher_is_better=False,
+                target=target,
+                extra=wake,
             )
         )
-        log.info("queue_round", consumers=consumers, bus=round(bus_rate), pgqueuer=round(pgq_rate))
     return results
 
 
@@ -188,4 +411,6 @@ if __name__ == "__main__":
     target = os.environ.get("BUS_DSN") or ensure_server().dsn
     for row in asyncio.run(run(target, quick="--quick" in sys.argv)):
         ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
-        print(f"{row.name:45s} {row.value:10.0f} {row.unit}  vs {row.baseline_name} {row.baseline or 0:10.0f}  {ratio}")
+        print(
+            f"{row.name:45s} {row.value:10.1f} {row.unit}  vs {row.baseline_name} {row.baseline or 0:10.1f}  {ratio}"
+        )

@@ -40,6 +40,8 @@ import os
 import socket
 import time
 import uuid
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -48,7 +50,7 @@ from actors import metrics as _metrics
 from actors.messages import Subscribe, Unsubscribe
 from actors.runtime import Actor, ActorRef
 from actors.runtime import Message as ActorMessage
-from bus.client import to_message
+from bus.codec import to_message
 from bus.types import Message, Outgoing
 from storage import db
 from storage import queues as sql
@@ -72,6 +74,11 @@ _RETRY_SOON = 0.005
 # Jobs per ack statement: bounds one statement's size when thousands of acks
 # pile up behind a slow round trip.
 _MAX_ACK_BATCH = 10_000
+# Takers per leasing statement.
+_MAX_TAKERS = 100
+# Writes of one kind out at once per Bus: two keep the database busy while the
+# next batch gathers; more would only split the batches.
+_PARALLEL = 2
 _names = itertools.count()
 
 _Job = tuple[int, int, int]  # (partition_id, offset, lease_epoch)
@@ -115,6 +122,110 @@ class _Doorbell:
             pass
         finally:
             self._waiters.discard(waiter)
+
+
+class _Lane:
+    """Requests of one kind, coalesced: up to `parallel` writes out at once, and what arrives
+    while they all are out waits and joins the next one."""
+
+    def __init__(self, write: Callable[[list[Any]], Awaitable[None]], cap: int, parallel: int) -> None:
+        self._write = write
+        self._cap = cap
+        self._parallel = parallel
+        self._running = 0
+        self._pending: list[Any] = []
+
+    def add(self, request: Any) -> None:
+        """Queue `request` (a tuple whose last item is its future); written at once when a write slot is free."""
+        self._pending.append(request)
+        if self._running < self._parallel:
+            self._running += 1
+            asyncio.get_running_loop().create_task(self._run(), name="queue-writer")
+
+    async def _run(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[: self._cap], self._pending[self._cap :]
+                try:
+                    await self._write(batch)
+                except BaseException as exc:  # every request of the batch gets the error
+                    for request in batch:
+                        if not request[-1].done():
+                            request[-1].set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            self._running -= 1
+
+
+class _QueueWriter:
+    """The acks and takes of every queue consumer of one Bus, coalesced.
+
+    On a queue the cost is the statement and its commit, not the rows. Acks
+    form one lane and the takes of each (topic, visibility timeout, ordering)
+    another; each lane has one write out at a time, and whatever its
+    consumers ask meanwhile goes in the next one: all pending acks in one
+    DELETE, all pending takes of a topic in one leasing statement. With
+    nothing in flight a request is written at once. Each write is one
+    autocommit statement; every caller gets its own answer (or the write's
+    exception) once it committed.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._acks = _Lane(self._write_acks, _MAX_ACK_BATCH, _PARALLEL)
+        self._takes: dict[tuple[str, float, bool], _Lane] = {}
+
+    def ack(self, job: _Job) -> asyncio.Future[bool]:
+        """Delete the job if its lease still holds; the future says whether it did."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._acks.add((job, future))
+        return future
+
+    def take(
+        self, topic: str, limit: int, visibility_timeout: float, consumer: str, ordered: bool
+    ) -> asyncio.Future[list[Any]]:
+        """Lease up to `limit` jobs of `topic` to `consumer`; the future holds the rows."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        key = (topic, visibility_timeout, ordered)
+        lane = self._takes.get(key)
+        if lane is None:
+            lane = self._takes[key] = _Lane(
+                lambda batch: self._write_takes(key, batch), _MAX_TAKERS, _PARALLEL
+            )
+        lane.add((consumer, limit, future))
+        return future
+
+    async def _write_acks(self, batch: list[tuple[_Job, asyncio.Future[bool]]]) -> None:
+        with db.translate_errors(), db.internal():
+            done = await sql.ack_many(self._pool, [job for job, _ in batch])
+        for job, future in batch:
+            if not future.done():
+                future.set_result((job[0], job[1]) in done)
+
+    async def _write_takes(
+        self, key: tuple[str, float, bool], batch: list[tuple[str, int, asyncio.Future[list[Any]]]]
+    ) -> None:
+        topic, timeout, ordered = key
+        consumers, limits = [c for c, _, _ in batch], [n for _, n, _ in batch]
+        with db.translate_errors(), db.internal():
+            rows = await sql.take_for(self._pool, topic, consumers, limits, timeout, ordered=ordered)
+        dealt: list[list[Any]] = [[] for _ in batch]
+        for row in rows:
+            dealt[row["request"] - 1].append(row)
+        for (_, _, future), mine in zip(batch, dealt, strict=True):
+            if not future.done():
+                future.set_result(mine)
+
+
+_writers: weakref.WeakKeyDictionary[Any, _QueueWriter] = weakref.WeakKeyDictionary()
+
+
+def _writer_of(bus: Bus) -> _QueueWriter:
+    writer = _writers.get(bus)
+    if writer is None:
+        writer = _writers[bus] = _QueueWriter(bus.pool)
+    return writer
 
 
 class QueueWake(ActorMessage, frozen=True):
@@ -190,10 +301,9 @@ class QueueConsumer:
         self._doorbell = _Doorbell()
         self._waker: ActorRef[Any] | None = None
         self._system: Any = None
-        # Acks waiting for the next statement, and the answer each job's ackers share.
-        self._ack_queue: list[tuple[tuple[str, int], _Job]] = []
+        # The answer every acker of a job shares while its ack is on the way.
         self._acking: dict[tuple[str, int], asyncio.Future[bool]] = {}
-        self._ack_task: asyncio.Task[None] | None = None
+        self._writer = _writer_of(bus)
         self._open = False
         self._log = log.bind(topic=topic, consumer=self.consumer_id)
 
@@ -235,8 +345,8 @@ class QueueConsumer:
         if not self._open:
             return
         self._open = False
-        if self._ack_task is not None:
-            await asyncio.wait({self._ack_task})
+        if self._acking:
+            await asyncio.wait(set(self._acking.values()))
         if self._waker is not None:
             await self._waker.stop(drain=False)
             self._waker = None
@@ -304,13 +414,11 @@ class QueueConsumer:
         with db.translate_errors():
             for _ in range(10):  # each round dead-letters what it found exhausted
                 asked = limit - len(out)
-                rows = await sql.take(
-                    pool,
-                    self.topic,
-                    asked,
-                    self.visibility_timeout,
-                    self.consumer_id,
-                    ordered=self.ordered_by_key,
+                # Shielded: once the write is out, its rows are leased to us whether we wait or not.
+                rows = await asyncio.shield(
+                    self._writer.take(
+                        self.topic, asked, self.visibility_timeout, self.consumer_id, self.ordered_by_key
+                    )
                 )
                 exhausted: list[dict[str, Any]] = []
                 for r in rows:
@@ -357,41 +465,20 @@ class QueueConsumer:
         pending = self._acking.get(key)
         if pending is not None:
             return pending
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._acking[key] = future
-        self._ack_queue.append((key, (lease[0], msg.offset, lease[1])))
-        if self._ack_task is None:
-            # Acks from other tasks that arrive while this statement is on the wire join the next one.
-            self._ack_task = asyncio.get_running_loop().create_task(self._flush_acks(), name="queue-acks")
+        future = self._acking[key] = self._writer.ack((lease[0], msg.offset, lease[1]))
+        future.add_done_callback(lambda f: self._acked(key, lease[0], f))
         return future
 
-    async def _flush_acks(self) -> None:
-        """Send the queued acks, one statement per round trip, until none are left."""
-        try:
-            while self._ack_queue:
-                batch, self._ack_queue = self._ack_queue[:_MAX_ACK_BATCH], self._ack_queue[_MAX_ACK_BATCH:]
-                try:
-                    with db.translate_errors():
-                        done = await sql.ack_many(self._bus.pool, [job for _, job in batch])
-                except BaseException as exc:  # every caller of this batch gets the error; the leases stay
-                    for key, _ in batch:
-                        future = self._acking.pop(key)
-                        if not future.done():
-                            future.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                    continue
-                _metrics.queue_acked(self.topic, len(done))
-                for key, job in batch:
-                    self._in_flight.pop(key, None)
-                    future = self._acking.pop(key)
-                    if not future.done():
-                        future.set_result((job[0], job[1]) in done)
-                if self.ordered_by_key:
-                    # A key's next job is free now; nobody publishes to say so.
-                    self._announce({job[0] for _, job in batch})
-        finally:
-            self._ack_task = None
+    def _acked(self, key: tuple[str, int], pid: int, future: asyncio.Future[bool]) -> None:
+        """Bookkeeping once a job's ack was written (or failed: then the lease is kept, to retry or nack)."""
+        del self._acking[key]
+        if future.cancelled() or future.exception() is not None:
+            return
+        self._in_flight.pop(key, None)
+        _metrics.queue_acked(self.topic, int(future.result()))
+        if self.ordered_by_key:
+            # The key's next job is free now; nobody publishes to say so.
+            self._announce({pid})
 
     async def ack(self, msg: Message) -> None:
         """Done: remove the job. LeaseLostError if it came back and another consumer took it meanwhile.

@@ -50,35 +50,54 @@ FROM m, (SELECT pg_notify($5, $1::text) IS NULL AS ok) AS n
 ORDER BY m."offset"
 """
 
+# One take statement serves every consumer of a Bus asking at the same time
+# (the Bus coalesces them, see bus/queues.py): $4 lists the consumers, $2 how
+# many jobs each wants, $5 their sum. The free jobs are leased in visibility
+# order and dealt out in the order the consumers asked, each up to its share;
+# `request` (1-based) says which of the requests a row went to.
+_TAKE_HEAD = """
+WITH r AS (
+    SELECT x.ord AS request, x.consumer, sum(x.n) OVER (ORDER BY x.ord) - x.n AS after,
+           sum(x.n) OVER (ORDER BY x.ord) AS upto
+    FROM unnest($4::text[], $2::int[]) WITH ORDINALITY AS x(consumer, n, ord)
+), c AS (
+"""
+
 # The lease part shared by both takes: a job taken again after its lease ran
 # out records that in its error history.
 _TAKE_TAIL = """
+), k AS (
+    SELECT n.partition_id, n."offset", r.consumer, r.request
+    FROM (SELECT c.partition_id, c."offset",
+                 row_number() OVER (ORDER BY c.visible_at, c.partition_id, c."offset") AS rn
+          FROM c) AS n
+    JOIN r ON n.rn > r.after AND n.rn <= r.upto
 ), u AS (
     UPDATE queue_jobs j
-    SET attempts = j.attempts + 1, lease_epoch = j.lease_epoch + 1, leased_by = $4,
+    SET attempts = j.attempts + 1, lease_epoch = j.lease_epoch + 1, leased_by = k.consumer,
         visible_at = clock_timestamp() + make_interval(secs => $3),
         errors = CASE WHEN j.leased_by IS NULL THEN j.errors
                       ELSE COALESCE(j.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
                           'attempt', j.attempts, 'error', 'visibility timeout expired',
                           'at', clock_timestamp())) END
-    FROM c WHERE j.partition_id = c.partition_id AND j."offset" = c."offset"
-    RETURNING j.partition_id, j."offset", j.attempts, j.lease_epoch
+    FROM k WHERE j.partition_id = k.partition_id AND j."offset" = k."offset"
+    RETURNING j.partition_id, j."offset", j.attempts, j.lease_epoch, k.request
 )
-SELECT u.partition_id, u."offset", u.attempts, u.lease_epoch,
+SELECT u.request, u.partition_id, u."offset", u.attempts, u.lease_epoch,
        m.key, m.headers::text AS headers, m.payload, m.created_at
 FROM u
 JOIN messages m ON m.partition_id = u.partition_id AND m."offset" = u."offset"
 ORDER BY m.created_at, u.partition_id, u."offset"
 """
 
-# $1 topic, $2 limit, $3 visibility timeout (s), $4 consumer id
+# $1 topic, $2 jobs per consumer (int[]), $3 visibility timeout (s), $4 consumer ids (text[]), $5 sum of $2
 TAKE = (
-    """
-WITH c AS (
-    SELECT partition_id, "offset" FROM queue_jobs
+    _TAKE_HEAD
+    + """
+    SELECT partition_id, "offset", visible_at FROM queue_jobs
     WHERE topic = $1 AND visible_at <= clock_timestamp()
     ORDER BY visible_at
-    LIMIT $2
+    LIMIT $5
     FOR UPDATE SKIP LOCKED
 """
     + _TAKE_TAIL
@@ -88,16 +107,16 @@ WITH c AS (
 # never has two jobs out at once (a leased or delayed job blocks the next one)
 # and each key is worked in order.
 TAKE_ORDERED = (
-    """
-WITH c AS (
-    SELECT j.partition_id, j."offset" FROM queue_jobs j
+    _TAKE_HEAD
+    + """
+    SELECT j.partition_id, j."offset", j.visible_at FROM queue_jobs j
     WHERE j.topic = $1 AND j.visible_at <= clock_timestamp()
       AND (j.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM queue_jobs e
             WHERE e.topic = j.topic AND e.key = j.key
               AND (e.partition_id, e."offset") < (j.partition_id, j."offset")))
     ORDER BY j.visible_at
-    LIMIT $2
+    LIMIT $5
     FOR UPDATE SKIP LOCKED
 """
     + _TAKE_TAIL
@@ -159,9 +178,21 @@ async def take(
     conn: Conn, topic: str, limit: int, visibility_timeout: float, consumer: str, *, ordered: bool
 ) -> list[asyncpg.Record]:
     """Lease up to `limit` free jobs of `topic` to `consumer` (one statement; autocommit on a pool)."""
-    return list(
-        await conn.fetch(TAKE_ORDERED if ordered else TAKE, topic, limit, visibility_timeout, consumer)
-    )
+    return await take_for(conn, topic, [consumer], [limit], visibility_timeout, ordered=ordered)
+
+
+async def take_for(
+    conn: Conn,
+    topic: str,
+    consumers: list[str],
+    limits: list[int],
+    visibility_timeout: float,
+    *,
+    ordered: bool,
+) -> list[asyncpg.Record]:
+    """Lease free jobs of `topic` to several takers at once, each up to its limit; `request` numbers them from 1."""
+    statement = TAKE_ORDERED if ordered else TAKE
+    return list(await conn.fetch(statement, topic, limits, visibility_timeout, consumers, sum(limits)))
 
 
 async def partitions(conn: Conn, topic: str) -> dict[int, str]:

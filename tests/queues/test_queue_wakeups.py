@@ -19,17 +19,31 @@ from storage import queues as queue_sql
 NO_POLL = 60.0  # a fallback poll this slow never fires within a test
 
 
+class Statements(list[int]):
+    """Statements sent (how many jobs each carried), and an event set at every one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = asyncio.Event()
+
+    def record(self, jobs: int) -> None:
+        self.append(jobs)
+        self.sent.set()
+
+
 @pytest.fixture
-def takes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def takes(monkeypatch: pytest.MonkeyPatch) -> Statements:
     """Every take statement sent (the number of jobs it asked for), in order."""
-    sent: list[int] = []
-    real = queue_sql.take
+    sent = Statements()
+    real = queue_sql.take_for
 
-    async def counting(conn: Any, topic: str, limit: int, *args: Any, **kwargs: Any) -> Any:
-        sent.append(limit)
-        return await real(conn, topic, limit, *args, **kwargs)
+    async def counting(
+        conn: Any, topic: str, consumers: list[str], limits: list[int], *args: Any, **kwargs: Any
+    ) -> Any:
+        sent.record(sum(limits))
+        return await real(conn, topic, consumers, limits, *args, **kwargs)
 
-    monkeypatch.setattr(queue_sql, "take", counting)
+    monkeypatch.setattr(queue_sql, "take_for", counting)
     return sent
 
 
@@ -47,17 +61,12 @@ def ack_statements(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sent
 
 
-async def _until(condition: Any) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)
-
-
-async def test_an_idle_take_sleeps_until_a_publish_notifies_it(connect: Any, takes: list[int]) -> None:
+async def test_an_idle_take_sleeps_until_a_publish_notifies_it(connect: Any, takes: Statements) -> None:
     b = await connect(max_poll_interval=NO_POLL)
     await b.create_topic("jobs", partitions=3, semantics="queue")
     async with b.queue_consumer("jobs") as q:
         waiting = asyncio.create_task(q.take(max_messages=10, timeout=20))
-        await asyncio.wait_for(_until(lambda: len(takes) == 1), 10)
+        await asyncio.wait_for(takes.sent.wait(), 10)
         await asyncio.sleep(0.5)
         assert len(takes) == 1, "an idle take must wait for a notification, not poll"
         assert not waiting.done()
@@ -149,7 +158,9 @@ async def test_a_dynamic_topic_wakes_on_a_partition_created_after_the_consumer_s
         await q.ack(got)
 
 
-async def test_concurrent_acks_of_one_consumer_go_in_one_statement(b: bus.Bus, ack_statements: list[int]) -> None:
+async def test_concurrent_acks_of_one_consumer_go_in_one_statement(
+    b: bus.Bus, ack_statements: list[int]
+) -> None:
     await b.create_topic("jobs", partitions=2, semantics="queue")
     await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(50)])
     async with b.queue_consumer("jobs") as q:
@@ -161,13 +172,17 @@ async def test_concurrent_acks_of_one_consumer_go_in_one_statement(b: bus.Bus, a
     assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs") == 0
 
 
-async def test_a_lost_lease_fails_only_its_own_ack_in_a_coalesced_batch(b: bus.Bus, ack_statements: list[int]) -> None:
+async def test_a_lost_lease_fails_only_its_own_ack_in_a_coalesced_batch(
+    b: bus.Bus, ack_statements: list[int]
+) -> None:
     await b.create_topic("jobs", partitions=1, semantics="queue")
     await b.publish_many("jobs", [b"a", b"b", b"c"])
     async with b.queue_consumer("jobs") as q:
         a, lost, c = await q.take(max_messages=3, timeout=0)
         # Another consumer took `lost` after its lease ran out.
-        await b.pool.execute('UPDATE queue_jobs SET lease_epoch = lease_epoch + 1 WHERE "offset" = $1', lost.offset)
+        await b.pool.execute(
+            'UPDATE queue_jobs SET lease_epoch = lease_epoch + 1 WHERE "offset" = $1', lost.offset
+        )
         results = await asyncio.gather(q.ack(a), q.ack(lost), q.ack(c), return_exceptions=True)
         assert results[0] is None and results[2] is None
         assert isinstance(results[1], bus.LeaseLostError)
@@ -209,3 +224,38 @@ async def test_a_failed_ack_statement_fails_every_caller_and_keeps_the_leases(
         assert all(isinstance(r, bus.BusError) for r in results), results
         await q.ack_many([a, c])  # still held: the retry acks them
     assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs") == 0
+
+
+async def test_consumers_of_one_bus_share_take_and_ack_statements(
+    b: bus.Bus, takes: Statements, ack_statements: list[int]
+) -> None:
+    await b.create_topic("jobs", partitions=2, semantics="queue")
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(30)])
+    async with b.queue_consumer("jobs") as q1, b.queue_consumer("jobs") as q2, b.queue_consumer("jobs") as q3:
+        got = await asyncio.gather(
+            q1.take(max_messages=10, timeout=0),
+            q2.take(max_messages=5, timeout=0),
+            q3.take(max_messages=20, timeout=0),
+        )
+        assert takes == [35], "three consumers asking at once: one take statement"
+        assert [len(g) for g in got] == [10, 5, 15]
+        offsets = [(m.partition, m.offset) for g in got for m in g]
+        assert len(set(offsets)) == 30
+        # Each consumer holds its own leases: acking another's message is not a silent success.
+        await asyncio.gather(q1.ack_many(got[0]), q2.ack_many(got[1]), *(q3.ack(m) for m in got[2]))
+        assert ack_statements == [30]
+        with pytest.raises(bus.ValidationError):
+            await q1.nack(got[1][0])
+    assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs") == 0
+
+
+async def test_a_consumer_taking_twice_at_once_gets_distinct_jobs(b: bus.Bus) -> None:
+    await b.create_topic("jobs", partitions=1, semantics="queue")
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(6)])
+    async with b.queue_consumer("jobs") as q:
+        first, second = await asyncio.gather(
+            q.take(max_messages=4, timeout=0), q.take(max_messages=4, timeout=0)
+        )
+        assert len(first) + len(second) == 6
+        assert not {m.offset for m in first} & {m.offset for m in second}
+        await q.ack_many(first + second)
