@@ -35,7 +35,7 @@ async def populate(b: bus.Bus) -> None:
     await b.publish("customers", {"name": "Ada"}, key="c1")
     for i in range(30):
         await b.publish("orders", {"id": i}, key=f"c{i % 5}")
-    async with b.consumer("email", topics=["orders"]) as c:
+    async with b.consumer("email", topics=["orders"], max_poll_records=10) as c:
         got = 0
         while got < 10:
             got += len(await c.poll(timeout=1.0))

@@ -35,6 +35,7 @@ def run_pytest(tmp_path: Path, dsn: str, code: str, *args: str) -> subprocess.Co
     )
 
 
+@pytest.mark.slow  # two pytest processes
 def test_the_readme_example_passes_and_can_fail(dsn: str, tmp_path: Path) -> None:
     code = readme_plugin_example()
     ok = run_pytest(tmp_path, dsn, code)
@@ -47,6 +48,7 @@ def test_the_readme_example_passes_and_can_fail(dsn: str, tmp_path: Path) -> Non
     assert bad.returncode == 1 and "1 failed" in bad.stdout, bad.stdout[-3000:]
 
 
+@pytest.mark.slow  # a pytest process
 def test_bus_client_gets_a_fresh_schema_that_is_dropped_after(dsn: str, tmp_path: Path) -> None:
     record = tmp_path / "schemas.txt"
     code = textwrap.dedent(
