@@ -21,6 +21,7 @@ scrape therefore never runs anything in the database.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,16 +31,19 @@ from actors.runtime import Actor, Message
 from storage import groups as group_sql
 from storage.logs import get_logger
 
-_prom: Any
-try:  # the optional `metrics` extra
-    import prometheus_client as _prom
-except ImportError:  # pragma: no cover - exercised by a subprocess test
-    _prom = None
-
 log = get_logger(__name__)
 
-#: True when prometheus-client is importable (metrics are real, not no-ops).
-ENABLED = _prom is not None
+
+def _installed() -> bool:
+    try:
+        return importlib.util.find_spec("prometheus_client") is not None
+    except ValueError:  # sys.modules["prometheus_client"] = None: treated as not installed
+        return False
+
+
+#: True when prometheus-client is installed (metrics are real, not no-ops). It is
+#: imported, and the metrics created, on first use: `import bus` does not pay for it.
+ENABLED = _installed()
 
 # Batch sizes go from single publishes to a full fetch (max_poll_records caps at 100000).
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -71,33 +75,61 @@ class NoopMetric:
         """Do nothing."""
 
 
-def _make_registry() -> Any:
-    if _prom is None:
-        return None
-    # auto_describe lets get_sample_value and the text exposition see label names up front.
-    return _prom.CollectorRegistry(auto_describe=True)
+class _LazyMetric:
+    """A prometheus metric created (with every other one, in the bus's registry) on first use."""
+
+    __slots__ = ("kind", "name", "doc", "label_names", "real")
+
+    def __init__(self, kind: str, name: str, doc: str, label_names: Sequence[str]) -> None:
+        self.kind, self.name, self.doc, self.label_names = kind, name, doc, list(label_names)
+        self.real: Any = None
+        _declared.append(self)
+
+    def __getattr__(self, attribute: str) -> Any:
+        _materialize()
+        return getattr(self.real, attribute)
 
 
-#: The bus's own registry (None without prometheus-client).
-registry: Any = _make_registry()
+_declared: list[_LazyMetric] = []
+_registry: Any = None
+
+
+def _materialize() -> Any:
+    """Import prometheus-client, create the bus's own registry and every declared metric in it."""
+    global _registry
+    if _registry is None:
+        import prometheus_client as prom
+
+        # auto_describe lets get_sample_value and the text exposition see label names up front.
+        registry = prom.CollectorRegistry(auto_describe=True)
+        for m in _declared:
+            if m.kind == "counter":
+                m.real = prom.Counter(m.name, m.doc, m.label_names, registry=registry)
+            elif m.kind == "gauge":
+                m.real = prom.Gauge(m.name, m.doc, m.label_names, registry=registry)
+            else:
+                m.real = prom.Histogram(m.name, m.doc, m.label_names, buckets=BATCH_BUCKETS, registry=registry)
+        _registry = registry
+    return _registry
+
+
+def __getattr__(name: str) -> Any:
+    # `registry`: the bus's own registry (None without prometheus-client), made on first access.
+    if name == "registry":
+        return _materialize() if ENABLED else None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _counter(name: str, doc: str, labels: Sequence[str]) -> Any:
-    if _prom is None:
-        return NoopMetric()
-    return _prom.Counter(name, doc, list(labels), registry=registry)
+    return _LazyMetric("counter", name, doc, labels) if ENABLED else NoopMetric()
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> Any:
-    if _prom is None:
-        return NoopMetric()
-    return _prom.Gauge(name, doc, list(labels), registry=registry)
+    return _LazyMetric("gauge", name, doc, labels) if ENABLED else NoopMetric()
 
 
 def _histogram(name: str, doc: str, labels: Sequence[str]) -> Any:
-    if _prom is None:
-        return NoopMetric()
-    return _prom.Histogram(name, doc, list(labels), buckets=BATCH_BUCKETS, registry=registry)
+    return _LazyMetric("histogram", name, doc, labels) if ENABLED else NoopMetric()
 
 
 # -- the metrics (names without the `_total` suffix prometheus adds to counters) ----------

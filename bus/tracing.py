@@ -15,6 +15,7 @@ import, no allocation on the hot paths.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,19 +23,29 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from bus.types import Message
 
-try:
-    from opentelemetry import propagate as _propagate
-    from opentelemetry import trace as _trace
-except ImportError:  # the `otel` extra is not installed
-    _trace = None  # type: ignore[assignment]
 
-ENABLED = _trace is not None
+def _installed() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry.trace") is not None
+    except (ImportError, ValueError):  # not installed, or blocked in sys.modules
+        return False
+
+
+#: True when OpenTelemetry's API is installed (the `otel` extra); it is imported on first use.
+ENABLED = _installed()
+_trace: Any = None
+_propagate: Any = None
 SYSTEM = "pgactorbus"
 _MAX_LINKS = 128  # a batch links at most this many publishers
 _TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 def _tracer() -> Any:
+    global _trace, _propagate
+    if _trace is None:
+        from opentelemetry import propagate, trace
+
+        _trace, _propagate = trace, propagate
     return _trace.get_tracer("pgactorbus")
 
 
@@ -124,6 +135,7 @@ def processing(message: Message, group: str) -> Iterator[None]:
     if not ENABLED:
         yield
         return
+    tracer = _tracer()
     parent = None
     links = []
     if "traceparent" in message.headers:
@@ -141,7 +153,7 @@ def processing(message: Message, group: str) -> Iterator[None]:
         "messaging.message.id": message_id(message.topic, message.partition, message.offset),
         "messaging.message.delivery_attempt": message.attempt,
     }
-    with _tracer().start_as_current_span(
+    with tracer.start_as_current_span(
         f"process {message.topic}",
         context=parent,
         kind=_trace.SpanKind.CONSUMER,

@@ -12,7 +12,27 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import structlog
+
+class _Logger:
+    """A module logger whose structlog logger is made on first use.
+
+    `import bus` then costs no structlog import (nor what structlog imports
+    itself, such as rich when it is installed): the first logged event pays.
+    """
+
+    __slots__ = ("_name", "_context", "_logger")
+
+    def __init__(self, name: str, context: dict[str, Any]) -> None:
+        self._name = name
+        self._context = context
+        self._logger: Any = None
+
+    def __getattr__(self, attribute: str) -> Any:
+        if self._logger is None:
+            import structlog
+
+            self._logger = structlog.wrap_logger(logging.getLogger(self._name), **self._context)
+        return getattr(self._logger, attribute)
 
 
 def get_logger(name: str, **context: Any) -> Any:
@@ -22,4 +42,4 @@ def get_logger(name: str, **context: Any) -> Any:
     service configures structlog; the configuration is looked up when an event
     is logged, so the service's processors apply to our events too.
     """
-    return structlog.wrap_logger(logging.getLogger(name), **context)
+    return _Logger(name, context)
