@@ -204,8 +204,9 @@ def build_app(
                     template, context, _ = await gather(page, request)
                     html = bytes(render(request, template, context).body).decode()
                     yield "".join(f"data: {line}\n" for line in html.splitlines()) + "\n"
-                    if once or await request.is_disconnected():
+                    if once:
                         return
+                    # A closed connection ends this loop: Starlette cancels it (or the next send fails).
                     await asyncio.sleep(refresh)
 
             return StreamingResponse(
