@@ -49,7 +49,7 @@ from storage.logs import get_logger
 
 log = get_logger(__name__)
 
-SCENARIOS: tuple[str, ...] = ("publish", "groups", "queue", "fanout", "claims", "eventstore", "compact")
+SCENARIOS: tuple[str, ...] = ("publish", "groups", "queue", "fanout", "claims", "eventstore", "compact", "soak", "scale")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"
 
@@ -351,7 +351,11 @@ def render_markdown(
     lines.append("")
     for title, path in charts.items():
         lines.append(f"![{title}]({path.name})")
-    if charts:
+    # Scenarios that draw their own chart (soak, scale) name it in a row's extra.
+    own = [(r.scenario, str(r.extra["chart"])) for r in rows if r.extra.get("chart")]
+    for scenario, name in own:
+        lines.append(f"![{scenario}]({name})")
+    if charts or own:
         lines.append("")
     lines.append("Reproduce with `make bench` (or `bus bench [SCENARIO] [--quick]`).")
     lines.append("")

@@ -53,12 +53,19 @@ TREE_STATS = """
 SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint AS bytes,
        coalesce(sum(s.n_dead_tup), 0)::bigint AS dead,
        coalesce(sum(s.n_live_tup), 0)::bigint AS live,
-       coalesce(sum(s.autovacuum_count), 0)::bigint AS autovacuums,
-       coalesce(sum(s.vacuum_count), 0)::bigint AS vacuums,
        count(*) FILTER (WHERE t.isleaf)::int AS leaves
 FROM (SELECT relid, isleaf FROM pg_partition_tree('messages')
       UNION ALL  -- a plain table is not a tree: itself
       SELECT 'messages'::regclass, true WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree('messages'))) t
+LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid
+"""
+# Autovacuum runs per leaf: a dropped segment takes its counter with it, so the
+# soak adds up each leaf's increases itself.
+LEAF_AUTOVACUUMS = """
+SELECT t.relid::oid AS relid, coalesce(s.autovacuum_count, 0)::bigint AS n
+FROM (SELECT relid FROM pg_partition_tree('messages') WHERE isleaf
+      UNION ALL
+      SELECT 'messages'::regclass WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree('messages'))) t
 LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid
 """
 RETAINED = "SELECT coalesce(sum(next_offset - log_start), 0)::bigint, coalesce(sum(next_offset), 0)::bigint FROM partitions"
@@ -92,7 +99,7 @@ class Sample:
     retained_bytes: float  # retained rows x fresh bytes per row
     dead: int
     live: int
-    autovacuums: int
+    autovacuums: int  # cumulative, over every leaf that existed
     leaves: int
 
 
@@ -167,6 +174,8 @@ async def soak(dsn: str, seconds: float, rate: float) -> tuple[list[Sample], dic
         tasks = [asyncio.create_task(produce())]
         tasks += [asyncio.create_task(consume(g, f"w{i}")) for g in GROUPS for i in range(2)]
         samples: list[Sample] = []
+        seen: dict[int, int] = {}
+        autovacuums = 0
         started = time.perf_counter()
         last_t, last_pub, last_con = started, 0, 0
         try:
@@ -178,6 +187,10 @@ async def soak(dsn: str, seconds: float, rate: float) -> tuple[list[Sample], dic
                     tree = await conn.fetchrow(TREE_STATS)
                     retained, _ = await conn.fetchrow(RETAINED)
                     lag = int(await conn.fetchval(LAG))
+                    for leaf in await conn.fetch(LEAF_AUTOVACUUMS):
+                        relid, n = int(leaf["relid"]), int(leaf["n"])
+                        autovacuums += max(0, n - seen.get(relid, 0))
+                        seen[relid] = n
                 samples.append(
                     Sample(
                         t=round(now - started, 1),
@@ -189,7 +202,7 @@ async def soak(dsn: str, seconds: float, rate: float) -> tuple[list[Sample], dic
                         retained_bytes=int(retained) * per_row,
                         dead=int(tree["dead"]),
                         live=int(tree["live"]),
-                        autovacuums=int(tree["autovacuums"]),
+                        autovacuums=autovacuums,
                         leaves=int(tree["leaves"]),
                     )
                 )
