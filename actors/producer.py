@@ -96,9 +96,9 @@ class Prepared:
         if self.ikeys is None:
             return None
         n = len(self.ikeys)
-        return log_sql.Keyed([self.topic] * n, self.ikeys, [self.window] * n)
+        return log_sql.Keyed([self.topic] * n, self.ikeys, [self.window] * n, self.names)
 
-    async def append(self, conn: asyncpg.Connection | asyncpg.Pool) -> list[log_sql.Placed | None]:
+    async def append(self, conn: log_sql.Target) -> list[log_sql.Placed | None]:
         """Write this call alone (with keys, `conn` is a connection inside a transaction)."""
         return await log_sql.append(
             conn, self.pids, self.keys, self.headers, self.payloads, queue=self.queue, keyed=self.keyed()
@@ -257,6 +257,7 @@ class Producer(Actor[Publish]):
         topics: list[str] = []
         ikeys: list[str | None] = []
         windows: list[float | None] = []
+        names: list[str] = []
         for m in calls:
             call: Prepared = m.call
             pids += call.pids
@@ -269,6 +270,7 @@ class Producer(Actor[Publish]):
                 topics += [call.topic] * n
                 ikeys += call.ikeys if call.ikeys is not None else [None] * n
                 windows += [call.window] * n
+                names += call.names
         try:
             if keyed:
                 async with self._pool.acquire() as conn, conn.transaction():
@@ -279,7 +281,7 @@ class Producer(Actor[Publish]):
                         headers,
                         payloads,
                         queue=queue,
-                        keyed=log_sql.Keyed(topics, ikeys, windows),
+                        keyed=log_sql.Keyed(topics, ikeys, windows, names),
                     )
             else:
                 placed = await log_sql.append(self._pool, pids, keys, headers, payloads, queue=queue)

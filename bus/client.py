@@ -7,15 +7,15 @@ import functools
 import itertools
 import os
 import zlib
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
 from actors import metrics as _metrics
 from actors.producer import Prepared, Vanished
-from bus.codec import decode_headers, encode_headers, encode_payload, validate_key
+from bus.codec import encode_headers, encode_payload, to_message, validate_key
 from bus.config import Config
 from bus.types import Message, Outgoing, Record, TopicInfo
 from storage import db
@@ -32,7 +32,19 @@ from storage.logs import get_logger
 from storage.messages import Placed
 from storage.names import MAX_SECONDS, validate_name, validate_offset, validate_partition
 
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from bus.admin import Admin
+    from bus.claims import Claim
+    from bus.consumer import Consumer, Retry, Subscription
+    from bus.handoff import Callback
+    from bus.eventstore import EventStore
+    from bus.queues import QueueConsumer
+
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 _SEMANTICS = ("pubsub", "queue")
 _DEDUPE_WINDOW = timedelta(hours=24)
@@ -52,7 +64,9 @@ def _seconds(value: timedelta | float | int | None, what: str, *, allow_zero: bo
         return 0.0
     if not 0 < seconds <= MAX_SECONDS:  # also refuses NaN and infinity
         least = "0 or more" if allow_zero else "a positive number of"
-        raise ValidationError(f"{what} must be {least} seconds up to {MAX_SECONDS:.0e} (or None to keep forever)")
+        raise ValidationError(
+            f"{what} must be {least} seconds up to {MAX_SECONDS:.0e} (or None to keep forever)"
+        )
     return seconds
 
 
@@ -98,6 +112,7 @@ class Bus:
         self._system: Any = None
         self._cleaner: Any = None  # the retention cleaner actor (actors/cleaner.py)
         self._producer: Any = None  # the Producer actor (actors/producer.py): pool publishes go through it
+        self._lookups: dict[tuple[str, ...], asyncio.Future[Any]] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -114,11 +129,27 @@ class Bus:
 
     async def _start(self) -> None:
         """Start the per-Bus system actors: the Notifier, the HeartbeatMonitor and the retention cleaner."""
-        await self._group_system()
+        system = await self._group_system()
+        self._start_producer(system)
         if self.config.cleaner_interval > 0:  # 0 (or less) disables this process's cleaner
             from actors.cleaner import start_cleaner
 
             self._cleaner = start_cleaner(self)
+
+    def _start_producer(self, system: Any) -> None:
+        """Spawn the Producer under the Bus's root supervisor (before any member: members stop first)."""
+        from actors.producer import Producer, ProducerSettings, ProducerStats
+
+        c = self.config
+        settings = ProducerSettings(
+            max_batch=c.max_batch,
+            max_batch_bytes=c.max_batch_bytes,
+            linger=c.linger,
+            max_pending=4 * c.max_batch,
+        )
+        self.producer_stats = stats = ProducerStats()
+        pool, announce = self.pool, system.announce
+        self._producer = system.root.spawn(lambda: Producer(pool, announce, settings, stats), "producer")
 
     async def _group_system(self) -> Any:
         if self._system is None:
@@ -146,27 +177,91 @@ class Bus:
 
     # -- consumer groups -------------------------------------------------------------
 
-    def consumer(self, group: str, **options: Any) -> Any:
-        """A poll-style consumer group member (see bus.consumer.Consumer); use `async with`."""
+    def consumer(
+        self,
+        group: str,
+        *,
+        topics: list[str] | None = None,
+        namespace: str | None = None,
+        task: str | None = None,
+        start: Any = None,
+        auto_commit: bool = True,
+        max_poll_records: int = 500,
+        assignor: str = "range",
+        instance_id: str | None = None,
+        on_assign: Callback | None = None,
+        on_revoke: Callback | None = None,
+        buffer_size: int | None = None,
+    ) -> Consumer:
+        """A poll-style consumer group member (see bus.consumer.Consumer); use `async with`.
+
+        `start`: "earliest" | "latest" | a datetime | {(topic, partition): offset}.
+        """
         from bus.consumer import Consumer
 
-        return Consumer(self, group, **options)
+        return Consumer(
+            self,
+            group,
+            topics=topics,
+            namespace=namespace,
+            task=task,
+            start=start,
+            auto_commit=auto_commit,
+            max_poll_records=max_poll_records,
+            assignor=assignor,
+            instance_id=instance_id,
+            on_assign=on_assign,
+            on_revoke=on_revoke,
+            buffer_size=buffer_size,
+        )
 
-    async def subscribe(self, group: str, handler: Any, **options: Any) -> Any:
+    async def subscribe(
+        self,
+        group: str,
+        handler: Callable[[Message], Awaitable[Any]],
+        *,
+        topics: list[str] | None = None,
+        namespace: str | None = None,
+        task: str | None = None,
+        start: Any = None,
+        retry: Retry | None = None,
+        dead_letter: str | None = None,
+        assignor: str = "range",
+        instance_id: str | None = None,
+        batch_size: int = 100,
+        on_assign: Callback | None = None,
+        on_revoke: Callback | None = None,
+    ) -> Subscription:
         """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it."""
         from bus.consumer import Subscription
 
-        return await Subscription(self, group, handler, **options).start()
+        sub = Subscription(
+            self,
+            group,
+            handler,
+            topics=topics,
+            namespace=namespace,
+            task=task,
+            start=start,
+            retry=retry,
+            dead_letter=dead_letter,
+            assignor=assignor,
+            instance_id=instance_id,
+            batch_size=batch_size,
+            on_assign=on_assign,
+            on_revoke=on_revoke,
+        )
+        return await sub.start()
 
     @property
-    def metrics(self) -> Any:
+    def metrics(self) -> ModuleType:
         """The bus's Prometheus metrics (the `bus.metrics` module: registry, generate_latest, update_lag)."""
         import bus.metrics
 
         return bus.metrics
 
     @property
-    def admin(self) -> Any:
+    def admin(self) -> Admin:
         """Group and topic administration (see bus.admin.Admin)."""
         from bus.admin import Admin
 
@@ -216,7 +311,9 @@ class Bus:
             validate_name(task, "task")
         limit = self.config.max_message_bytes if max_message_bytes is None else max_message_bytes
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 1 << 30:
-            raise ValidationError("max_message_bytes must be a positive integer up to 1 GiB (PostgreSQL's limit)")
+            raise ValidationError(
+                "max_message_bytes must be a positive integer up to 1 GiB (PostgreSQL's limit)"
+            )
         wanted = TopicInfo(
             name=name,
             partitions=partitions,
@@ -321,7 +418,9 @@ class Bus:
             if isinstance(partition, int) and not isinstance(partition, bool):
                 partition = str(partition)
             name = validate_partition(partition)
-            if not topic.dynamic and not (name.isdigit() and int(name) < (topic.partitions or 0) and str(int(name)) == name):
+            if not topic.dynamic and not (
+                name.isdigit() and int(name) < (topic.partitions or 0) and str(int(name)) == name
+            ):
                 raise ValidationError(
                     f"topic {topic.name!r} has {topic.partitions} fixed partitions named '0'..'{(topic.partitions or 1) - 1}'; "
                     f"{name!r} is not one of them"
@@ -361,13 +460,33 @@ class Bus:
             ikey = validate_idempotency_key(msg.idempotency_key)
             out.add(self._choose_partition(info, msg.partition, key), key, head, data, ikey)
         for name in dict.fromkeys(out.names):
-            pid = await self.partition_id(info, name, create=True)
+            pid = self._partition_ids.get((info.name, name))
+            if pid is None:
+                pid = await self._shared(
+                    ("partition", info.name, name), functools.partial(self.partition_id, info, name, create=True)
+                )
             if pid is None:
                 self._forget_topic(info.name)
                 raise TopicNotFoundError(f"topic {info.name!r} (partition {name!r}) no longer exists")
             ids[name] = pid
         out.pids = [ids[n] for n in out.names]
         return out
+
+    async def _shared(self, key: tuple[str, ...], lookup: Callable[[], Awaitable[T]]) -> T:
+        """One lookup for every concurrent caller that needs it; they resume in the order they asked.
+
+        Callers of publish reach the Producer in call order even when the first ones had to look a
+        topic or partition up: without this, whichever lookup answered first would go first.
+        """
+        shared = self._lookups.get(key)
+        if shared is None:
+            shared = self._lookups[key] = asyncio.ensure_future(lookup())
+            shared.add_done_callback(lambda _: self._lookups.pop(key, None))
+        return await asyncio.shield(shared)
+
+    async def _topic(self, topic: str) -> TopicInfo:
+        info = self._topics.get(topic)
+        return info if info is not None else await self._shared(("topic", topic), lambda: self.topic(topic))
 
     async def _write(self, call: Prepared, connection: asyncpg.Connection | None) -> list[Record]:
         """Append one prepared call: through the Producer, or directly (outbox, or no Producer)."""
@@ -413,7 +532,7 @@ class Bus:
         # _choose_partition takes an int partition as well (Outgoing does not check its fields).
         one = Outgoing(payload, key, partition, headers, idempotency_key)  # type: ignore[arg-type]
         for attempt in range(2):
-            info = await self.topic(topic)
+            info = await self._topic(topic)
             call = await self._prepare(info, (one,), _window(info))
             try:
                 records = await self._write(call, connection)
@@ -422,7 +541,9 @@ class Bus:
                 self._forget_topic(topic)
                 if attempt == 0 and connection is None:
                     continue
-                raise TopicNotFoundError(f"topic {topic!r} no longer exists (or lost the partition)") from None
+                raise TopicNotFoundError(
+                    f"topic {topic!r} no longer exists (or lost the partition)"
+                ) from None
             _metrics.published(topic, 1)
             return records[0]
         raise AssertionError("unreachable")
@@ -435,7 +556,7 @@ class Bus:
         A message with an `idempotency_key` already written within the window is not written again:
         its record is the original's (so is a later message of the batch with the same key).
         """
-        info = await self.topic(topic)
+        info = await self._topic(topic)
         if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
             raise ValidationError("publish_many takes a list of bus.Outgoing (or plain payloads)")
         call = await self._prepare(info, messages, _window(info))
@@ -445,13 +566,15 @@ class Bus:
             records = await self._write(call, connection)
         except Vanished:
             self._forget_topic(topic)
-            raise TopicNotFoundError(f"topic {topic!r} no longer exists (or lost partitions) while publishing") from None
+            raise TopicNotFoundError(
+                f"topic {topic!r} no longer exists (or lost partitions) while publishing"
+            ) from None
         _metrics.published(topic, len(records))
         return records
 
     # -- the other delivery modes (each in its own module) ------------------------------
 
-    def event_store(self, name: str) -> Any:
+    def event_store(self, name: str) -> EventStore:
         """The event store `name`: one globally ordered log with attribute partitions (see bus.eventstore)."""
         from bus.eventstore import EventStore
 
@@ -468,7 +591,7 @@ class Bus:
         max_messages: int = 100,
         lease_time: float | None = None,
         start: Any = None,
-    ) -> Any:
+    ) -> Claim | None:
         """Lease the free partition with the earliest pending message (see bus.claims); None when nothing is pending."""
         from bus.claims import claim
 
@@ -492,7 +615,7 @@ class Bus:
         max_attempts: int = 5,
         dead_letter: str | None = None,
         ordered_by_key: bool = False,
-    ) -> Any:
+    ) -> QueueConsumer:
         """Competing consumers on a `semantics="queue"` topic (see bus.queues)."""
         from bus.queues import QueueConsumer
 
@@ -513,7 +636,11 @@ class Bus:
         """Read a partition from `offset` (the reader mode: no group, no position kept)."""
         info = await self.topic(topic)
         validate_offset(offset)
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or not 1 <= max_messages <= 100_000:
+        if (
+            isinstance(max_messages, bool)
+            or not isinstance(max_messages, int)
+            or not 1 <= max_messages <= 100_000
+        ):
             raise ValidationError("max_messages must be an integer from 1 to 100000")
         name = validate_partition(str(partition) if isinstance(partition, int) else partition)
         pid = await self.partition_id(info, name, create=False)
@@ -532,19 +659,6 @@ class Bus:
                         log_start=bounds[0],
                     )
         return [to_message(topic, name, r) for r in rows]
-
-
-def to_message(topic: str, partition: str, row: asyncpg.Record, attempt: int = 1) -> Message:
-    return Message(
-        topic=topic,
-        partition=partition,
-        offset=row["offset"],
-        key=row["key"],
-        headers=decode_headers(row["headers"]),
-        payload=row["payload"],
-        created_at=row["created_at"],
-        attempt=attempt,
-    )
 
 
 def _records(call: Prepared, placed: list[Placed | None]) -> list[Record]:
@@ -629,7 +743,9 @@ class _Connector:
                 await db.migrate(conn, config.schema)
             finally:
                 await conn.close()
-        pool = await db.create_pool(dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size)
+        pool = await db.create_pool(
+            dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size
+        )
         b = Bus(dsn, config, pool, embedded)
         try:
             await b._start()

@@ -30,6 +30,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     pool_min_size: int = 2
     pool_max_size: int = 20
     cleaner_interval: float = 5.0
+    # The Producer (actors/producer.py): how pool publishes are gathered into one write.
+    linger: float = 0.0
+    max_batch: int = 1000
+    max_batch_bytes: int = 8 * 1024 * 1024
 
     @property
     def lookback(self) -> float:
@@ -72,6 +76,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValidationError(f"invalid configuration: {name} must be a finite number of seconds >= 0")
         if not config.cleaner_interval <= MAX_SECONDS:  # <= 0 disables the cleaner; NaN/inf are mistakes
             raise ValidationError("invalid configuration: cleaner_interval must be finite (0 or less disables it)")
+        if not 0 <= config.linger <= 10:
+            raise ValidationError("invalid configuration: linger must be 0 to 10 seconds (0: no added wait)")
+        if not 1 <= config.max_batch <= 100_000 or not 1024 <= config.max_batch_bytes <= 1 << 30:
+            raise ValidationError(
+                "invalid configuration: max_batch must be 1 to 100000 messages, max_batch_bytes 1 KiB to 1 GiB"
+            )
         if not 0 <= config.pool_min_size <= config.pool_max_size <= 10_000 or config.pool_max_size < 1:
             raise ValidationError("invalid configuration: need 0 <= pool_min_size <= pool_max_size <= 10000, pool_max_size >= 1")
         return config

@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from storage.db import Conn
 from storage.errors import ValidationError
@@ -95,7 +96,10 @@ def validate_idempotency_key(key: object) -> str | None:
 
 
 async def claim(
-    conn: asyncpg.Connection, topics: list[str], keys: list[str], windows: list[float | None]
+    conn: asyncpg.Connection | PoolConnectionProxy,
+    topics: list[str],
+    keys: list[str],
+    windows: list[float | None],
 ) -> set[tuple[str, str]]:
     """Claim distinct (topic, key) pairs inside the caller's transaction; the pairs claimed (new or expired)."""
     rows = await conn.fetch(CLAIM, topics, keys, windows)
@@ -103,7 +107,7 @@ async def claim(
 
 
 async def fill(
-    conn: asyncpg.Connection,
+    conn: asyncpg.Connection | PoolConnectionProxy,
     topics: list[str],
     keys: list[str],
     partition_ids: list[int],
@@ -115,14 +119,14 @@ async def fill(
 
 
 async def lookup(
-    conn: asyncpg.Connection, topics: list[str], keys: list[str]
+    conn: asyncpg.Connection | PoolConnectionProxy, topics: list[str], keys: list[str]
 ) -> dict[tuple[str, str], Landing]:
     """Where each already-written (topic, key) landed; keys missing from the answer are gone."""
     rows = await conn.fetch(LOOKUP, topics, keys)
     return {(r[0], r[1]): (int(r[2]), r[3], int(r[4]), r[5]) for r in rows}
 
 
-async def release(conn: asyncpg.Connection, topics: list[str], keys: list[str]) -> None:
+async def release(conn: asyncpg.Connection | PoolConnectionProxy, topics: list[str], keys: list[str]) -> None:
     """Forget claimed keys whose message could not be written (same transaction as the claim)."""
     await conn.execute(RELEASE, topics, keys)
 

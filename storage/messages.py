@@ -13,8 +13,12 @@ from collections.abc import Sequence
 from datetime import datetime
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from storage import idempotency
+
+#: What `append` runs on: the pool (one autocommit statement) or one connection.
+Target = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
 
 PUBLISH_ONE = """
 WITH p AS (
@@ -178,14 +182,20 @@ Placed = tuple[int, int, datetime, str | None]
 
 
 class Keyed:
-    """The idempotency side of an `append`: per message its topic, key (or None) and dedupe window."""
+    """The idempotency side of an `append`: per message its topic, key (or None), dedupe window and partition name.
 
-    __slots__ = ("keys", "topics", "windows")
+    The names let a repeat of a key earlier in the same input report the partition its original went to.
+    """
 
-    def __init__(self, topics: list[str], keys: list[str | None], windows: list[float | None]) -> None:
+    __slots__ = ("keys", "names", "topics", "windows")
+
+    def __init__(
+        self, topics: list[str], keys: list[str | None], windows: list[float | None], names: list[str]
+    ) -> None:
         self.topics = topics
         self.keys = keys
         self.windows = windows
+        self.names = names
 
 
 def _place(partition_ids: Sequence[int], rows: Sequence[asyncpg.Record]) -> list[Placed | None]:
@@ -203,7 +213,7 @@ def _place(partition_ids: Sequence[int], rows: Sequence[asyncpg.Record]) -> list
 
 
 async def append(
-    conn: asyncpg.Connection | asyncpg.Pool,
+    conn: Target,
     partition_ids: list[int],
     keys: list[str | None],
     headers: list[str | None],
@@ -225,7 +235,7 @@ async def append(
     statement = PUBLISH_MULTI_QUEUE if queue else PUBLISH_MULTI_QUIET
     if keyed is None:
         return _place(partition_ids, await conn.fetch(statement, partition_ids, keys, headers, payloads))
-    assert isinstance(conn, asyncpg.Connection), "keyed appends need one connection inside a transaction"
+    assert not isinstance(conn, asyncpg.Pool), "keyed appends need one connection inside a transaction"
     first: dict[tuple[str, str], int] = {}
     for i, ikey in enumerate(keyed.keys):
         if ikey is not None:
@@ -273,7 +283,10 @@ async def append(
                 results[first[p]] = (hit[0], hit[2], hit[3], hit[1])
     for i, ikey in enumerate(keyed.keys):
         if ikey is not None and (j := first[(keyed.topics[i], ikey)]) != i:
-            results[i] = results[j]
+            original = results[j]
+            if original is not None and original[3] is None:
+                original = (original[0], original[1], original[2], keyed.names[j])
+            results[i] = original
     return results
 
 

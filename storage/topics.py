@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from storage import idempotency
 
@@ -70,7 +71,7 @@ NOTIFY = "SELECT pg_notify($1, $2)"
 
 
 async def create_topic(
-    conn: asyncpg.Connection, values: tuple[Any, ...], fixed: int | None, channel: str
+    conn: asyncpg.Connection | PoolConnectionProxy, values: tuple[Any, ...], fixed: int | None, channel: str
 ) -> bool:
     """Insert the topic (and its fixed partitions); False if the name was taken."""
     async with conn.transaction():
@@ -84,36 +85,44 @@ async def create_topic(
     return True
 
 
-async def get_topic(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> asyncpg.Record | None:
+async def get_topic(
+    conn: asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy, name: str
+) -> asyncpg.Record | None:
     return await conn.fetchrow(SELECT_TOPIC, name)
 
 
 async def list_topics(
-    conn: asyncpg.Connection | asyncpg.Pool, namespace: str | None, task: str | None
+    conn: asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy, namespace: str | None, task: str | None
 ) -> list[asyncpg.Record]:
     return list(await conn.fetch(SELECT_TOPICS, namespace, task))
 
 
-async def delete_topic(conn: asyncpg.Connection, name: str) -> bool:
+async def delete_topic(conn: asyncpg.Connection | PoolConnectionProxy, name: str) -> bool:
     async with conn.transaction():
         await conn.execute(DELETE_TOPIC_MESSAGES, name)
         await idempotency.delete_topic_keys(conn, name)
         return await conn.fetchval(DELETE_TOPIC, name) is not None
 
 
-async def ensure_partition(conn: asyncpg.Connection | asyncpg.Pool, topic: str, name: str) -> int:
+async def ensure_partition(
+    conn: asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy, topic: str, name: str
+) -> int:
     """The id of partition `name` of a dynamic topic, created on first use."""
     pid = await conn.fetchval(ENSURE_PARTITION, topic, name)
     assert pid is not None
     return int(pid)
 
 
-async def partition_id(conn: asyncpg.Connection | asyncpg.Pool, topic: str, name: str) -> int | None:
+async def partition_id(
+    conn: asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy, topic: str, name: str
+) -> int | None:
     pid = await conn.fetchval(SELECT_PARTITION_ID, topic, name)
     return None if pid is None else int(pid)
 
 
-async def partitions(conn: asyncpg.Connection | asyncpg.Pool, topic: str) -> list[asyncpg.Record]:
+async def partitions(
+    conn: asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy, topic: str
+) -> list[asyncpg.Record]:
     return list(await conn.fetch(SELECT_PARTITIONS, topic))
 
 
@@ -127,6 +136,8 @@ FROM partitions p WHERE p.topic = $1 ORDER BY p.id
 """
 
 
-async def topic_stats(conn: asyncpg.Connection | asyncpg.Pool, topic: str) -> list[asyncpg.Record]:
+async def topic_stats(
+    conn: asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy, topic: str
+) -> list[asyncpg.Record]:
     """Per partition: log start, end offset, stored message count, oldest and newest timestamps."""
     return list(await conn.fetch(TOPIC_STATS, topic))
