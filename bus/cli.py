@@ -161,13 +161,26 @@ def compact(
         raise typer.Exit(code)
 
 
+def _benchmarks_main() -> Any:
+    """The harness of the checkout in the working directory (benchmarks/ is not part of the wheel)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    if not (Path.cwd() / "benchmarks" / "harness.py").is_file():
+        console.print("bus bench runs from a checkout of the project: cd into it (benchmarks/ is not installed)")
+        raise typer.Exit(2)
+    sys.path.insert(0, str(Path.cwd()))
+    return importlib.import_module("benchmarks.harness").main
+
+
 @app.command()
 def bench(
     scenario: str = typer.Argument(None, help="publish | groups | queue | fanout | claims | eventstore | compact (default: all)"),
     quick: bool = typer.Option(False, help="smaller sizes, for a smoke run"),
 ) -> None:
-    """Run the benchmark harness; writes benchmarks/results/<date>.json and .md."""
-    from benchmarks.harness import main as bench_main
+    """Run the benchmark harness from a checkout; writes benchmarks/results/<date>.json and .md there."""
+    bench_main = _benchmarks_main()
 
     code = bench_main(scenario, quick=quick, console=console)
     if code:
