@@ -51,8 +51,10 @@ from storage.testing import drop_schema
 
 try:
     import pytest_asyncio
-except ImportError as exc:  # pragma: no cover - a message that says what to install
-    raise ImportError("bus.testing needs pytest-asyncio: pip install 'pgactorbus[testing]'") from exc
+except ImportError:  # the entry point loads this module in every pytest run: never break one
+    pytest_asyncio = None  # type: ignore[assignment]
+
+_NEEDS_ASYNCIO = "bus.testing's fixtures need pytest-asyncio: pip install 'pgactorbus[testing]'"
 
 __all__ = ["FAST", "wait_consumed"]
 
@@ -124,8 +126,7 @@ def bus_config() -> dict[str, Any]:
     return dict(FAST)
 
 
-@pytest_asyncio.fixture
-async def bus_connect(
+async def _bus_connect(
     bus_dsn: str, bus_config: dict[str, Any]
 ) -> AsyncIterator[Callable[..., Awaitable[bus.Bus]]]:
     """Open Buses on one fresh schema (`await bus_connect(**overrides)`); closed and dropped after the test."""
@@ -150,7 +151,22 @@ async def bus_connect(
             await conn.close()
 
 
-@pytest_asyncio.fixture
-async def bus_client(bus_connect: Callable[..., Awaitable[bus.Bus]]) -> bus.Bus:
+async def _bus_client(bus_connect: Callable[..., Awaitable[bus.Bus]]) -> bus.Bus:
     """A connected Bus on a fresh schema, dropped after the test."""
     return await bus_connect()
+
+
+if pytest_asyncio is not None:
+    bus_connect = pytest_asyncio.fixture(_bus_connect, name="bus_connect")
+    bus_client = pytest_asyncio.fixture(_bus_client, name="bus_client")
+else:  # pragma: no cover - only without pytest-asyncio
+
+    @pytest.fixture(name="bus_connect")
+    def _bus_connect_unavailable() -> None:
+        """Fails the test: pytest-asyncio is missing."""
+        pytest.fail(_NEEDS_ASYNCIO)
+
+    @pytest.fixture(name="bus_client")
+    def _bus_client_unavailable() -> None:
+        """Fails the test: pytest-asyncio is missing."""
+        pytest.fail(_NEEDS_ASYNCIO)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from storage.db import Conn
+from storage.db import Conn, Connection
 
 # Per partition of every topic: bounds and stored size estimate (next_offset -
 # log_start; compaction's holes make it an upper bound, the topic page counts exactly).
@@ -160,7 +160,7 @@ async def dead_letters(conn: Conn, topic: str, limit: int, payload_bytes: int) -
 
 
 async def take_dead_letters(
-    conn: asyncpg.Connection, topic: str, partition: str | None, offset: int | None, limit: int
+    conn: Connection, topic: str, partition: str | None, offset: int | None, limit: int
 ) -> list[asyncpg.Record]:
     """Delete dead-letter jobs (all, or the one at partition/offset) and return their messages (caller's transaction)."""
     return list(await conn.fetch(TAKE_DEAD_LETTERS, topic, partition, offset, limit))

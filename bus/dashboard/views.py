@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 from markupsafe import Markup, escape
@@ -353,7 +353,8 @@ async def replay(
                     raise TopicNotFoundError(
                         f"the dead letters' original topic {topic!r} no longer exists; create it to replay them"
                     ) from None
-                await b.publish_many(topic, outgoing, connection=conn)
+                # The pool's connection proxy is a connection (asyncpg's own annotation says otherwise).
+                await b.publish_many(topic, outgoing, connection=cast(Any, conn))
     if partition is not None and not rows:
         raise ValidationError(
             f"{dead_letter_topic}/{partition}@{offset} is not waiting there (already replayed, consumed, "
