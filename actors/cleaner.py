@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.runtime import Actor, ActorRef, Message, spawn
+from actors.runtime import Actor, ActorRef, Message, Supervisor
 from storage import idempotency, retention, segments
 from storage.logs import get_logger
 
@@ -77,6 +77,6 @@ class Cleaner(Actor[Tick | CleanNow]):
         return deleted
 
 
-def start_cleaner(bus: Any) -> ActorRef[Tick | CleanNow]:
-    """Spawn the Bus's cleaner, ticking every `bus.config.cleaner_interval` seconds."""
-    return spawn(lambda: Cleaner(bus.pool, bus.config.cleaner_interval), f"cleaner:{bus.config.schema}")
+def start_cleaner(bus: Any, supervisor: Supervisor) -> ActorRef[Tick | CleanNow]:
+    """Spawn the Bus's cleaner under its supervisor, ticking every `bus.config.cleaner_interval` seconds."""
+    return supervisor.spawn(lambda: Cleaner(bus.pool, bus.config.cleaner_interval), "cleaner")

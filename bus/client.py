@@ -35,11 +35,12 @@ from storage.names import MAX_SECONDS, validate_name, validate_offset, validate_
 if TYPE_CHECKING:
     from types import ModuleType
 
+    from actors.system import GroupSystem
     from bus.admin import Admin
     from bus.claims import Claim
     from bus.consumer import Consumer, Retry, Subscription
-    from bus.handoff import Callback
     from bus.eventstore import EventStore
+    from bus.handoff import Callback
     from bus.queues import QueueConsumer
 
 log = get_logger(__name__)
@@ -109,7 +110,7 @@ class Bus:
         self._partition_ids: dict[tuple[str, str], int] = {}
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._closed = False
-        self._system: Any = None
+        self._system: GroupSystem | None = None
         self._cleaner: Any = None  # the retention cleaner actor (actors/cleaner.py)
         self._producer: Any = None  # the Producer actor (actors/producer.py): pool publishes go through it
         self._lookups: dict[tuple[str, ...], asyncio.Future[Any]] = {}
@@ -134,7 +135,7 @@ class Bus:
         if self.config.cleaner_interval > 0:  # 0 (or less) disables this process's cleaner
             from actors.cleaner import start_cleaner
 
-            self._cleaner = start_cleaner(self)
+            self._cleaner = start_cleaner(self, system.root)
 
     def _start_producer(self, system: Any) -> None:
         """Spawn the Producer under the Bus's root supervisor (before any member: members stop first)."""
@@ -151,7 +152,7 @@ class Bus:
         pool, announce = self.pool, system.announce
         self._producer = system.root.spawn(lambda: Producer(pool, announce, settings, stats), "producer")
 
-    async def _group_system(self) -> Any:
+    async def _group_system(self) -> GroupSystem:
         if self._system is None:
             from actors.heartbeat import MonitorConfig
             from actors.system import GroupSystem

@@ -38,6 +38,7 @@ returns b"" and `start_http_server` raises a BusError saying what to install.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +70,7 @@ from actors.metrics import (
     registry,
 )
 from actors.metrics import update_lag as _update_lag_pool
-from actors.runtime import ActorRef, spawn
+from actors.runtime import ActorRef
 from storage import db
 from storage.errors import BusError, ValidationError
 from storage.names import validate_name
@@ -180,12 +181,20 @@ async def update_lag(b: Bus, groups: Iterable[str] | None = None) -> dict[tuple[
         return await _update_lag_pool(b.pool, names, scope=b.config.schema)
 
 
+_updaters = itertools.count()
+
+
 def start_lag_updater(b: Bus, interval: float = 15.0, groups: Sequence[str] | None = None) -> ActorRef[Any]:
     """Start an actor that calls update_lag every `interval` seconds; `await ref.stop()` before closing `b`."""
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
         raise ValidationError(f"interval must be a positive number of seconds, got {interval!r}")
     names = None if groups is None else [validate_name(g, "group name") for g in _as_list(groups)]
-    return spawn(lambda: LagUpdater(b.pool, float(interval), names, b.config.schema), f"lag-updater-{b.config.schema}")
+    system = b._system
+    if system is None:
+        raise BusError("the Bus is not connected: start the lag updater after `bus.connect()`")
+    return system.root.spawn(
+        lambda: LagUpdater(b.pool, float(interval), names, b.config.schema), f"lag-updater-{next(_updaters)}"
+    )
 
 
 def _as_list(groups: Iterable[str]) -> list[Any]:
