@@ -106,8 +106,15 @@ async def _load(dsn: str, rows: int) -> str:
 
         async def one(pid: int) -> None:
             async with b.pool.acquire() as conn:
-                await bulk_append(conn, pid, per_partition, keys=KEYS_PER_TOPIC // PARTITIONS,
-                                  payload_bytes=PAYLOAD, start=start, step_seconds=0.01)
+                await bulk_append(
+                    conn,
+                    pid,
+                    per_partition,
+                    keys=KEYS_PER_TOPIC // PARTITIONS,
+                    payload_bytes=PAYLOAD,
+                    start=start,
+                    step_seconds=0.01,
+                )
 
         await asyncio.gather(*(one(pid) for pid in ids))
         async with b.pool.acquire() as conn:
@@ -184,14 +191,17 @@ async def run(dsn: str, quick: bool) -> list[Result]:
         schema = await _load(dsn, rows)
         schemas.append(schema)
         with PeakRss() as first_rss:
-            first = await asyncio.to_thread(run_compaction, dsn, schema, spark=spark, archive=str(tmp / "first"))
+            first = await asyncio.to_thread(
+                run_compaction, dsn, schema, spark=spark, archive=str(tmp / "first")
+            )
         schema = await _load(dsn, rows)
         schemas.append(schema)
         with PeakRss() as warm_rss:
             t0 = time.perf_counter()
             clock = StageClock()
-            warm = await asyncio.to_thread(run_compaction, dsn, schema, spark=spark, archive=str(tmp / "warm"),
-                                           progress=clock)
+            warm = await asyncio.to_thread(
+                run_compaction, dsn, schema, spark=spark, archive=str(tmp / "warm"), progress=clock
+            )
             warm_seconds = time.perf_counter() - t0
         await asyncio.to_thread(spark.stop)
     finally:
@@ -199,18 +209,49 @@ async def run(dsn: str, quick: bool) -> list[Result]:
             await _drop(dsn, s)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    extra: dict[str, Any] = {"rows": rows, "removed_sql": sql_removed, "removed_job": warm.rows_removed,
-                             "archived_job": warm.rows_archived, "first_in_session_s": round(first.seconds, 2),
-                             "master": master, "note": "the job also archives the removed rows to Parquet; the "
-                             "baseline archives nothing (and VACUUMs)"}
+    extra: dict[str, Any] = {
+        "rows": rows,
+        "removed_sql": sql_removed,
+        "removed_job": warm.rows_removed,
+        "archived_job": warm.rows_archived,
+        "first_in_session_s": round(first.seconds, 2),
+        "master": master,
+        "note": "the job also archives the removed rows to Parquet; the "
+        "baseline archives nothing (and VACUUMs)",
+    }
     return [
-        Result("compact", f"warm session, {rows:,} rows (archive + delete)", warm_seconds, "s",
-               baseline=sql_seconds, baseline_name="pure SQL DELETE + VACUUM", higher_is_better=False,
-               target="≤ 1.5× SQL", extra={**extra, "peak_rss_mib": round(max(first_rss.mib, warm_rss.mib), 1),
-                                           "stages_s": clock.seconds}),
-        Result("compact", f"fresh spark-submit, {rows:,} rows (start-up included)", fresh_seconds, "s",
-               baseline=sql_seconds, baseline_name="pure SQL DELETE + VACUUM", higher_is_better=False,
-               target="≤ 3× SQL", extra={**extra, "peak_rss_mib": round(fresh_mib, 1)}),
-        Result("compact", "peak memory, fresh spark-submit (Python + JVM)", fresh_mib, "MiB",
-               higher_is_better=False, extra={"rows": rows}),
+        Result(
+            "compact",
+            f"warm session, {rows:,} rows (archive + delete)",
+            warm_seconds,
+            "s",
+            baseline=sql_seconds,
+            baseline_name="pure SQL DELETE + VACUUM",
+            higher_is_better=False,
+            target="≤ 1.5× SQL",
+            extra={
+                **extra,
+                "peak_rss_mib": round(max(first_rss.mib, warm_rss.mib), 1),
+                "stages_s": clock.seconds,
+            },
+        ),
+        Result(
+            "compact",
+            f"fresh spark-submit, {rows:,} rows (start-up included)",
+            fresh_seconds,
+            "s",
+            baseline=sql_seconds,
+            baseline_name="pure SQL DELETE + VACUUM",
+            higher_is_better=False,
+            target="≤ 3× SQL",
+            extra={**extra, "peak_rss_mib": round(fresh_mib, 1)},
+        ),
+        Result(
+            "compact",
+            "peak memory, fresh spark-submit (Python + JVM)",
+            fresh_mib,
+            "MiB",
+            higher_is_better=False,
+            extra={"rows": rows},
+        ),
     ]

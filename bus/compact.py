@@ -27,7 +27,12 @@ from storage import db
 from storage.compaction import sql as compaction_sql
 from storage.errors import BusError
 
-_STAGES = (("plan", "plan"), ("stage", "keep-set (keys)"), ("archive", "archive (Parquet)"), ("delete", "delete"))
+_STAGES = (
+    ("plan", "plan"),
+    ("stage", "keep-set (keys)"),
+    ("archive", "archive (Parquet)"),
+    ("delete", "delete"),
+)
 
 
 async def _target() -> tuple[str, str]:
@@ -46,29 +51,80 @@ async def _runs(dsn: str, schema: str, limit: int = 20) -> list[Any]:
 
 def status_table(runs: list[Any]) -> Table:
     """The recorded runs, newest first."""
-    table = Table("run", "status", "planned", "finished", "attempts", "partitions", "scanned", "kept", "archived",
-                  "removed", "files", "archive", title="compaction runs")
+    table = Table(
+        "run",
+        "status",
+        "planned",
+        "finished",
+        "attempts",
+        "partitions",
+        "scanned",
+        "kept",
+        "archived",
+        "removed",
+        "files",
+        "archive",
+        title="compaction runs",
+    )
     for r in runs:
         table.add_row(
-            str(r["id"]), r["status"], f"{r['planned_at']:%Y-%m-%d %H:%M:%S}",
+            str(r["id"]),
+            r["status"],
+            f"{r['planned_at']:%Y-%m-%d %H:%M:%S}",
             "-" if r["finished_at"] is None else f"{r['finished_at']:%H:%M:%S}",
-            str(r["attempts"]), str(r["partitions"]), str(r["rows_scanned"]), str(r["rows_kept"]),
-            str(r["rows_archived"]), str(r["rows_removed"]), str(r["files"]), r["archive_root"],
+            str(r["attempts"]),
+            str(r["partitions"]),
+            str(r["rows_scanned"]),
+            str(r["rows_kept"]),
+            str(r["rows_archived"]),
+            str(r["rows_removed"]),
+            str(r["files"]),
+            r["archive_root"],
         )
     return table
 
 
 def summary_table(report: Any) -> Table:
     """Per partition: policy, planned range, cut, rows scanned / kept / archived / removed, new log start."""
-    table = Table("topic", "partition", "cleanup", "range", "cut", "scanned", "kept", "archived", "removed",
-                  "log start", title=f"compaction run {report.run_id}" + (" (resumed)" if report.resumed else ""))
+    table = Table(
+        "topic",
+        "partition",
+        "cleanup",
+        "range",
+        "cut",
+        "scanned",
+        "kept",
+        "archived",
+        "removed",
+        "log start",
+        title=f"compaction run {report.run_id}" + (" (resumed)" if report.resumed else ""),
+    )
     for p in report.partitions:
-        table.add_row(p.topic, p.partition, p.cleanup, f"[{p.lo}, {p.hi})", "-" if p.cut is None else str(p.cut),
-                      str(p.scanned), str(p.kept), str(p.archived), str(p.removed),
-                      "-" if p.log_start_after is None else str(p.log_start_after))
+        table.add_row(
+            p.topic,
+            p.partition,
+            p.cleanup,
+            f"[{p.lo}, {p.hi})",
+            "-" if p.cut is None else str(p.cut),
+            str(p.scanned),
+            str(p.kept),
+            str(p.archived),
+            str(p.removed),
+            "-" if p.log_start_after is None else str(p.log_start_after),
+        )
     table.add_section()
-    table.add_row("total", "", "", "", "", str(report.rows_scanned), str(report.rows_kept),
-                  str(report.rows_archived), str(report.rows_removed), "")
+    table.add_row(
+        "total",
+        "",
+        "",
+        "",
+        "",
+        str(report.rows_scanned),
+        str(report.rows_kept),
+        str(report.rows_archived),
+        str(report.rows_removed),
+        "",
+    )
     return table
 
 
@@ -83,8 +139,14 @@ def compact_command(
         if status:
             console.print(status_table(asyncio.run(_runs(dsn, schema))))
             return 0
-        columns = (SpinnerColumn(), TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+        columns = (
+            SpinnerColumn(),
+            TextColumn("{task.description:<20}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=console, transient=False) as bar:
             tasks = {name: bar.add_task(label, total=None, start=False, info="") for name, label in _STAGES}
             current: list[str] = []
@@ -95,20 +157,29 @@ def compact_command(
                     task = tasks[event.stage]
                     if not current or current[-1] != event.stage:
                         for done in current:
-                            bar.update(tasks[done], completed=bar.tasks[tasks[done]].total or 1,
-                                       total=bar.tasks[tasks[done]].total or 1)
+                            bar.update(
+                                tasks[done],
+                                completed=bar.tasks[tasks[done]].total or 1,
+                                total=bar.tasks[tasks[done]].total or 1,
+                            )
                         current.append(event.stage)
                         bar.start_task(task)
                     counts = " ".join(f"{k} {v:,}" for k, v in event.counts.items())
-                    bar.update(task, total=event.total, completed=event.done, info=(counts or event.message)[:60])
+                    bar.update(
+                        task, total=event.total, completed=event.done, info=(counts or event.message)[:60]
+                    )
                 elif event.stage == "done":
                     for name in current:
                         t = bar.tasks[tasks[name]]
                         bar.update(tasks[name], total=t.total or 1, completed=t.total or 1)
 
-            report = run_compaction(dsn, schema, master=master, archive=archive, topics=topics, progress=on_progress)
+            report = run_compaction(
+                dsn, schema, master=master, archive=archive, topics=topics, progress=on_progress
+            )
         console.print(summary_table(report))
-        console.print(f"archive: {report.archive_root} ({len(report.archive_files)} files), {report.seconds:.1f}s")
+        console.print(
+            f"archive: {report.archive_root} ({len(report.archive_files)} files), {report.seconds:.1f}s"
+        )
         return 0
     except BusError as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -77,7 +77,7 @@ class ArchiveFiles:
             if not name.endswith(".parquet") or name.startswith((".", "_")):
                 continue
             full = path.toString()
-            rel_dir = full[len(prefix):].rsplit("/", 1)[0] if full.startswith(prefix) else ""
+            rel_dir = full[len(prefix) :].rsplit("/", 1)[0] if full.startswith(prefix) else ""
             found.append((rel_dir, full))
         found.sort()
         final: list[str] = []

@@ -41,7 +41,9 @@ async def bulk_append(
 ) -> int:
     """Append `rows` generated records to a partition in one transaction; returns the new next_offset."""
     async with conn.transaction():
-        await conn.execute(BULK_APPEND, partition_id, rows, keys, payload_bytes, tombstone_every, start, step_seconds)
+        await conn.execute(
+            BULK_APPEND, partition_id, rows, keys, payload_bytes, tombstone_every, start, step_seconds
+        )
         return int(await conn.fetchval(BUMP_NEXT_OFFSET, partition_id, rows))
 
 

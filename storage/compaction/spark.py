@@ -53,7 +53,9 @@ def java_home() -> str:
     except OSError as exc:
         raise SparkSetupError(f"cannot run {java} ({exc}); set JAVA_HOME to a Java 17 home") from exc
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-    major = None if match is None else int(match.group(1)) if match.group(1) != "1" else int(match.group(2) or 0)
+    major = (
+        None if match is None else int(match.group(1)) if match.group(1) != "1" else int(match.group(2) or 0)
+    )
     if major != 17:
         raise SparkSetupError(
             f"Java 17 is required by the compaction job, but {java} is Java {major}; "
@@ -67,7 +69,9 @@ def jdbc_jar(explicit: str | None = None) -> str | None:
     for candidate in (explicit, os.environ.get("BUS_JDBC_JAR")):
         if candidate:
             if not Path(candidate).is_file():
-                raise SparkSetupError(f"the JDBC driver jar {candidate!r} (BUS_JDBC_JAR / jdbc_jar) does not exist")
+                raise SparkSetupError(
+                    f"the JDBC driver jar {candidate!r} (BUS_JDBC_JAR / jdbc_jar) does not exist"
+                )
             return candidate
     if Path(DEBIAN_JDBC_JAR).is_file():
         return DEBIAN_JDBC_JAR
@@ -110,7 +114,9 @@ def jdbc_target(dsn: str, schema: str) -> tuple[str, dict[str, str]]:
     return url, props
 
 
-def submit_command(job_args: list[str], *, master: str = "local[*]", jdbc_jar_path: str | None = None) -> tuple[list[str], dict[str, str]]:
+def submit_command(
+    job_args: list[str], *, master: str = "local[*]", jdbc_jar_path: str | None = None
+) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) to run the job with the pyspark package's own `spark-submit`."""
     import sys
 
@@ -129,8 +135,13 @@ def submit_command(job_args: list[str], *, master: str = "local[*]", jdbc_jar_pa
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # The driver's JVM is already running when job.py builds its session, so
     # its heap size must be given here, not in the session's config.
-    argv = [str(Path(spark_home) / "bin" / "spark-submit"), "--master", master,
-            "--driver-memory", os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g")]
+    argv = [
+        str(Path(spark_home) / "bin" / "spark-submit"),
+        "--master",
+        master,
+        "--driver-memory",
+        os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g"),
+    ]
     java_opts = os.environ.get("BUS_SPARK_JAVA_OPTS")
     if java_opts:
         argv += ["--driver-java-options", java_opts]
@@ -140,7 +151,9 @@ def submit_command(job_args: list[str], *, master: str = "local[*]", jdbc_jar_pa
     return [*argv, str(job), *job_args], env
 
 
-def spark_session(master: str | None = None, *, jdbc_jar_path: str | None = None, app_name: str = "bus-compact") -> Any:
+def spark_session(
+    master: str | None = None, *, jdbc_jar_path: str | None = None, app_name: str = "bus-compact"
+) -> Any:
     """A SparkSession for the job (`master` default `local[*]`), with the JDBC driver and Java 17.
 
     If a session is already active in this process it is returned as is.
@@ -149,7 +162,9 @@ def spark_session(master: str | None = None, *, jdbc_jar_path: str | None = None
     try:
         from pyspark.sql import SparkSession
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise SparkSetupError("pyspark is not installed; install the extra: pip install 'pgactorbus[spark]'") from exc
+        raise SparkSetupError(
+            "pyspark is not installed; install the extra: pip install 'pgactorbus[spark]'"
+        ) from exc
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -171,7 +186,9 @@ def spark_session(master: str | None = None, *, jdbc_jar_path: str | None = None
         .config("spark.sql.parquet.compression.codec", "snappy")
     )
     jar = jdbc_jar(jdbc_jar_path)
-    builder = builder.config("spark.jars", jar) if jar else builder.config("spark.jars.packages", JDBC_PACKAGE)
+    builder = (
+        builder.config("spark.jars", jar) if jar else builder.config("spark.jars.packages", JDBC_PACKAGE)
+    )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

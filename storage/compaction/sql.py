@@ -1,8 +1,8 @@
 """Every statement the compaction job runs from its driver (bookkeeping, plan, keep-set, deletes).
 
-The Spark executors read the view `compaction_removable` (migration 004); the
-only text ever formatted is `CTID_RANGE`, and only with integers the job
-computed itself (block numbers).
+The Spark executors read the view `compaction_removable` (migrations 004,
+010); the only text ever formatted is a read split (`split_predicate`), and
+only with integers the job computed itself from its plan.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ INSERT INTO compaction_runs (archive_root, topics) VALUES ($1, $2)
 RETURNING id, status, archive_root, topics, planned_at, attempts
 """
 
-BUMP_ATTEMPTS = "UPDATE compaction_runs SET attempts = attempts + 1, updated_at = clock_timestamp() WHERE id = $1"
+BUMP_ATTEMPTS = (
+    "UPDATE compaction_runs SET attempts = attempts + 1, updated_at = clock_timestamp() WHERE id = $1"
+)
 
 SET_RUN_STATUS = "UPDATE compaction_runs SET status = $2, updated_at = clock_timestamp() WHERE id = $1"
 
@@ -72,23 +74,45 @@ SELECT partition_id, topic, partition, cleanup, lo, hi, end_offset, rows_scanned
 FROM compaction_plan WHERE run_id = $1 ORDER BY topic, partition_id
 """
 
-# How many heap blocks `messages` has now: the JDBC read is split by block ranges.
-MESSAGES_BLOCKS = "SELECT (pg_relation_size('messages') / current_setting('block_size')::bigint)::bigint"
-
 # One JDBC predicate per Spark task (a WHERE clause Spark adds to its read of
-# the view): heap block ranges of `messages`. JDBC predicates cannot carry
-# parameters, so these are the one spot where text is formatted, and only with
-# block numbers the job computed itself, checked to be integers.
-_CTID_RANGE = "row_ctid >= '({lo},0)'::tid AND row_ctid < '({hi},0)'::tid"
-_CTID_FROM = "row_ctid >= '({lo},0)'::tid"
+# the view): a set of whole partitions, or one partition's offset range. The
+# split never looks at the heap (`messages` may be a partitioned table, whose
+# ctids are per leaf), and partition pruning applies when segments are offset
+# ranges. JDBC predicates cannot carry parameters, so these are the one spot
+# where text is formatted, and only with integers the job computed itself
+# from its plan, checked to be integers.
+_WHOLE = "partition_id IN ({ids})"
+_RANGE = 'partition_id = {pid} AND "offset" >= {lo} AND "offset" < {hi}'
+_FROM = 'partition_id = {pid} AND "offset" >= {lo}'
+_BELOW = 'partition_id = {pid} AND "offset" < {hi}'
 
 
-def ctid_predicate(lo: int, hi: int | None) -> str:
-    """The predicate for heap blocks [lo, hi) (hi None: to the end of the table)."""
-    for value in (lo, hi):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"block numbers are non-negative integers, got {value!r}")
-    return _CTID_FROM.format(lo=lo) if hi is None else _CTID_RANGE.format(lo=lo, hi=hi)
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"partition ids and offsets are non-negative integers, got {value!r}")
+    return value
+
+
+def split_predicate(pieces: list[tuple[int, int | None, int | None]]) -> str:
+    """The predicate for `pieces` of (partition_id, from offset or None, below offset or None).
+
+    None on both sides means the whole planned range of that partition; the
+    view itself bounds every partition to its plan's [lo, hi).
+    """
+    if not pieces:
+        raise ValueError("a split needs at least one piece")
+    whole = [_int(pid) for pid, lo, hi in pieces if lo is None and hi is None]
+    terms = [_WHOLE.format(ids=", ".join(str(i) for i in whole))] if whole else []
+    for pid, lo, hi in pieces:
+        if lo is None and hi is None:
+            continue
+        if lo is None:
+            terms.append(_BELOW.format(pid=_int(pid), hi=_int(hi)))
+        elif hi is None:
+            terms.append(_FROM.format(pid=_int(pid), lo=_int(lo)))
+        else:
+            terms.append(_RANGE.format(pid=_int(pid), lo=_int(lo), hi=_int(hi)))
+    return terms[0] if len(terms) == 1 else " OR ".join(f"({t})" for t in terms)
 
 
 CLEAR_KEEP = "DELETE FROM compaction_keep WHERE run_id = $1"
@@ -188,6 +212,30 @@ WHERE p.id = $1
 RETURNING log_start
 """
 
+# The watermark moved back between this run's archive and its delete: the
+# rows it archived at or above the cut stay in the log. Remember them, so a
+# later run deletes them without archiving them a second time. The view
+# still describes exactly what this run archived (its plan row is not done
+# yet, its keep-set is unchanged, and log rows never change).
+HOLD_ARCHIVED = """
+INSERT INTO compaction_archived (partition_id, "offset", run_id)
+SELECT partition_id, "offset", run_id FROM compaction_removable
+WHERE partition_id = $1 AND "offset" >= $2
+ON CONFLICT DO NOTHING
+"""
+
+# Entries whose rows are gone (deleted by this run, the retention cleaner, a
+# dropped segment or topic) are no longer needed.
+FORGET_ARCHIVED = """
+DELETE FROM compaction_archived a
+WHERE a.partition_id = $1
+  AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.partition_id = a.partition_id AND m."offset" = a."offset")
+"""
+FORGET_GONE_ARCHIVED = """
+DELETE FROM compaction_archived a
+WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.partition_id = a.partition_id AND m."offset" = a."offset")
+"""
+
 MARK_PARTITION_DONE = """
 UPDATE compaction_plan
 SET removed_rows = $3, cut = $4, log_start_after = $5, done_at = clock_timestamp()
@@ -215,11 +263,59 @@ SELECT id, status, archive_root, topics, planned_at, finished_at, attempts, rows
 FROM compaction_runs WHERE id = $1
 """
 
+# Progress of the open run, written as the job goes.
+SET_STAGE = """
+UPDATE compaction_runs
+SET stage = $2, stage_done = $3, stage_total = $4, stage_message = $5, updated_at = clock_timestamp()
+WHERE id = $1
+"""
+
 SELECT_RUNS = """
 SELECT id, status, archive_root, topics, planned_at, finished_at, attempts, rows_scanned, rows_kept,
        rows_archived, rows_removed, cardinality(archive_files) AS files,
+       stage, stage_done, stage_total, stage_message, updated_at,
        (SELECT count(*) FROM compaction_plan p WHERE p.run_id = r.id) AS partitions
 FROM compaction_runs r
 ORDER BY id DESC
 LIMIT $1
+"""
+
+# -- the sidecar (`bus compact --every`) -------------------------------------------------
+
+SIDECAR_REGISTER = """
+INSERT INTO compaction_sidecars (name, every_seconds, master)
+VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE
+SET every_seconds = EXCLUDED.every_seconds, master = EXCLUDED.master, started_at = clock_timestamp(),
+    heartbeat_at = clock_timestamp(), state = 'starting', next_run_at = NULL
+"""
+
+SIDECAR_STATE = """
+UPDATE compaction_sidecars
+SET state = $2, next_run_at = $3, heartbeat_at = clock_timestamp()
+WHERE name = $1
+"""
+
+SIDECAR_RUN_STARTED = """
+UPDATE compaction_sidecars
+SET state = 'running', last_started_at = clock_timestamp(), heartbeat_at = clock_timestamp(), next_run_at = NULL
+WHERE name = $1
+"""
+
+# $2 outcome ok|failed|busy, $3 run id, $4 seconds, $5 error text, $6 archived, $7 removed.
+SIDECAR_RUN_FINISHED = """
+UPDATE compaction_sidecars
+SET last_outcome = $2, last_run_id = COALESCE($3, last_run_id), last_seconds = $4, last_error = $5,
+    last_archived = $6, last_removed = $7, last_finished_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+    runs_ok = runs_ok + (CASE WHEN $2 = 'ok' THEN 1 ELSE 0 END),
+    runs_failed = runs_failed + (CASE WHEN $2 = 'failed' THEN 1 ELSE 0 END)
+WHERE name = $1
+"""
+
+SELECT_SIDECARS = """
+SELECT name, every_seconds, master, started_at, heartbeat_at, state, next_run_at, runs_ok, runs_failed,
+       last_run_id, last_started_at, last_finished_at, last_seconds, last_outcome, last_error,
+       last_archived, last_removed
+FROM compaction_sidecars
+ORDER BY started_at DESC
 """

@@ -40,7 +40,9 @@ class Expected:
     log_start: dict[int, int]
 
 
-def expected_after(rows: list[Any], parts: list[Any], now: datetime, default_tombstone: float = 86400.0) -> Expected:
+def expected_after(
+    rows: list[Any], parts: list[Any], now: datetime, default_tombstone: float = 86400.0
+) -> Expected:
     """What one complete run planned at `now` leaves, from a snapshot taken before it."""
     by_part: dict[int, list[Any]] = {}
     for r in rows:
@@ -111,14 +113,24 @@ async def make_group(b: bus.Bus, name: str, topics: list[str], committed: dict[t
 
 
 async def load(
-    b: bus.Bus, topic: str, partition: str, rows: int, *, keys: int, start: datetime, step: float, tombstone_every: int = 0
+    b: bus.Bus,
+    topic: str,
+    partition: str,
+    rows: int,
+    *,
+    keys: int,
+    start: datetime,
+    step: float,
+    tombstone_every: int = 0,
 ) -> None:
     """Append generated rows to one partition (see storage/compaction/bulk.py)."""
     info = await b.topic(topic)
     pid = await b.partition_id(info, partition, create=True)
     assert pid is not None
     async with b.pool.acquire() as conn:
-        await bulk_append(conn, pid, rows, keys=keys, start=start, step_seconds=step, tombstone_every=tombstone_every)
+        await bulk_append(
+            conn, pid, rows, keys=keys, start=start, step_seconds=step, tombstone_every=tombstone_every
+        )
 
 
 def archive_rows(spark: Any, root: str) -> list[Any]:

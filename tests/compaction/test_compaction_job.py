@@ -16,6 +16,7 @@ from storage.compaction import CompactionCrash, run_compaction
 from storage.compaction.spark import submit_command
 from tests.compaction.compaction_model import (
     LAST_RUN,
+    SET_COMMITTED,
     archive_rows,
     expected_after,
     load,
@@ -81,7 +82,9 @@ def _compact(b: bus.Bus, spark: Any, archive: Path, **kw: Any) -> Any:
     return asyncio.to_thread(run_compaction, b.dsn, b.config.schema, spark=spark, archive=str(archive), **kw)
 
 
-async def _assert_matches_model(b: bus.Bus, spark: Any, archive: Path, rows: list[Any], parts: list[Any]) -> None:
+async def _assert_matches_model(
+    b: bus.Bus, spark: Any, archive: Path, rows: list[Any], parts: list[Any]
+) -> None:
     expected = expected_after(rows, parts, await _planned_at(b))
     async with b.pool.acquire() as conn:
         assert await present(conn) == expected.remaining
@@ -109,14 +112,25 @@ async def test_compaction_matches_the_reference_model_for_both_policies(
     # below the watermark is exactly the keep-set.
     by_id = {p["partition_id"]: p for p in parts}
     for outcome in (o for o in report.partitions if o.cleanup == "compact"):
-        pid = next(p for p, row in by_id.items() if (row["topic"], row["partition"]) == (outcome.topic, outcome.partition))
+        pid = next(
+            p
+            for p, row in by_id.items()
+            if (row["topic"], row["partition"]) == (outcome.topic, outcome.partition)
+        )
         part = by_id[pid]
-        keyed = [r for r in rows if r["partition_id"] == pid and r["key"] is not None
-                 and part["log_start"] <= r["offset"] < part["next_offset"]]
+        keyed = [
+            r
+            for r in rows
+            if r["partition_id"] == pid
+            and r["key"] is not None
+            and part["log_start"] <= r["offset"] < part["next_offset"]
+        ]
         assert outcome.scanned == len(keyed)
         if outcome.topic == "events":
             left = {o for p, o in expected.remaining if p == pid}
-            assert outcome.kept == sum(1 for r in keyed if r["offset"] < part["low_watermark"] and r["offset"] in left)
+            assert outcome.kept == sum(
+                1 for r in keyed if r["offset"] < part["low_watermark"] and r["offset"] in left
+            )
     # Archive layout: partitioned by topic and date, files named by the run.
     files = [Path(f.removeprefix("file:")) for f in report.archive_files]
     assert files and all(f.name.startswith(f"run-{report.run_id}-") and f.exists() for f in files)
@@ -124,7 +138,9 @@ async def test_compaction_matches_the_reference_model_for_both_policies(
     assert all(f.parent.name.startswith("date=") for f in files)
 
 
-async def test_a_second_run_finds_nothing_more_and_archives_nothing_twice(b: bus.Bus, spark: Any, tmp_path: Path) -> None:
+async def test_a_second_run_finds_nothing_more_and_archives_nothing_twice(
+    b: bus.Bus, spark: Any, tmp_path: Path
+) -> None:
     await _history(b, scale=10)
     first = await _compact(b, spark, tmp_path / "archive")
     second = await _compact(b, spark, tmp_path / "archive")
@@ -180,12 +196,15 @@ async def test_a_run_crashed_at_any_step_finishes_like_an_uninterrupted_one(
     assert run["status"] == "done" and run["rows_removed"] == report.rows_removed == run["rows_archived"]
 
 
-async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(b: bus.Bus, spark: Any, tmp_path: Path) -> None:
+async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(
+    b: bus.Bus, spark: Any, tmp_path: Path
+) -> None:
     await _history(b, scale=10)
     async with b.pool.acquire() as conn:
         rows, parts = await snapshot(conn)
     argv, env = submit_command(
-        ["--dsn", b.dsn, "--schema", b.config.schema, "--archive", str(tmp_path / "archive")], master="local[2]"
+        ["--dsn", b.dsn, "--schema", b.config.schema, "--archive", str(tmp_path / "archive")],
+        master="local[2]",
     )
     env["BUS_COMPACT_CRASH_AT"] = "mid_delete"
     proc = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=240)
@@ -197,7 +216,9 @@ async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(b: bus.Bus,
     await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)
 
 
-async def test_a_group_arriving_after_planning_is_never_robbed(b: bus.Bus, spark: Any, tmp_path: Path) -> None:
+async def test_a_group_arriving_after_planning_is_never_robbed(
+    b: bus.Bus, spark: Any, tmp_path: Path
+) -> None:
     await _history(b, scale=10)
     with pytest.raises(CompactionCrash):
         await _compact(b, spark, tmp_path / "archive", crash_at="after_archive")
@@ -218,3 +239,33 @@ async def test_a_group_arriving_after_planning_is_never_robbed(b: bus.Bus, spark
     assert any(p.removed > 0 for p in report.partitions if p.topic == "events")
     msgs = await b.read("orders", partition="0", offset=0, max_messages=10)
     assert [m.offset for m in msgs] == list(range(10))
+
+
+async def test_rows_held_back_by_a_reset_between_archive_and_delete_are_archived_once(
+    b: bus.Bus, spark: Any, tmp_path: Path
+) -> None:
+    await _history(b, scale=10)
+    async with b.pool.acquire() as conn:
+        rows, parts = await snapshot(conn)
+    with pytest.raises(CompactionCrash):
+        await _compact(b, spark, tmp_path / "archive", crash_at="after_archive")
+    # An admin resets the group backwards on a delete and a compact partition
+    # after the archive was written: the delete must keep those rows.
+    async with b.pool.acquire() as conn:
+        await conn.execute(SET_COMMITTED, "readers", "orders", 100, "0")
+        await conn.execute(SET_COMMITTED, "readers", "events", 300, "0")
+    held = await _compact(b, spark, tmp_path / "archive")
+    assert held.resumed and held.rows_removed < held.rows_archived
+    by_part = {(p.topic, p.partition): p for p in held.partitions}
+    assert by_part[("orders", "0")].cut == 100 and by_part[("events", "0")].cut == 300
+    # The group catches up again; the next run removes what was held back,
+    # and the archive holds every removed row exactly once.
+    async with b.pool.acquire() as conn:
+        await conn.execute(SET_COMMITTED, "readers", "orders", 500, "0")
+        await conn.execute(SET_COMMITTED, "readers", "events", 1300, "0")
+    later = await _compact(b, spark, tmp_path / "archive")
+    assert later.rows_removed > later.rows_archived
+    assert held.rows_archived + later.rows_archived == held.rows_removed + later.rows_removed
+    await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)
+    async with b.pool.acquire() as conn:  # nothing held back is left to remember
+        assert await conn.fetchval("SELECT count(*) FROM compaction_archived") == 0

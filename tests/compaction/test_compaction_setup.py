@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from storage.compaction import SparkSetupError, jdbc_target, run_compaction
+from storage.compaction.job import split_ranges
 from storage.compaction.spark import java_home, jdbc_jar
-from storage.compaction.sql import ctid_predicate
+from storage.compaction.sql import split_predicate
 from storage.errors import ValidationError
 
 TEMURIN_25 = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
@@ -40,7 +41,9 @@ def test_a_java_home_that_is_not_java_17_is_refused_with_the_version(monkeypatch
         java_home()
 
 
-def test_a_missing_java_home_is_refused_with_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_missing_java_home_is_refused_with_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nojava"))
     with pytest.raises(SparkSetupError, match="OpenJDK 17"):
         java_home()
@@ -53,25 +56,63 @@ def test_without_java_home_debian_java_17_is_used(monkeypatch: pytest.MonkeyPatc
     assert java_home() == "/usr/lib/jvm/java-17-openjdk-amd64"
 
 
-def test_a_configured_jdbc_jar_that_does_not_exist_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_configured_jdbc_jar_that_does_not_exist_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("BUS_JDBC_JAR", str(tmp_path / "missing.jar"))
     with pytest.raises(SparkSetupError, match="does not exist"):
         jdbc_jar()
 
 
-def test_a_configured_jdbc_jar_wins_over_the_system_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_configured_jdbc_jar_wins_over_the_system_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     jar = tmp_path / "driver.jar"
     jar.write_bytes(b"PK")
     monkeypatch.setenv("BUS_JDBC_JAR", str(jar))
     assert jdbc_jar() == str(jar)
 
 
-def test_block_range_predicates_accept_only_block_numbers() -> None:
-    assert ctid_predicate(0, 8) == "row_ctid >= '(0,0)'::tid AND row_ctid < '(8,0)'::tid"
-    assert ctid_predicate(8, None) == "row_ctid >= '(8,0)'::tid"
+def test_read_splits_are_whole_partitions_or_offset_ranges_of_integers_only() -> None:
+    assert split_predicate([(3, None, None), (5, None, None)]) == "partition_id IN (3, 5)"
+    assert split_predicate([(3, None, None), (7, None, 120)]) == (
+        '(partition_id IN (3)) OR (partition_id = 7 AND "offset" < 120)'
+    )
+    assert split_predicate([(7, 120, 300)]) == 'partition_id = 7 AND "offset" >= 120 AND "offset" < 300'
+    assert split_predicate([(7, 300, None)]) == 'partition_id = 7 AND "offset" >= 300'
     for bad in ("1'; DROP TABLE messages; --", -1, 1.5, True):
         with pytest.raises(ValueError):
-            ctid_predicate(bad, None)  # type: ignore[arg-type]
+            split_predicate([(7, bad, None)])  # type: ignore[list-item]
+        with pytest.raises(ValueError):
+            split_predicate([(bad, None, None)])  # type: ignore[list-item]
+
+
+def test_planned_ranges_split_into_even_spans_covering_every_offset_once() -> None:
+    ranges = [(1, 0, 100), (2, 50, 60), (3, 10, 400)]
+    for tasks in (1, 2, 3, 7, 1000):
+        spans = split_ranges(ranges, tasks)
+        assert 1 <= len(spans) <= tasks
+        covered: list[tuple[int, int]] = []
+        for span in spans:
+            for pid, lo, hi in span:
+                planned = next(r for r in ranges if r[0] == pid)
+                covered += [
+                    (pid, o)
+                    for o in range(planned[1] if lo is None else lo, planned[2] if hi is None else hi)
+                ]
+        assert sorted(covered) == sorted((pid, o) for pid, lo, hi in ranges for o in range(lo, hi))
+        sizes = [
+            sum(
+                (r[2] if hi is None else hi) - (r[1] if lo is None else lo)
+                for pid, lo, hi in span
+                for r in ranges
+                if r[0] == pid
+            )
+            for span in spans
+        ]
+        assert max(sizes) - min(sizes) <= max(sizes) // 2 + 1 or len(spans) == 1
+    assert split_ranges([(1, 5, 5)], 4) == []
+    assert split_ranges(ranges, 1) == [[(1, None, None), (2, None, None), (3, None, None)]]
 
 
 def test_an_unknown_crash_point_is_refused() -> None:
