@@ -152,11 +152,15 @@ def compact(
     archive: str = typer.Option(None, "--archive", help="archive URI/dir (default $BUS_HOME/archive)"),
     topics_: list[str] = typer.Option(None, "--topics", help="only these topics"),  # noqa: B008 - typer's idiom
     status: bool = typer.Option(False, "--status", help="show recorded runs instead of running"),
+    every: str = typer.Option(None, "--every", help="keep running: compact every 10m (90s, 1h...) in one Spark session"),
 ) -> None:
     """Run the Spark compaction and archive job with a progress display."""
-    from bus.compact import compact_command
+    from bus.compact import compact_command, sidecar_command
 
-    code = compact_command(console, master=master, archive=archive, topics=topics_ or None, status=status)
+    if every and not status:
+        code = sidecar_command(console, master, archive, topics_ or None, every)
+    else:
+        code = compact_command(console, master=master, archive=archive, topics=topics_ or None, status=status)
     if code:
         raise typer.Exit(code)
 

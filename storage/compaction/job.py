@@ -399,6 +399,7 @@ class _Job:
         assert conn is not None
         async with conn.transaction():
             run = await conn.fetchrow(sql.INSERT_RUN, root, topics)
+            assert run is not None  # INSERT ... RETURNING always returns the row
             await conn.execute(sql.INSERT_PLAN, run["id"], topics, self.tombstone_default)
             await conn.execute(sql.FORGET_GONE_ARCHIVED)
         await conn.execute(sql.ANALYZE_PLAN)
