@@ -12,9 +12,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
+import msgspec
 
 from actors import metrics as _metrics
 from actors.producer import Prepared, Vanished
+from bus import tracing
 from bus.codec import encode_headers, encode_payload, to_message, validate_key
 from bus.config import Config
 from bus.types import Message, Outgoing, Record, TopicInfo
@@ -149,8 +151,10 @@ class Bus:
             max_pending=4 * c.max_batch,
         )
         self.producer_stats = stats = ProducerStats()
-        pool, announce = self.pool, system.announce
-        self._producer = system.root.spawn(lambda: Producer(pool, announce, settings, stats), "producer")
+        dsn, schema, announce = self.dsn, c.schema, system.announce
+        self._producer = system.root.spawn(
+            lambda: Producer(lambda: db.connect(dsn, schema), announce, settings, stats), "producer"
+        )
 
     async def _group_system(self) -> GroupSystem:
         if self._system is None:
@@ -464,7 +468,8 @@ class Bus:
             pid = self._partition_ids.get((info.name, name))
             if pid is None:
                 pid = await self._shared(
-                    ("partition", info.name, name), functools.partial(self.partition_id, info, name, create=True)
+                    ("partition", info.name, name),
+                    functools.partial(self.partition_id, info, name, create=True),
                 )
             if pid is None:
                 self._forget_topic(info.name)
@@ -530,23 +535,30 @@ class Bus:
         With `idempotency_key`, a publish repeated within the topic's `dedupe_window` writes nothing
         and returns the original Record: retry a publish whose outcome is unknown with the same key.
         """
-        # _choose_partition takes an int partition as well (Outgoing does not check its fields).
-        one = Outgoing(payload, key, partition, headers, idempotency_key)  # type: ignore[arg-type]
-        for attempt in range(2):
-            info = await self._topic(topic)
-            call = await self._prepare(info, (one,), _window(info))
-            try:
-                records = await self._write(call, connection)
-            except Vanished:
-                # The partition vanished (topic deleted elsewhere): forget and look again once.
-                self._forget_topic(topic)
-                if attempt == 0 and connection is None:
-                    continue
-                raise TopicNotFoundError(
-                    f"topic {topic!r} no longer exists (or lost the partition)"
-                ) from None
-            _metrics.published(topic, 1)
-            return records[0]
+        with tracing.publishing(topic, 1) as trace:
+            # _choose_partition takes an int partition as well (Outgoing does not check its fields).
+            one = Outgoing(
+                payload,
+                key,
+                partition,  # type: ignore[arg-type]
+                tracing.with_trace_headers(headers, trace),
+                idempotency_key,
+            )
+            for attempt in range(2):
+                info = await self._topic(topic)
+                call = await self._prepare(info, (one,), _window(info))
+                try:
+                    records = await self._write(call, connection)
+                except Vanished:
+                    # The partition vanished (topic deleted elsewhere): forget and look again once.
+                    self._forget_topic(topic)
+                    if attempt == 0 and connection is None:
+                        continue
+                    raise TopicNotFoundError(
+                        f"topic {topic!r} no longer exists (or lost the partition)"
+                    ) from None
+                _metrics.published(topic, 1)
+                return records[0]
         raise AssertionError("unreachable")
 
     async def publish_many(
@@ -557,21 +569,24 @@ class Bus:
         A message with an `idempotency_key` already written within the window is not written again:
         its record is the original's (so is a later message of the batch with the same key).
         """
-        info = await self._topic(topic)
         if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
             raise ValidationError("publish_many takes a list of bus.Outgoing (or plain payloads)")
-        call = await self._prepare(info, messages, _window(info))
-        if not call.pids:
-            return []
-        try:
-            records = await self._write(call, connection)
-        except Vanished:
-            self._forget_topic(topic)
-            raise TopicNotFoundError(
-                f"topic {topic!r} no longer exists (or lost partitions) while publishing"
-            ) from None
-        _metrics.published(topic, len(records))
-        return records
+        with tracing.publishing(topic, len(messages)) as trace:
+            if trace:
+                messages = [_traced(m, trace) for m in messages]
+            info = await self._topic(topic)
+            call = await self._prepare(info, messages, _window(info))
+            if not call.pids:
+                return []
+            try:
+                records = await self._write(call, connection)
+            except Vanished:
+                self._forget_topic(topic)
+                raise TopicNotFoundError(
+                    f"topic {topic!r} no longer exists (or lost partitions) while publishing"
+                ) from None
+            _metrics.published(topic, len(records))
+            return records
 
     # -- the other delivery modes (each in its own module) ------------------------------
 
@@ -674,6 +689,16 @@ def _records(call: Prepared, placed: list[Placed | None]) -> list[Record]:
 
 def _window(info: TopicInfo) -> float | None:
     return None if info.dedupe_window is None else info.dedupe_window.total_seconds()
+
+
+def _traced(message: Outgoing | Any, trace: dict[str, str]) -> Outgoing:
+    """`message` (an Outgoing or a bare payload) carrying the publisher's trace context in its headers."""
+    if isinstance(message, Outgoing):
+        traced: Outgoing = msgspec.structs.replace(
+            message, headers=tracing.with_trace_headers(message.headers, trace)
+        )
+        return traced
+    return Outgoing(message, headers=dict(trace))
 
 
 def _is_partition_name(value: str) -> bool:

@@ -35,6 +35,7 @@ def _installed() -> bool:
 ENABLED = _installed()
 _trace: Any = None
 _propagate: Any = None
+_provider: Any = None  # None: OpenTelemetry's global tracer provider
 SYSTEM = "pgactorbus"
 _MAX_LINKS = 128  # a batch links at most this many publishers
 _TRACE_HEADERS = ("traceparent", "tracestate")
@@ -46,7 +47,13 @@ def _tracer() -> Any:
         from opentelemetry import propagate, trace
 
         _trace, _propagate = trace, propagate
-    return _trace.get_tracer("pgactorbus")
+    return _trace.get_tracer("pgactorbus", tracer_provider=_provider)
+
+
+def use_tracer_provider(provider: Any) -> None:
+    """Trace through `provider` instead of OpenTelemetry's global one (None: back to the global one)."""
+    global _provider
+    _provider = provider
 
 
 def message_id(topic: str, partition: str, offset: int) -> str:
