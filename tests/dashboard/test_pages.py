@@ -220,3 +220,17 @@ async def test_mounted_in_a_service_under_a_prefix(populated: bus.Bus) -> None:
         assert r.status_code == 303 and r.headers["location"].startswith("/ops/bus/queues/jobs.dlq?msg=")
         assert (await client.get("/ops/bus/static/dashboard.js")).status_code == 200
     await dash.state.history.stop()
+
+
+async def test_compaction_runs_page(bus_client: bus.Bus) -> None:
+    from storage.compaction import sql as compaction_sql
+
+    run = await bus_client.pool.fetchrow(compaction_sql.INSERT_RUN, "/tmp/archive-x", None)
+    await bus_client.pool.execute(compaction_sql.FINISH_RUN, run["id"])
+    open_run = await bus_client.pool.fetchrow(compaction_sql.INSERT_RUN, "/tmp/archive-y", ["orders"])
+    app = bus.dashboard.app(bus_client)
+    async with await client_for(app) as client:
+        page = (await client.get("/compaction")).text
+    assert "/tmp/archive-x" in page and "/tmp/archive-y" in page and "status-done" in page
+    assert page.index(f"<td>{open_run['id']}</td>") < page.index(f"<td>{run['id']}</td>")  # newest first
+    await app.state.history.stop()
