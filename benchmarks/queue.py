@@ -22,6 +22,7 @@ pgqueuer: its entrypoint runs).
 
 pgqueuer gets its own database (`pgq_bench`) on the same server, installed
 fresh each round; the bus and the raw table get fresh schemas, dropped afterwards.
+Every peer's tables are analyzed once loaded (the steady state autovacuum keeps).
 
 Run it alone with `bus bench queue [--quick]` (or `python -m benchmarks.queue`).
 """
@@ -116,6 +117,8 @@ async def _bus_drain(dsn: str, jobs: int, consumers: int, take: int) -> tuple[fl
                 TOPIC, [bus.Outgoing(_payload(i)) for i in range(first, min(first + BATCH, jobs))]
             )
         enqueue = jobs / (time.perf_counter() - started)
+        # The steady state: statistics of the loaded tables, as autovacuum keeps them (bench SQL).
+        await b.pool.execute("ANALYZE queue_jobs, messages")
         handled = 0
 
         async def consume() -> None:
@@ -252,6 +255,7 @@ async def _pgq_drain(dsn: str, jobs: int, consumers: int, batch: int) -> tuple[f
             n = min(BATCH, jobs - first)
             await queries.enqueue([ENTRYPOINT] * n, [_payload(i) for i in range(first, first + n)], [0] * n)
         enqueue = jobs / (time.perf_counter() - started)
+        await pool.execute("ANALYZE pgqueuer")  # the same steady state for pgqueuer's table
         handled = 0
         workers = []
         for _ in range(consumers):

@@ -55,10 +55,18 @@ ORDER BY m."offset"
 # many jobs each wants, $5 their sum. The free jobs are leased in visibility
 # order and dealt out in the order the consumers asked, each up to its share;
 # `request` (1-based) says which of the requests a row went to.
+#
+# A take commits without waiting for its WAL flush (synchronous_commit off for
+# this statement's transaction only): a lease is soft state. If PostgreSQL
+# crashes before the flush, the leases of the last moment are forgotten and
+# those jobs are simply delivered again, as any job whose consumer vanished;
+# nothing acked or published is affected (acks and publishes still wait for
+# their flush). Set in `r`, which always runs before any job is leased.
 _TAKE_HEAD = """
 WITH r AS (
     SELECT x.ord AS request, x.consumer, sum(x.n) OVER (ORDER BY x.ord) - x.n AS after,
-           sum(x.n) OVER (ORDER BY x.ord) AS upto
+           sum(x.n) OVER (ORDER BY x.ord) AS upto,
+           set_config('synchronous_commit', 'off', true) AS soft
     FROM unnest($4::text[], $2::int[]) WITH ORDINALITY AS x(consumer, n, ord)
 ), c AS (
 """
@@ -95,7 +103,7 @@ TAKE = (
     _TAKE_HEAD
     + """
     SELECT partition_id, "offset", visible_at FROM queue_jobs
-    WHERE topic = $1 AND visible_at <= clock_timestamp()
+    WHERE topic = $1 AND visible_at <= statement_timestamp()
     ORDER BY visible_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
@@ -110,7 +118,7 @@ TAKE_ORDERED = (
     _TAKE_HEAD
     + """
     SELECT j.partition_id, j."offset", j.visible_at FROM queue_jobs j
-    WHERE j.topic = $1 AND j.visible_at <= clock_timestamp()
+    WHERE j.topic = $1 AND j.visible_at <= statement_timestamp()
       AND (j.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM queue_jobs e
             WHERE e.topic = j.topic AND e.key = j.key
@@ -127,10 +135,13 @@ DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch
 RETURNING "offset"
 """
 
+# The ANY conditions make each job an index probe (the primary key); joined
+# with the list alone the planner may hash it against a scan of every job.
 ACK_MANY = """
 DELETE FROM queue_jobs j
-USING unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS a(pid, off, epoch)
-WHERE j.partition_id = a.pid AND j."offset" = a.off AND j.lease_epoch = a.epoch
+WHERE j.partition_id = ANY($1::bigint[]) AND j."offset" = ANY($2::bigint[])
+  AND EXISTS (SELECT 1 FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS a(pid, off, epoch)
+              WHERE j.partition_id = a.pid AND j."offset" = a.off AND j.lease_epoch = a.epoch)
 RETURNING j.partition_id, j."offset"
 """
 
