@@ -255,8 +255,14 @@ class PatternCounts:
         """One row of the per-pattern table."""
         explained = self.duplicates - self.unexplained
         cells = [
-            f"{self.pattern:<12}", f"{group:<10}", f"{self.acked:>6}", f"{self.delivered:>9}", f"{self.deliveries:>10}",
-            f"{explained:>8}", f"{self.unexplained:>11}", f"{self.losses:>6}",
+            f"{self.pattern:<12}",
+            f"{group:<10}",
+            f"{self.acked:>6}",
+            f"{self.delivered:>9}",
+            f"{self.deliveries:>10}",
+            f"{explained:>8}",
+            f"{self.unexplained:>11}",
+            f"{self.losses:>6}",
         ]
         extra = []
         if self.rows is not None:
@@ -314,7 +320,9 @@ class Report:
 
     def table(self) -> str:
         """The per-pattern counts, one line per group."""
-        lines = [HEADER] + [pc.line(g) for g, pc in sorted(self.patterns.items(), key=lambda kv: kv[1].pattern)]
+        lines = [HEADER] + [
+            pc.line(g) for g, pc in sorted(self.patterns.items(), key=lambda kv: kv[1].pattern)
+        ]
         return "\n".join(lines)
 
     def summary(self) -> str:
@@ -385,7 +393,9 @@ def _check_payloads(h: History, by_key: dict[tuple[str, str, str, int], list[Del
         ids = {d.msg_id for d in ds}
         expected = written.get((topic, part, off))
         if len(ids) > 1 or (expected is not None and ids != {expected}):
-            r.violate(g, f"corrupt: {g} got payloads {sorted(ids)} at {topic}/{part}@{off}, published {expected!r}")
+            r.violate(
+                g, f"corrupt: {g} got payloads {sorted(ids)} at {topic}/{part}@{off}, published {expected!r}"
+            )
 
 
 def _touches(f: Fault, pids: set[int], group: str | None = None) -> bool:
@@ -425,14 +435,22 @@ def _check_losses(
             if dls[0].msg_id not in h.poison:
                 lo, hi = (min(d.t for d in ds) - h.slack if ds else 0.0), dls[0].t
                 if not ds or not any(_touches(f, pids, g) and f.start <= hi and f.end >= lo for f in faults):
-                    r.violate(g, f"dead letter: {g} dead-lettered {key[0]}/{key[1]}@{key[2]} ({dls[0].msg_id}), "
-                                 "which is not poison, with no fault on the processes that had it")
+                    r.violate(
+                        g,
+                        f"dead letter: {g} dead-lettered {key[0]}/{key[1]}@{key[2]} ({dls[0].msg_id}), "
+                        "which is not poison, with no fault on the processes that had it",
+                    )
             for prev, cur in zip(dls, dls[1:], strict=False):
                 pc.dead_letter_duplicates += 1
-                if not any((not f.groups or g in f.groups) and f.start <= cur.t and f.end >= prev.t - h.slack
-                           for f in faults):
-                    r.violate(g, f"dead letter: {g} dead-lettered {key[0]}/{key[1]}@{key[2]} twice "
-                                 f"({prev.t:.3f}, {cur.t:.3f}) with no fault in between")
+                if not any(
+                    (not f.groups or g in f.groups) and f.start <= cur.t and f.end >= prev.t - h.slack
+                    for f in faults
+                ):
+                    r.violate(
+                        g,
+                        f"dead letter: {g} dead-lettered {key[0]}/{key[1]}@{key[2]} twice "
+                        f"({prev.t:.3f}, {cur.t:.3f}) with no fault in between",
+                    )
 
 
 def _check_order(h: History, r: Report) -> None:
@@ -474,7 +492,9 @@ def rejoin_faults(deliveries: list[Delivery]) -> list[Fault]:
         ds.sort(key=lambda d: (d.seq, d.t))
         for prev, cur in zip(ds, ds[1:], strict=False):
             if cur.member != prev.member:
-                out.append(Fault("rejoin", prev.t, cur.t, pid, f"{prev.member} -> {cur.member}", frozenset({group})))
+                out.append(
+                    Fault("rejoin", prev.t, cur.t, pid, f"{prev.member} -> {cur.member}", frozenset({group}))
+                )
     return out
 
 
@@ -525,14 +545,20 @@ def _check_rows(h: History, r: Report) -> None:
         lost = [a for a in _acks_of(h, g) if (a.topic, a.partition, a.offset) not in count]
         pc.row_losses = len(lost)
         for a in lost[:5]:
-            r.violate(g, f"exactly-once: {g}'s table has no row for {a.topic}/{a.partition}@{a.offset} (id {a.msg_id})")
+            r.violate(
+                g,
+                f"exactly-once: {g}'s table has no row for {a.topic}/{a.partition}@{a.offset} (id {a.msg_id})",
+            )
         if len(lost) > 5:
             r.violate(g, f"exactly-once: {g}'s table misses {len(lost) - 5} more acknowledged messages")
         for a in _acks_of(h, g):
             got = ids.get((a.topic, a.partition, a.offset))
             if got is not None and got != {a.msg_id}:
-                r.violate(g, f"exactly-once: {g}'s table has {sorted(got)} at {a.topic}/{a.partition}@{a.offset}, "
-                             f"published {a.msg_id!r}")
+                r.violate(
+                    g,
+                    f"exactly-once: {g}'s table has {sorted(got)} at {a.topic}/{a.partition}@{a.offset}, "
+                    f"published {a.msg_id!r}",
+                )
 
 
 def _check_acked_stays_acked(h: History, r: Report) -> None:
@@ -550,9 +576,12 @@ def _check_acked_stays_acked(h: History, r: Report) -> None:
         a = acked.get(key)
         if a is not None and d.generation > a.generation and key not in flagged:
             flagged.add(key)
-            r.violate(d.group, f"acked again: {d.group} {d.topic}/{d.partition}@{d.offset} was acked at {a.t:.3f} "
-                               f"(pid {a.pid}, generation {a.generation}) and handed out again at {d.t:.3f} "
-                               f"(pid {d.pid}, generation {d.generation})")
+            r.violate(
+                d.group,
+                f"acked again: {d.group} {d.topic}/{d.partition}@{d.offset} was acked at {a.t:.3f} "
+                f"(pid {a.pid}, generation {a.generation}) and handed out again at {d.t:.3f} "
+                f"(pid {d.pid}, generation {d.generation})",
+            )
 
 
 def _check_tallies(h: History, faults: list[Fault], r: Report) -> None:
@@ -569,15 +598,19 @@ def _check_tallies(h: History, faults: list[Fault], r: Report) -> None:
             ps = items.get(t.account, [])
             i = bisect.bisect_right(ps, t.guard_position)
             if i < len(ps) and ps[i] < t.position:
-                r.violate(g, f"guard: {g} appended a Tally at {t.position} with guard position {t.guard_position} "
-                             f"although Item {t.account}@{ps[i]} came in between")
+                r.violate(
+                    g,
+                    f"guard: {g} appended a Tally at {t.position} with guard position {t.guard_position} "
+                    f"although Item {t.account}@{ps[i]} came in between",
+                )
         covering: dict[tuple[str, int], list[Tally]] = defaultdict(list)
         by_account: dict[str, list[Tally]] = defaultdict(list)
         for t in tallies:
             by_account[t.account].append(t)
         for a in _acks_of(h, g):
             covering[(a.partition, a.offset)] = sorted(
-                (t for t in by_account.get(a.partition, []) if t.first <= a.offset <= t.last), key=lambda t: t.t
+                (t for t in by_account.get(a.partition, []) if t.first <= a.offset <= t.last),
+                key=lambda t: t.t,
             )
         lost = [a for a in _acks_of(h, g) if not covering[(a.partition, a.offset)]]
         for a in lost[:5]:
@@ -587,10 +620,15 @@ def _check_tallies(h: History, faults: list[Fault], r: Report) -> None:
         for (account, pos), ts in covering.items():
             for prev, cur in zip(ts, ts[1:], strict=False):
                 pc.tally_duplicates += 1
-                if not any(_touches(f, {prev.pid}, g) and f.start <= cur.t and f.end >= prev.t - h.slack
-                           for f in faults):
-                    r.violate(g, f"tally: {g} Item {account}@{pos} covered by Tallies at {prev.position} (pid "
-                                 f"{prev.pid}) and {cur.position} (pid {cur.pid}) with no fault on the first worker")
+                if not any(
+                    _touches(f, {prev.pid}, g) and f.start <= cur.t and f.end >= prev.t - h.slack
+                    for f in faults
+                ):
+                    r.violate(
+                        g,
+                        f"tally: {g} Item {account}@{pos} covered by Tallies at {prev.position} (pid "
+                        f"{prev.pid}) and {cur.position} (pid {cur.pid}) with no fault on the first worker",
+                    )
 
 
 def _samples_by_cursor(h: History) -> dict[tuple[str, str, str], list[Sample]]:
@@ -609,7 +647,7 @@ def _check_monotonic(samples: dict[tuple[str, str, str], list[Sample]], r: Repor
                 r.violate(
                     g,
                     f"backwards: {g} {topic}/{part} committed {prev.committed} at {prev.t:.3f} "
-                    f"then {cur.committed} at {cur.t:.3f}"
+                    f"then {cur.committed} at {cur.t:.3f}",
                 )
 
 
@@ -645,7 +683,7 @@ def _check_commits_backed(
                 r.violate(
                     g,
                     f"commit ahead of work: {g} {topic}/{part} committed {s.committed} at {s.t:.3f} but offset "
-                    f"{undelivered} had not been delivered yet"
+                    f"{undelivered} had not been delivered yet",
                 )
                 break
 
@@ -676,7 +714,7 @@ def _check_fencing(h: History, samples: dict[tuple[str, str, str], list[Sample]]
                     g,
                     f"fencing: {g} {topic}/{part} committed {prev.committed} -> {cur.committed} between "
                     f"{prev.t:.3f} and {cur.t:.3f} under lease {cur.owner}#{cur.epoch}, whose holder had not "
-                    f"delivered offset {last}: a commit from another (fenced) member applied"
+                    f"delivered offset {last}: a commit from another (fenced) member applied",
                 )
     _check_zombies(h, samples, r)
 
@@ -705,6 +743,6 @@ def _check_zombies(h: History, samples: dict[tuple[str, str, str], list[Sample]]
                     r.violate(
                         g,
                         f"zombie: pid {f.pid} woke at {f.end:.3f} and held {g} {key[1]}/{key[2]} again as "
-                        f"{s.owner} (its fenced identity) at {s.t:.3f}"
+                        f"{s.owner} (its fenced identity) at {s.t:.3f}",
                     )
                     break

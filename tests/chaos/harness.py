@@ -72,11 +72,19 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "chaos"
 PARTITIONS = 6
 # (what, prefix, messages per second): the pubsub topic every group but two reads, the queue, the store.
-PRODUCERS: list[tuple[str, str, float]] = [(TOPIC, "p", 100.0), (QUEUE, "q", 30.0), (f"es:{STORE}", "e", 15.0)]
+PRODUCERS: list[tuple[str, str, float]] = [
+    (TOPIC, "p", 100.0),
+    (QUEUE, "q", 30.0),
+    (f"es:{STORE}", "e", 15.0),
+]
 
 # Sessions long enough to ride out a PostgreSQL restart, short enough that a zombie is swept quickly.
 MEMBER_CONFIG: dict[str, float] = dict(
-    heartbeat_interval=0.3, session_timeout=3.0, rebalance_delay=0.2, max_poll_interval=0.5, lease_time=4.0,
+    heartbeat_interval=0.3,
+    session_timeout=3.0,
+    rebalance_delay=0.2,
+    max_poll_interval=0.5,
+    lease_time=4.0,
     claim_ttl=3.0,
 )
 # The slow member: a short lease, and a stall longer than it (but shorter than its session).
@@ -102,7 +110,11 @@ EVENT_FAULTS = {
 # one member of each of its role's groups.
 ROLES: dict[str, tuple[int, int, list[tuple[str, str, str]]]] = {
     "H": (2, 0, [("g-range", "handler", "range"), ("g-dlq", "handler-dlq", "sticky")]),
-    "P": (2, -1, [("g-poll", "poll", "roundrobin"), ("g-async", "commit-async", "range"), ("g-auto", "auto", "range")]),
+    "P": (
+        2,
+        -1,
+        [("g-poll", "poll", "roundrobin"), ("g-async", "commit-async", "range"), ("g-auto", "auto", "range")],
+    ),
     "T": (2, -1, [("g-tx", "tx", "range"), ("g-txlow", "txlow", "range")]),
     "L": (2, -1, [("g-claims", "claims", "-"), ("q-jobs", "queue", "-"), ("es-g", "es", "-")]),
 }
@@ -110,7 +122,9 @@ ROLES: dict[str, tuple[int, int, list[tuple[str, str, str]]]] = {
 REBALANCED_ROLES = ("T", "T", "P")
 # CHAOS_KINDS=restart,kill narrows a run to some faults; CHAOS_PATTERNS=tx,txlow to some patterns.
 KINDS = tuple(
-    k for k in os.environ.get("CHAOS_KINDS", "kill,terminate_backends,restart,zombie,slow,rebalance").split(",") if k
+    k
+    for k in os.environ.get("CHAOS_KINDS", "kill,terminate_backends,restart,zombie,slow,rebalance").split(",")
+    if k
 )
 ONLY_PATTERNS = frozenset(p for p in os.environ.get("CHAOS_PATTERNS", "").split(",") if p)
 
@@ -201,7 +215,9 @@ class ChaosRun:
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         log = open(self.out / log_name, "ab")  # noqa: SIM115 (the child owns it for its life)
         try:
-            return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                [sys.executable, "-m", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            )
         finally:
             log.close()
 
@@ -211,8 +227,15 @@ class ChaosRun:
         config = SLOW_CONFIG if slot.slow else MEMBER_CONFIG
         spec = ",".join(":".join(m) for m in self.roles[slot.role])
         slot.proc = self._spawn(
-            ["tests.chaos.member", self.dsn, SCHEMA, str(self.out / f"{tag}.tsv"), "1" if slot.slow else "0", spec,
-             *(f"{k}={v}" for k, v in config.items())],
+            [
+                "tests.chaos.member",
+                self.dsn,
+                SCHEMA,
+                str(self.out / f"{tag}.tsv"),
+                "1" if slot.slow else "0",
+                spec,
+                *(f"{k}={v}" for k, v in config.items()),
+            ],
             slot.log,
         )
 
@@ -229,7 +252,9 @@ class ChaosRun:
         for i, producer in enumerate(self.producers):
             if producer.poll() is not None and producer.pid not in self.expected_exit:
                 tail = (self.out / f"producer-{i}.log").read_text(errors="replace")[-2000:]
-                self.problems.append(f"producer {i} exited by itself with code {producer.returncode}:\n{tail}")
+                self.problems.append(
+                    f"producer {i} exited by itself with code {producer.returncode}:\n{tail}"
+                )
                 self.expected_exit.add(producer.pid)
 
     def _joined(self, slot: Slot) -> bool:
@@ -238,7 +263,9 @@ class ChaosRun:
     # -- sampling --------------------------------------------------------------------
 
     async def _connect(self, name: str) -> asyncpg.Connection:
-        return await asyncpg.connect(self.dsn, server_settings={"search_path": SCHEMA, "application_name": name})
+        return await asyncpg.connect(
+            self.dsn, server_settings={"search_path": SCHEMA, "application_name": name}
+        )
 
     async def _sampler(self) -> None:
         conn: asyncpg.Connection | None = None
@@ -260,7 +287,11 @@ class ChaosRun:
     # -- faults ----------------------------------------------------------------------
 
     def _pick_member(self, *, slow: bool | None = None) -> Slot | None:
-        live = [s for s in self.slots if s.proc is not None and s.proc.poll() is None and (slow is None or s.slow == slow)]
+        live = [
+            s
+            for s in self.slots
+            if s.proc is not None and s.proc.poll() is None and (slow is None or s.slow == slow)
+        ]
         return self.rng.choice(live) if live else None
 
     async def _inject(self, kind: str) -> None:
@@ -328,8 +359,10 @@ class ChaosRun:
     def _record(self, fault: Fault) -> None:
         self.faults.append(fault)
         with open(self.fault_file, "a") as fh:
-            fh.write(f"{fault.kind}\t{fault.start:.6f}\t{fault.end:.6f}\t{fault.pid or ''}\t{fault.detail}\t"
-                     f"{','.join(sorted(fault.groups))}\n")
+            fh.write(
+                f"{fault.kind}\t{fault.start:.6f}\t{fault.end:.6f}\t{fault.pid or ''}\t{fault.detail}\t"
+                f"{','.join(sorted(fault.groups))}\n"
+            )
 
     async def _faults(self, until: float) -> None:
         plan = list(KINDS)
@@ -447,9 +480,11 @@ class ChaosRun:
                                 break
                             for m in got:
                                 h = m.headers
-                                fh.write(f"{g}\t{h[prefix + 'topic']}\t{h[prefix + 'partition']}\t"
-                                         f"{h[prefix + 'offset']}\t{msgspec.json.decode(m.payload)['id']}\t"
-                                         f"{m.created_at.timestamp():.6f}\n")
+                                fh.write(
+                                    f"{g}\t{h[prefix + 'topic']}\t{h[prefix + 'partition']}\t"
+                                    f"{h[prefix + 'offset']}\t{msgspec.json.decode(m.payload)['id']}\t"
+                                    f"{m.created_at.timestamp():.6f}\n"
+                                )
                             offset = got[-1].offset + 1
             with open(self.out / "store.tsv", "w") as fh:  # noqa: ASYNC230
                 for pe in await b.event_store(STORE).read():
@@ -457,8 +492,10 @@ class ChaosRun:
                     if isinstance(e, Item):
                         fh.write(f"I\t{e.account}\t{pe.position}\n")
                     elif isinstance(e, TallyEvent):
-                        fh.write(f"T\t{e.account}\t{e.first}\t{e.last}\t{e.guard_position}\t{pe.position}\t"
-                                 f"{e.worker}\t{t:.6f}\n")
+                        fh.write(
+                            f"T\t{e.account}\t{e.first}\t{e.last}\t{e.guard_position}\t{pe.position}\t"
+                            f"{e.worker}\t{t:.6f}\n"
+                        )
 
     async def run(self) -> Outcome:
         """Run the scenario and return the recorded history."""
@@ -468,13 +505,25 @@ class ChaosRun:
         drained: float | None = None
         try:
             await self._setup()
-            reads = {QUEUE if p == "queue" else f"es:{STORE}" if p == "es" else TOPIC for _, p, _ in self.groups}
+            reads = {
+                QUEUE if p == "queue" else f"es:{STORE}" if p == "es" else TOPIC for _, p, _ in self.groups
+            }
             for i, (what, prefix, rate) in enumerate(p for p in PRODUCERS if p[0] in reads):
-                self.producers.append(self._spawn(
-                    ["tests.chaos.producer", self.dsn, SCHEMA, what, str(PARTITIONS), str(self.out / f"acks-{i}.tsv"),
-                     str(rate), prefix],
-                    f"producer-{i}.log",
-                ))
+                self.producers.append(
+                    self._spawn(
+                        [
+                            "tests.chaos.producer",
+                            self.dsn,
+                            SCHEMA,
+                            what,
+                            str(PARTITIONS),
+                            str(self.out / f"acks-{i}.tsv"),
+                            str(rate),
+                            prefix,
+                        ],
+                        f"producer-{i}.log",
+                    )
+                )
             for role in self.roles:
                 n, slow_index, _ = ROLES[role]
                 for i in range(n):
@@ -501,8 +550,9 @@ class ChaosRun:
             await asyncio.to_thread(stop_server, self.home)
         with open(self.out / "groups.tsv", "w") as fh:  # noqa: ASYNC230
             fh.writelines(f"{g}\t{p}\n" for g, p, _ in self.groups)
-        outcome = Outcome(self.seed, read_history(self.out, self.faults, self.samples), self.problems,
-                          drained_in=drained)
+        outcome = Outcome(
+            self.seed, read_history(self.out, self.faults, self.samples), self.problems, drained_in=drained
+        )
         if not hasattr(Consumer, "transaction"):
             outcome.skipped.append("tx (bus.Consumer has no transaction() yet)")
         self._count_errors(outcome)
@@ -571,9 +621,13 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
         for seq, f in enumerate(_lines(path)):
             if f[0] == "D" and len(f) == 10:
                 pid = int(f[6])
-                deliveries.append(Delivery(f[1], f[2], f[3], int(f[4]), f[5], pid, f[7], int(f[8]), float(f[9]), seq))
+                deliveries.append(
+                    Delivery(f[1], f[2], f[3], int(f[4]), f[5], pid, f[7], int(f[8]), float(f[9]), seq)
+                )
             elif f[0] == "K" and len(f) == 9:
-                user_acks.append(UserAck(f[1], f[2], f[3], int(f[4]), f[5], int(f[6]), int(f[7]), float(f[8])))
+                user_acks.append(
+                    UserAck(f[1], f[2], f[3], int(f[4]), f[5], int(f[6]), int(f[7]), float(f[8]))
+                )
             elif f[0] == "N" and len(f) == 3:
                 counters[(f[1], f[2])] += 1
             elif f[0] == "B" and len(f) == 3:
@@ -595,7 +649,9 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
                 pid_of_member[fields["member"]] = pid
             elif name == "member_expired" and "member" in fields:
                 expired.append((t, fields["member"]))
-            elif name == "actor.restarting" and not fields.get("actor", "").startswith(("worker-", "coordinator")):
+            elif name == "actor.restarting" and not fields.get("actor", "").startswith(
+                ("worker-", "coordinator")
+            ):
                 continue  # the notifier, heartbeat or a rebalancer: their restarts re-deliver nothing
             elif name in EVENT_FAULTS:
                 # A lease lapses up to lease_time before its worker notices; a fence comes up to a
@@ -604,7 +660,7 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
                 before = {"lease_lost": config["lease_time"], "fenced": config["session_timeout"]}
                 if kind == "loop_lag":  # the loop stood still for that long before it noticed
                     before[kind] = float(fields.get("seconds", "0"))
-                if "since" in fields:  # a transaction rolled back: its batch was out since it began
+                if "since" in fields:  # a rolled-back transaction, a failed or lapsed ack: out since then
                     before[kind] = t - float(fields["since"])
                 group = fields.get("group")
                 scope = frozenset({group}) if group in groups else frozenset()
@@ -612,7 +668,11 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
                 faults.append(Fault(kind, t - before.get(kind, 0.0), t, pid, detail, scope))
     for t, member in expired:
         if member in pid_of_member:
-            faults.append(Fault("member_expired", t - MEMBER_CONFIG["session_timeout"], t, pid_of_member[member], member))
+            faults.append(
+                Fault(
+                    "member_expired", t - MEMBER_CONFIG["session_timeout"], t, pid_of_member[member], member
+                )
+            )
     rows: dict[str, list[Row]] = {g: [] for g, p in groups.items() if p in ("tx", "txlow")}
     for f in _lines(out / USER_TABLE):
         rows.setdefault(f[0], []).append(Row(f[0], f[1], f[2], int(f[3]), f[4]))
@@ -629,13 +689,26 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
         elif f[0] == "T":
             worker_pid = int(f[6].removeprefix("es"))
             for g in tallies:
-                tallies[g].append(Tally(g, f[1], int(f[2]), int(f[3]), int(f[4]), int(f[5]), worker_pid, float(f[7])))
+                tallies[g].append(
+                    Tally(g, f[1], int(f[2]), int(f[3]), int(f[4]), int(f[5]), worker_pid, float(f[7]))
+                )
     reads = {g: QUEUE if p == "queue" else STORE if p == "es" else TOPIC for g, p in groups.items()}
     return History(
-        list(groups), acks, deliveries, samples, faults,
-        patterns=groups, reads=reads, rows=rows, dead_letters=dead,
-        poison=frozenset(a.msg_id for a in acks if poison(a.msg_id)), user_acks=user_acks,
-        tallies=tallies, store_items=items, breaches=breaches, counters=counters,
+        list(groups),
+        acks,
+        deliveries,
+        samples,
+        faults,
+        patterns=groups,
+        reads=reads,
+        rows=rows,
+        dead_letters=dead,
+        poison=frozenset(a.msg_id for a in acks if poison(a.msg_id)),
+        user_acks=user_acks,
+        tallies=tallies,
+        store_items=items,
+        breaches=breaches,
+        counters=counters,
     )
 
 
@@ -644,8 +717,16 @@ def read_faults(out: Path) -> list[Fault]:
     faults = []
     for f in _lines(out / "faults.tsv"):
         kind, start, end, pid, detail, groups = (f + [""] * 6)[:6]
-        faults.append(Fault(kind, float(start), float(end), int(pid) if pid else None, detail,
-                            frozenset(g for g in groups.split(",") if g)))
+        faults.append(
+            Fault(
+                kind,
+                float(start),
+                float(end),
+                int(pid) if pid else None,
+                detail,
+                frozenset(g for g in groups.split(",") if g),
+            )
+        )
     return faults
 
 
@@ -662,8 +743,12 @@ def describe(outcome: Outcome, report: Any) -> str:
     lines = [f"chaos seed {outcome.seed}", report.summary()]
     lines.append(f"publish failures (not acknowledged, not required): {outcome.publish_failures}")
     if outcome.member_errors:
-        lines.append("errors members saw: " + ", ".join(f"{k} x{v}" for k, v in outcome.member_errors.most_common()))
-    lines.append(f"drained in: {outcome.drained_in:.1f} s" if outcome.drained_in is not None else "drained: NO")
+        lines.append(
+            "errors members saw: " + ", ".join(f"{k} x{v}" for k, v in outcome.member_errors.most_common())
+        )
+    lines.append(
+        f"drained in: {outcome.drained_in:.1f} s" if outcome.drained_in is not None else "drained: NO"
+    )
     lines += [f"skipped pattern: {s}" for s in outcome.skipped]
     lines += [f"problem: {p}" for p in outcome.problems]
     return "\n".join(lines)

@@ -106,10 +106,20 @@ class Tally(bus.Event, tag="chaos.tally"):
 
 
 # The library events a chaos member records (see the module docstring).
-RECORDED_EVENTS = frozenset({
-    "member_fenced", "member_joined", "member_expired", "lease_lost", "actor.failed", "actor.restarting",
-    "release_failed", "leave_failed", "partition_acquired", "supervisor.escalating",
-})
+RECORDED_EVENTS = frozenset(
+    {
+        "member_fenced",
+        "member_joined",
+        "member_expired",
+        "lease_lost",
+        "actor.failed",
+        "actor.restarting",
+        "release_failed",
+        "leave_failed",
+        "partition_acquired",
+        "supervisor.escalating",
+    }
+)
 
 
 def _clean(text: str) -> str:
@@ -127,7 +137,18 @@ class Recorder:
 
     def delivery(self, group: str, m: bus.Message, member: str | None, generation: int) -> None:
         msg_id = msgspec.json.decode(m.payload)["id"]
-        self.line("D", group, m.topic, m.partition, m.offset, msg_id, self.pid, member, generation, f"{time.time():.6f}")
+        self.line(
+            "D",
+            group,
+            m.topic,
+            m.partition,
+            m.offset,
+            msg_id,
+            self.pid,
+            member,
+            generation,
+            f"{time.time():.6f}",
+        )
 
     def line(self, *fields: Any) -> None:
         self.fh.write("\t".join(str(f) for f in fields) + "\n")
@@ -154,7 +175,9 @@ class Recorder:
         name = event_dict.get("event")
         if name in RECORDED_EVENTS:
             detail = " ".join(
-                f"{k}={v}" for k, v in event_dict.items() if k not in ("event", "exc_info", "timestamp", "level")
+                f"{k}={v}"
+                for k, v in event_dict.items()
+                if k not in ("event", "exc_info", "timestamp", "level")
             )
             self.line("V", f"{time.time():.6f}", name, _clean(detail))
         return event_dict
@@ -169,7 +192,9 @@ class Recorder:
 class Ctx:
     """What every pattern loop gets."""
 
-    def __init__(self, b: bus.Bus, rec: Recorder, group: str, assignor: str, stop: asyncio.Event, schema: str) -> None:
+    def __init__(
+        self, b: bus.Bus, rec: Recorder, group: str, assignor: str, stop: asyncio.Event, schema: str
+    ) -> None:
         self.b = b
         self.rec = rec
         self.group = group
@@ -204,8 +229,9 @@ async def run_handler(ctx: Ctx, *, dead_letter: bool) -> None:
     options: dict[str, Any] = {}
     if dead_letter:
         options = {"retry": RETRY, "dead_letter": f"{ctx.group}.dlq"}
-    sub = await ctx.b.subscribe(ctx.group, handler, topics=[TOPIC], start="earliest", batch_size=50,
-                                assignor=ctx.assignor, **options)
+    sub = await ctx.b.subscribe(
+        ctx.group, handler, topics=[TOPIC], start="earliest", batch_size=50, assignor=ctx.assignor, **options
+    )
     try:
         await ctx.stop.wait()
     finally:
@@ -235,8 +261,9 @@ async def run_poll(ctx: Ctx, style: str) -> None:
     options: dict[str, Any] = {"auto_commit": style == "auto"}
     if style == "poll":
         options["on_revoke"] = commit_before_revoke
-    c = ctx.b.consumer(ctx.group, topics=[TOPIC], start="earliest", max_poll_records=50, assignor=ctx.assignor,
-                       **options)
+    c = ctx.b.consumer(
+        ctx.group, topics=[TOPIC], start="earliest", max_poll_records=50, assignor=ctx.assignor, **options
+    )
     async with c:
         while not ctx.stop.is_set():
             try:
@@ -270,7 +297,9 @@ async def _user_work(ctx: Ctx, conn: Any, c: Any, batch: list[bus.Message]) -> N
         ctx.rec.maybe_stall()
         ctx.rec.delivery(ctx.group, m, c.member_id, c.generation)
         msg_id = msgspec.json.decode(m.payload)["id"]
-        rows.append((ctx.group, m.topic, m.partition, m.offset, msg_id, ctx.rec.pid, c.member_id, time.time()))
+        rows.append(
+            (ctx.group, m.topic, m.partition, m.offset, msg_id, ctx.rec.pid, c.member_id, time.time())
+        )
     await conn.executemany(INSERT_ROW.format(schema=ctx.schema), rows)
     await asyncio.sleep(ctx.rng.uniform(0.0, 0.3))
 
@@ -278,8 +307,14 @@ async def _user_work(ctx: Ctx, conn: Any, c: Any, batch: list[bus.Message]) -> N
 async def run_tx(ctx: Ctx) -> None:
     """API.md's `async with c.transaction() as tx:` loop."""
     rec = ctx.rec
-    c = ctx.b.consumer(ctx.group, topics=[TOPIC], start="earliest", auto_commit=False, max_poll_records=50,
-                       assignor=ctx.assignor)
+    c = ctx.b.consumer(
+        ctx.group,
+        topics=[TOPIC],
+        start="earliest",
+        auto_commit=False,
+        max_poll_records=50,
+        assignor=ctx.assignor,
+    )
     async with c:
         while not ctx.stop.is_set():
             polled = 0
@@ -304,8 +339,14 @@ async def run_tx(ctx: Ctx) -> None:
 async def run_txlow(ctx: Ctx) -> None:
     """The low-level loop: the user's transaction, `commit(connection=conn)`, `rewind()` after any error."""
     rec = ctx.rec
-    c = ctx.b.consumer(ctx.group, topics=[TOPIC], start="earliest", auto_commit=False, max_poll_records=50,
-                       assignor=ctx.assignor)
+    c = ctx.b.consumer(
+        ctx.group,
+        topics=[TOPIC],
+        start="earliest",
+        auto_commit=False,
+        max_poll_records=50,
+        assignor=ctx.assignor,
+    )
     can_rewind = hasattr(c, "rewind")
     async with c:
         while not ctx.stop.is_set():
@@ -345,8 +386,14 @@ async def run_claims(ctx: Ctx) -> None:
     worker = f"w{rec.pid}"
     while not ctx.stop.is_set():
         try:
-            claim = await ctx.b.claim(group, topic=TOPIC, worker_id=worker, max_messages=20, lease_time=CLAIM_LEASE,
-                                      start="earliest")
+            claim = await ctx.b.claim(
+                group,
+                topic=TOPIC,
+                worker_id=worker,
+                max_messages=20,
+                lease_time=CLAIM_LEASE,
+                start="earliest",
+            )
         except bus.errors.BusError as exc:
             rec.error("claim", exc)
             await asyncio.sleep(0.2)
@@ -354,6 +401,7 @@ async def run_claims(ctx: Ctx) -> None:
         if claim is None:
             await asyncio.sleep(0.05)
             continue
+        since = f"{time.time():.6f}"  # a mark spans from here: the lease may lapse under slow work
         epoch = claim.lease_epoch
         roll = ctx.rng.random()
         try:
@@ -373,26 +421,37 @@ async def run_claims(ctx: Ctx) -> None:
                     await claim.extend(5.0)
                     rec.count(group, "extended")
                 except bus.errors.LeaseLostError:
-                    rec.mark("lease_lost", group=group, partition=claim.partition, epoch=epoch)
+                    rec.mark("lease_lost", group=group, partition=claim.partition, epoch=epoch, since=since)
                     rec.count(group, "extend_lease_lost")
                     try:
                         await claim.ack()
                     except bus.errors.LeaseLostError:
                         pass
                     else:
-                        rec.breach(f"{group}: ack() after extend() raised LeaseLostError returned silently "
-                                   f"({claim.topic}/{claim.partition} epoch {epoch})")
+                        rec.breach(
+                            f"{group}: ack() after extend() raised LeaseLostError returned silently "
+                            f"({claim.topic}/{claim.partition} epoch {epoch})"
+                        )
                     continue
             await claim.ack(upto[-1].offset if upto is not claim.messages else None)
             rec.count(group, "partial_ack" if upto is not claim.messages else "acked")
             for m in upto:
-                rec.line("K", group, m.topic, m.partition, m.offset, msgspec.json.decode(m.payload)["id"], rec.pid,
-                         epoch, f"{time.time():.6f}")
+                rec.line(
+                    "K",
+                    group,
+                    m.topic,
+                    m.partition,
+                    m.offset,
+                    msgspec.json.decode(m.payload)["id"],
+                    rec.pid,
+                    epoch,
+                    f"{time.time():.6f}",
+                )
         except bus.errors.LeaseLostError as exc:
-            rec.mark("lease_lost", group=group, partition=claim.partition, epoch=epoch)
+            rec.mark("lease_lost", group=group, partition=claim.partition, epoch=epoch, since=since)
             rec.error("claim_ack", exc)
         except bus.errors.BusError as exc:  # unknown outcome: the lease runs out, the messages come again
-            rec.mark("claim_failed", group=group, partition=claim.partition, epoch=epoch)
+            rec.mark("claim_failed", group=group, partition=claim.partition, epoch=epoch, since=since)
             rec.error("claim_ack", exc)
 
 
@@ -401,7 +460,9 @@ async def run_claims(ctx: Ctx) -> None:
 
 async def run_queue(ctx: Ctx) -> None:
     rec, group = ctx.rec, ctx.group
-    async with ctx.b.queue_consumer(QUEUE, visibility_timeout=QUEUE_VISIBILITY, max_attempts=QUEUE_MAX_ATTEMPTS) as q:
+    async with ctx.b.queue_consumer(
+        QUEUE, visibility_timeout=QUEUE_VISIBILITY, max_attempts=QUEUE_MAX_ATTEMPTS
+    ) as q:
         batches = 0
         while not ctx.stop.is_set():
             try:
@@ -412,6 +473,7 @@ async def run_queue(ctx: Ctx) -> None:
                 continue
             if not jobs:
                 continue
+            since = f"{time.time():.6f}"
             batches += 1
             done: list[bus.Message] = []
             try:
@@ -436,13 +498,22 @@ async def run_queue(ctx: Ctx) -> None:
                     for job in done:
                         await q.ack(job)
                 for job in done:
-                    rec.line("K", group, job.topic, job.partition, job.offset,
-                             msgspec.json.decode(job.payload)["id"], rec.pid, job.attempt, f"{time.time():.6f}")
+                    rec.line(
+                        "K",
+                        group,
+                        job.topic,
+                        job.partition,
+                        job.offset,
+                        msgspec.json.decode(job.payload)["id"],
+                        rec.pid,
+                        job.attempt,
+                        f"{time.time():.6f}",
+                    )
             except bus.errors.LeaseLostError as exc:
-                rec.mark("lease_lost", group=group)
+                rec.mark("lease_lost", group=group, since=since)
                 rec.error("queue_ack", exc)
             except bus.errors.BusError as exc:  # the jobs come back after their visibility timeout
-                rec.mark("queue_failed", group=group)
+                rec.mark("queue_failed", group=group, since=since)
                 rec.error("queue_ack", exc)
 
 
@@ -466,8 +537,9 @@ async def run_es(ctx: Ctx) -> None:
             if time.monotonic() - beat > 0.5:
                 await store.heartbeat(worker)
                 beat = time.monotonic()
-            c = await store.claim_next(group, partition_by=["account"], handled_types=[Item], worker_id=worker,
-                                       max_messages=20)
+            c = await store.claim_next(
+                group, partition_by=["account"], handled_types=[Item], worker_id=worker, max_messages=20
+            )
         except bus.errors.BusError as exc:
             rec.error("claim_next", exc)
             await asyncio.sleep(0.2)
@@ -476,14 +548,27 @@ async def run_es(ctx: Ctx) -> None:
             await asyncio.sleep(0.05)
             continue
         account = c.partition_value["account"]
+        since = f"{time.time():.6f}"
         for pe in c.messages:
             rec.maybe_stall()
-            rec.line("D", group, STORE, account, pe.position, pe.message.id, rec.pid, worker, c.offset_id,
-                     f"{time.time():.6f}")
+            rec.line(
+                "D",
+                group,
+                STORE,
+                account,
+                pe.position,
+                pe.message.id,
+                rec.pid,
+                worker,
+                c.offset_id,
+                f"{time.time():.6f}",
+            )
         first, last = c.messages[0].position, c.messages[-1].position
         await asyncio.sleep(ctx.rng.uniform(0.0, 0.05))
         try:
-            tally = Tally(account=account, first=first, last=last, guard_position=c.guard.position, worker=worker)
+            tally = Tally(
+                account=account, first=first, last=last, guard_position=c.guard.position, worker=worker
+            )
             try:
                 await store.append(tally, guard=c.guard)
             except bus.errors.ConcurrentAppendError:
@@ -494,13 +579,22 @@ async def run_es(ctx: Ctx) -> None:
             rec.count(group, "tally")
             await store.ack(group, offset_id=c.offset_id, position=last, worker_id=worker)
             for pe in c.messages:
-                rec.line("K", group, STORE, account, pe.position, pe.message.id, rec.pid, c.offset_id,
-                         f"{time.time():.6f}")
+                rec.line(
+                    "K",
+                    group,
+                    STORE,
+                    account,
+                    pe.position,
+                    pe.message.id,
+                    rec.pid,
+                    c.offset_id,
+                    f"{time.time():.6f}",
+                )
         except bus.errors.LeaseLostError as exc:
-            rec.mark("lease_lost", group=group, account=account)
+            rec.mark("lease_lost", group=group, account=account, since=since)
             rec.error("es_ack", exc)
         except bus.errors.BusError as exc:  # unknown outcome: give the claim back, its events come again
-            rec.mark("es_failed", group=group, account=account)
+            rec.mark("es_failed", group=group, account=account, since=since)
             rec.error("es_ack", exc)
             for _ in range(20):
                 try:
@@ -572,7 +666,8 @@ async def main() -> None:
         # loaded cores, which fenced every member after each database restart.
         processors = [
             structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
-            if isinstance(p, structlog.dev.ConsoleRenderer) else p
+            if isinstance(p, structlog.dev.ConsoleRenderer)
+            else p
             for p in structlog.get_config()["processors"]
         ]
         structlog.configure(processors=[rec.event, *processors])

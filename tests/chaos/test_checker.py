@@ -26,8 +26,16 @@ def _acks(n: int, partition: str = "0") -> list[Ack]:
     return [Ack("t", partition, i, f"id-{partition}-{i}", float(i)) for i in range(n)]
 
 
-def _deliver(offsets: list[int], *, t0: float = 100.0, pid: int = 1, member: str = "m1", gen: int = 1,
-             group: str = "g", partition: str = "0") -> list[Delivery]:
+def _deliver(
+    offsets: list[int],
+    *,
+    t0: float = 100.0,
+    pid: int = 1,
+    member: str = "m1",
+    gen: int = 1,
+    group: str = "g",
+    partition: str = "0",
+) -> list[Delivery]:
     return [
         Delivery(group, "t", partition, o, f"id-{partition}-{o}", pid, member, gen, t0 + i * 0.01, seq=i)
         for i, o in enumerate(offsets)
@@ -38,8 +46,12 @@ def _samples(values: list[tuple[float, int]], owner: str | None = "m1", epoch: i
     return [Sample(t, "g", "t", "0", c, owner, epoch) for t, c in values]
 
 
-def _history(deliveries: list[Delivery], samples: list[Sample] | None = None, faults: list[Fault] | None = None,
-             acks: list[Ack] | None = None) -> History:
+def _history(
+    deliveries: list[Delivery],
+    samples: list[Sample] | None = None,
+    faults: list[Fault] | None = None,
+    acks: list[Ack] | None = None,
+) -> History:
     return History(["g"], acks if acks is not None else _acks(5), deliveries, samples or [], faults or [])
 
 
@@ -155,7 +167,14 @@ def test_exactly_once_table_passes_with_one_row_per_acknowledged_message_and_cou
     r = check(h)
     assert r.ok, r.summary()
     pc = r.patterns["g"]
-    assert (pc.pattern, pc.acked, pc.delivered, pc.rows, pc.row_duplicates, pc.row_losses) == ("tx", 5, 5, 5, 0, 0)
+    assert (pc.pattern, pc.acked, pc.delivered, pc.rows, pc.row_duplicates, pc.row_losses) == (
+        "tx",
+        5,
+        5,
+        5,
+        0,
+        0,
+    )
     assert "table rows=5 dup=0 lost=0" in r.summary()
 
 
@@ -181,10 +200,21 @@ def test_a_batch_delivered_but_missing_from_the_users_table_is_a_loss_the_delive
 
 def test_poison_must_be_dead_lettered_and_may_be_skipped_by_order_and_commits() -> None:
     acks = [Ack("t", "0", i, f"p-{i}", float(i)) for i in range(5)]  # p-2 poison (the harness decides)
-    ds = [Delivery("g", "t", "0", o, f"p-{o}", 1, "m1", 1, 100.0 + i * 0.01, seq=i) for i, o in enumerate([0, 1, 3, 4])]
+    ds = [
+        Delivery("g", "t", "0", o, f"p-{o}", 1, "m1", 1, 100.0 + i * 0.01, seq=i)
+        for i, o in enumerate([0, 1, 3, 4])
+    ]
     samples = [Sample(100.0, "g", "t", "0", 0, "m1", 1), Sample(100.5, "g", "t", "0", 3, "m1", 1)]
-    h = History(["g"], acks, ds, samples, [], patterns={"g": "handler-dlq"}, poison=frozenset({"p-2"}),
-                dead_letters={"g": [DeadLetter("g", "t", "0", 2, "p-2", 100.015)]})
+    h = History(
+        ["g"],
+        acks,
+        ds,
+        samples,
+        [],
+        patterns={"g": "handler-dlq"},
+        poison=frozenset({"p-2"}),
+        dead_letters={"g": [DeadLetter("g", "t", "0", 2, "p-2", 100.015)]},
+    )
     r = check(h)
     assert r.ok, r.summary()
     assert r.patterns["g"].dead_lettered == 1
@@ -196,8 +226,16 @@ def test_poison_must_be_dead_lettered_and_may_be_skipped_by_order_and_commits() 
 def test_a_message_that_is_not_poison_in_the_dead_letter_topic_needs_a_fault() -> None:
     acks = [Ack("t", "0", i, f"p-{i}", float(i)) for i in range(2)]
     ds = [Delivery("g", "t", "0", o, f"p-{o}", 1, "m1", 1, 100.0 + o, seq=o) for o in (0, 1)]
-    h = History(["g"], acks, ds, [], [], patterns={"g": "queue"}, reads={"g": "t"},
-                dead_letters={"g": [DeadLetter("g", "t", "0", 1, "p-1", 102.0)]})
+    h = History(
+        ["g"],
+        acks,
+        ds,
+        [],
+        [],
+        patterns={"g": "queue"},
+        reads={"g": "t"},
+        dead_letters={"g": [DeadLetter("g", "t", "0", 1, "p-1", 102.0)]},
+    )
     assert any(v.startswith("dead letter:") for v in check(h).violations)
     h.faults = [Fault("zombie", 101.0, 101.5, pid=1)]
     assert check(h).ok
@@ -242,7 +280,9 @@ def test_event_store_guards_and_tally_coverage() -> None:
     twice = [*good, Tally("es", "a", 5, 5, 5, 7, 2, 107.0)]
     r = check(History(["es"], acks, ds, [], [], tallies={"es": twice}, **base))  # type: ignore[arg-type]
     assert r.patterns["es"].tally_duplicates == 1 and any("covered by Tallies" in v for v in r.violations)
-    r = check(History(["es"], acks, ds, [], [Fault("kill", 106.5, 106.5, pid=1)], tallies={"es": twice}, **base))  # type: ignore[arg-type]
+    r = check(
+        History(["es"], acks, ds, [], [Fault("kill", 106.5, 106.5, pid=1)], tallies={"es": twice}, **base)
+    )  # type: ignore[arg-type]
     assert r.ok, r.summary()
 
 
@@ -258,7 +298,9 @@ def test_breaches_the_members_saw_are_violations_and_the_summary_has_one_line_pe
     h.groups, h.patterns = ["g", "h"], {"g": "poll", "h": "commit-async"}
     h.breaches = ["L-0-1: g-claims: ack() after extend() raised LeaseLostError returned silently"]
     r = check(h)
-    assert r.violations == ["breach: L-0-1: g-claims: ack() after extend() raised LeaseLostError returned silently"]
+    assert r.violations == [
+        "breach: L-0-1: g-claims: ack() after extend() raised LeaseLostError returned silently"
+    ]
     table = r.table().splitlines()
     assert table[0].split()[:3] == ["pattern", "group", "acked"]
     assert [line.split()[:3] for line in table[1:]] == [["commit-async", "h", "5"], ["poll", "g", "5"]]

@@ -29,7 +29,8 @@ async def test_a_claim_that_fails_while_fetching_is_not_left_held_by_the_worker(
     await store.append([Reading(device="d1", value=1), Reading(device="d1", value=2)])
     # A real PostgreSQL error (division by zero) in place of the fetch, after the claim statement ran.
     monkeypatch.setattr(
-        es_sql, "FETCH_PARTITION",
+        es_sql,
+        "FETCH_PARTITION",
         "SELECT $1::text, $2::text[], $3::text[], $4::bigint, $5::text[], $6::int, 1 / 0 AS boom",
     )
     with pytest.raises(Exception, match="division by zero"):
