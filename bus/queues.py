@@ -334,6 +334,7 @@ class QueueConsumer:
         )
         self._system = system = await self._bus._group_system()
         notifier, doorbell = system.notifier, self._doorbell
+        assert notifier is not None  # started with the system
         self._waker = system.root.spawn(
             lambda: QueueWaker(notifier, doorbell), f"queue-waker-{self.topic}-{next(_names)}"
         )
