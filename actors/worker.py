@@ -361,9 +361,12 @@ class PartitionWorker(Actor[Wake | Seek | Rewind | RetryDue]):
     async def _commit(self, position: int) -> None:
         if self._epoch is None or position <= self._committed:
             return
-        async with self._pool.acquire() as conn:
+        with internal():
             applied = await leases.commit(
-                conn, self.spec.group, self.spec.member_id, [(self.spec.partition_id, position, self._epoch)]
+                self._pool,
+                self.spec.group,
+                self.spec.member_id,
+                [(self.spec.partition_id, position, self._epoch)],
             )
         if applied:
             self._committed = position
