@@ -104,6 +104,7 @@ class _Doorbell:
         self._waiters: set[asyncio.Future[None]] = set()
 
     def ring(self) -> None:
+        """New jobs may be there: wake every waiter."""
         self.rings += 1
         for waiter in self._waiters:
             if not waiter.done():
@@ -262,9 +263,11 @@ class QueueWaker(Actor[QueueWake]):
             await notifier.tell(Subscribe(channel, key, ref, QueueWake()))
 
     async def on_stop(self) -> None:
+        """Leave the Notifier's subscription table."""
         self._notifier.signal(Unsubscribe(self.self_ref))
 
     async def receive(self, message: QueueWake) -> None:
+        """A NOTIFY for the topic: wake the consumer's waiting takes."""
         self._doorbell.ring()
 
 
@@ -304,6 +307,7 @@ class QueueConsumer:
         # The answer every acker of a job shares while its ack is on the way.
         self._acking: dict[tuple[str, int], asyncio.Future[bool]] = {}
         self._writer = _writer_of(bus)
+        self._giving_back: set[asyncio.Task[None]] = set()
         self._open = False
         self._log = log.bind(topic=topic, consumer=self.consumer_id)
 
@@ -415,12 +419,16 @@ class QueueConsumer:
         with db.translate_errors():
             for _ in range(10):  # each round dead-letters what it found exhausted
                 asked = limit - len(out)
-                # Shielded: once the write is out, its rows are leased to us whether we wait or not.
-                rows = await asyncio.shield(
-                    self._writer.take(
-                        self.topic, asked, self.visibility_timeout, self.consumer_id, self.ordered_by_key
-                    )
+                pending = self._writer.take(
+                    self.topic, asked, self.visibility_timeout, self.consumer_id, self.ordered_by_key
                 )
+                try:
+                    # Shielded: the write may be shared with other consumers' takes.
+                    rows = await asyncio.shield(pending)
+                except asyncio.CancelledError:
+                    # Whatever it leases to us now nobody will see: give it back at once.
+                    pending.add_done_callback(self._give_back)
+                    raise
                 exhausted: list[dict[str, Any]] = []
                 for r in rows:
                     pid = r["partition_id"]
@@ -439,6 +447,24 @@ class QueueConsumer:
                     break
         _metrics.queue_taken(self.topic, len(out))
         return out
+
+    def _give_back(self, taken: asyncio.Future[list[Any]]) -> None:
+        """Return the jobs of a take whose caller was cancelled before it answered."""
+        if taken.cancelled() or taken.exception() is not None or not taken.result():
+            return
+        jobs = [(r["partition_id"], r["offset"], r["lease_epoch"]) for r in taken.result()]
+
+        async def give_back() -> None:
+            try:
+                with db.translate_errors(), db.internal():
+                    await sql.return_unacked(self._bus.pool, jobs)
+                self._announce({j[0] for j in jobs})
+            except Exception:  # the jobs come back by their visibility timeout anyway
+                self._log.warning("queue_give_back_failed", exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(give_back())
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
 
     async def _refresh_partitions(self, pid: int) -> str:
         """The name of a partition created after this consumer started (dynamic topics)."""

@@ -259,3 +259,31 @@ async def test_a_consumer_taking_twice_at_once_gets_distinct_jobs(b: bus.Bus) ->
         assert len(first) + len(second) == 6
         assert not {m.offset for m in first} & {m.offset for m in second}
         await q.ack_many(first + second)
+
+
+async def test_a_take_cancelled_while_its_statement_runs_gives_the_jobs_back(
+    b: bus.Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await b.create_topic("jobs", partitions=1, semantics="queue")
+    await b.publish("jobs", b"x")
+    real = queue_sql.take_for
+    started = asyncio.Event()
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        rows = await real(*args, **kwargs)
+        await asyncio.sleep(0.3)  # the caller gives up before the answer arrives
+        return rows
+
+    monkeypatch.setattr(queue_sql, "take_for", slow)
+    async with b.queue_consumer("jobs", visibility_timeout=600) as q1:
+        taking = asyncio.create_task(q1.take(timeout=0))
+        await asyncio.wait_for(started.wait(), 10)
+        taking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await taking
+        monkeypatch.setattr(queue_sql, "take_for", real)
+        async with b.queue_consumer("jobs") as q2:
+            (m,) = await q2.take(timeout=10)
+            assert m.payload == b"x" and m.attempt == 1
+            await q2.ack(m)
