@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -41,6 +41,9 @@ from storage import messages as log_sql
 from storage.db import CONNECTION_ERRORS
 from storage.errors import StorageUnavailableError
 from storage.logs import get_logger
+
+# A flush whose connection was lost (or could not be opened): its outcome is unknown.
+_LOST: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, StorageUnavailableError)
 
 __all__ = ["Prepared", "Producer", "ProducerSettings", "ProducerStats", "Publish", "Vanished"]
 
@@ -134,6 +137,7 @@ class ProducerStats:
         self.flushes = 0
         self.flushed_messages = 0
         self.largest_flush = 0
+        self.server_pid: int | None = None  # the backend of the Producer's connection (for operators and tests)
 
 
 class Producer(Actor[Publish]):
@@ -144,12 +148,15 @@ class Producer(Actor[Publish]):
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        connect: Callable[[], Awaitable[asyncpg.Connection]],
         announce: Callable[[int], None],
         settings: ProducerSettings,
         stats: ProducerStats | None = None,
     ) -> None:
-        self._pool = pool
+        # A connection of its own, not the pool's: a pool connection costs a reset round trip on
+        # every release, which would be one more round trip per flush.
+        self._connect = connect
+        self._conn: asyncpg.Connection | None = None
         self._announce = announce
         self._settings = settings
         self.stats = stats if stats is not None else ProducerStats()
@@ -182,15 +189,23 @@ class Producer(Actor[Publish]):
                     await self._room.wait()
 
     async def on_stop(self) -> None:
-        """Write whatever is pending, then stop the flusher."""
+        """Write whatever is pending, then stop the flusher and close the connection."""
         await self._idle.wait()
         self._cancel_flusher()
+        if self._conn is not None and not self._conn.is_closed():
+            await self._conn.close()
 
     async def on_failure(self, exc: BaseException) -> None:
         """Nothing may hang: fail every pending call."""
         self._cancel_flusher()
         self._fail(list(self._pending), exc)
         self._pending.clear()
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
 
     def _cancel_flusher(self) -> None:
         if self._flusher is not None:
@@ -272,8 +287,12 @@ class Producer(Actor[Publish]):
                 windows += [call.window] * n
                 names += call.names
         try:
+            conn = self._conn
+            if conn is None or conn.is_closed():
+                conn = self._conn = await self._connect()
+                self.stats.server_pid = conn.get_server_pid()
             if keyed:
-                async with self._pool.acquire() as conn, conn.transaction():
+                async with conn.transaction():
                     placed = await log_sql.append(
                         conn,
                         pids,
@@ -284,9 +303,10 @@ class Producer(Actor[Publish]):
                         keyed=log_sql.Keyed(topics, ikeys, windows, names),
                     )
             else:
-                placed = await log_sql.append(self._pool, pids, keys, headers, payloads, queue=queue)
-        except CONNECTION_ERRORS as exc:
+                placed = await log_sql.append(conn, pids, keys, headers, payloads, queue=queue)
+        except _LOST as exc:
             # Nothing to isolate: every call's outcome is equally unknown; each caller retries (with its key).
+            self._drop_connection()
             self._fail(calls, _unavailable(exc))
             return
         except Exception as exc:

@@ -9,7 +9,6 @@ that already moved past 7 would miss it for good.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 
 import asyncpg
@@ -83,34 +82,58 @@ FROM input i JOIN bumped b ON b.id = i.pid
 RETURNING partition_id, "offset", created_at
 """
 
-# PUBLISH_MULTI_QUIET for batches that include queue topics: a message of a
-# `semantics='queue'` topic also gets its job row, in the same statement.
-PUBLISH_MULTI_QUEUE = """
-WITH input AS (
-    SELECT u.pid, u.k, u.h, u.p, u.ord
-    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(pid, k, h, p, ord)
-), counts AS (
-    SELECT pid, count(*) AS n FROM input GROUP BY pid
-), locked AS (
-    SELECT id FROM partitions WHERE id IN (SELECT pid FROM counts) ORDER BY id FOR NO KEY UPDATE
+# What `append` runs: any partitions, one statement (atomic without an explicit
+# transaction). $1..$4 are parallel arrays (partition id, key, headers,
+# payload); $5 is each message's index among the input's messages of its
+# partition (computed by the caller: no sort or window function here); $6/$7
+# the distinct partition ids and their message counts. Partition rows are
+# locked in id order (no deadlock between two such statements), each counter
+# moves once, so offsets are dense and commit in order (invariant 1). Every
+# message of the statement gets one created_at, and the answer is one row per
+# partition (its first offset) rather than one per message.
+APPEND = """
+WITH locked AS (
+    SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
 ), bumped AS (
     UPDATE partitions pt SET next_offset = pt.next_offset + c.n
-    FROM counts c JOIN locked l ON l.id = c.pid
+    FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
+    WHERE pt.id = c.pid
+    RETURNING pt.id, pt.next_offset - c.n AS base
+), ts AS (
+    SELECT clock_timestamp() AS at
+), m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT u.pid, b.base + u.i, u.k, u.h::jsonb, u.p, ts.at
+    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[], $5::int[]) AS u(pid, k, h, p, i)
+    JOIN bumped b ON b.id = u.pid CROSS JOIN ts
+)
+SELECT b.id, b.base, ts.at FROM bumped b CROSS JOIN ts
+"""
+
+# APPEND for inputs that include queue topics: a message of a
+# `semantics='queue'` topic also gets its job row, in the same statement.
+APPEND_QUEUE = """
+WITH locked AS (
+    SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
+), bumped AS (
+    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
+    FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
     WHERE pt.id = c.pid
     RETURNING pt.id, pt.next_offset - c.n AS base, pt.topic
-), numbered AS (
-    SELECT i.pid, b.base + row_number() OVER (PARTITION BY i.pid ORDER BY i.ord) - 1 AS off,
-           i.k, i.h, i.p, b.topic, t.semantics = 'queue' AS queued
-    FROM input i JOIN bumped b ON b.id = i.pid JOIN topics t ON t.name = b.topic
+), ts AS (
+    SELECT clock_timestamp() AS at
+), rows AS (
+    SELECT u.pid, b.base + u.i AS off, u.k, u.h, u.p, b.topic, t.semantics = 'queue' AS queued
+    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[], $5::int[]) AS u(pid, k, h, p, i)
+    JOIN bumped b ON b.id = u.pid JOIN topics t ON t.name = b.topic
 ), m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload)
-    SELECT pid, off, k, h::jsonb, p FROM numbered
-    RETURNING partition_id, "offset", created_at
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT r.pid, r.off, r.k, r.h::jsonb, r.p, ts.at FROM rows r CROSS JOIN ts
 ), j AS (
     INSERT INTO queue_jobs (partition_id, "offset", topic, key)
-    SELECT pid, off, topic, k FROM numbered WHERE queued
+    SELECT pid, off, topic, k FROM rows WHERE queued
 )
-SELECT partition_id, "offset", created_at FROM m
+SELECT b.id, b.base, ts.at FROM bumped b CROSS JOIN ts
 """
 
 ANNOUNCE = "SELECT count(pg_notify($1, x::text)) FROM unnest($2::bigint[]) AS x"
@@ -198,17 +221,29 @@ class Keyed:
         self.names = names
 
 
-def _place(partition_ids: Sequence[int], rows: Sequence[asyncpg.Record]) -> list[Placed | None]:
-    """Match PUBLISH_MULTI_* rows to the input: offsets follow input order within each partition."""
-    slots: dict[int, list[int]] = {}
-    for i, pid in enumerate(partition_ids):
-        slots.setdefault(pid, []).append(i)
-    placed: list[Placed | None] = [None] * len(partition_ids)
-    taken: dict[int, int] = {}
-    for pid, offset, created in sorted(((r[0], r[1], r[2]) for r in rows), key=lambda r: (r[0], r[1])):
-        k = taken.get(pid, 0)
-        taken[pid] = k + 1
-        placed[slots[pid][k]] = (pid, offset, created, None)
+async def _append(
+    conn: Target,
+    statement: str,
+    partition_ids: list[int],
+    keys: list[str | None],
+    headers: list[str | None],
+    payloads: list[bytes | None],
+) -> list[Placed | None]:
+    """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
+    index: list[int] = []
+    counts: dict[int, int] = {}
+    for pid in partition_ids:
+        n = counts.get(pid, 0)
+        index.append(n)
+        counts[pid] = n + 1
+    rows = await conn.fetch(
+        statement, partition_ids, keys, headers, payloads, index, list(counts), list(counts.values())
+    )
+    base = {r[0]: (r[1], r[2]) for r in rows}
+    placed: list[Placed | None] = []
+    for pid, i in zip(partition_ids, index, strict=True):
+        got = base.get(pid)
+        placed.append(None if got is None else (pid, got[0] + i, got[1], None))
     return placed
 
 
@@ -232,9 +267,9 @@ async def append(
     original's place, and so does every later message of the same key in the
     input. Wake-ups are the caller's (after commit; see actors/announcer.py).
     """
-    statement = PUBLISH_MULTI_QUEUE if queue else PUBLISH_MULTI_QUIET
+    statement = APPEND_QUEUE if queue else APPEND
     if keyed is None:
-        return _place(partition_ids, await conn.fetch(statement, partition_ids, keys, headers, payloads))
+        return await _append(conn, statement, partition_ids, keys, headers, payloads)
     assert not isinstance(conn, asyncpg.Pool), "keyed appends need one connection inside a transaction"
     first: dict[tuple[str, str], int] = {}
     for i, ikey in enumerate(keyed.keys):
@@ -251,25 +286,26 @@ async def append(
     ]
     results: list[Placed | None] = [None] * len(partition_ids)
     if write:
-        rows = await conn.fetch(
+        written = await _append(
+            conn,
             statement,
             [partition_ids[i] for i in write],
             [keys[i] for i in write],
             [headers[i] for i in write],
             [payloads[i] for i in write],
         )
-        for i, placed in zip(write, _place([partition_ids[i] for i in write], rows), strict=True):
+        for i, placed in zip(write, written, strict=True):
             results[i] = placed
     landed = [(p, results[first[p]]) for p in pairs if p in claimed]
-    written = [(p, r) for p, r in landed if r is not None]
-    if written:
+    kept = [(p, r) for p, r in landed if r is not None]
+    if kept:
         await idempotency.fill(
             conn,
-            [p[0] for p, _ in written],
-            [p[1] for p, _ in written],
-            [r[0] for _, r in written],
-            [r[1] for _, r in written],
-            [r[2] for _, r in written],
+            [p[0] for p, _ in kept],
+            [p[1] for p, _ in kept],
+            [r[0] for _, r in kept],
+            [r[1] for _, r in kept],
+            [r[2] for _, r in kept],
         )
     lost = [p for p, r in landed if r is None]
     if lost:  # the partition vanished: do not keep a key that points nowhere

@@ -216,9 +216,11 @@ async def test_a_producer_retrying_through_terminated_backends_writes_each_messa
             while not done.is_set():
                 # Only this Bus's own pool connections (the database is shared with other tests).
                 pids = [h._con.get_server_pid() for h in b.pool._holders if h._con is not None]  # type: ignore[attr-defined]
+                if b.producer_stats.server_pid is not None:  # the Producer's own connection, mostly
+                    pids += [b.producer_stats.server_pid] * 4
                 if pids:
                     kills += int(bool(await admin.fetchval("SELECT pg_terminate_backend($1)", rng.choice(pids))))
-                await asyncio.sleep(rng.uniform(0.01, 0.05))
+                await asyncio.sleep(rng.uniform(0.03, 0.1))
         finally:
             await admin.close()
 
