@@ -18,31 +18,33 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import asyncpg
 
 from actors import metrics
 from actors.messages import (
+    CoordinatorMessage,
     GroupChanged,
     HeartbeatReply,
     LeaderSeen,
     LeaseLost,
     MemberFenced,
+    MonitorMessage,
+    NotifierMessage,
     RegisterMember,
     Subscribe,
     Sync,
     UnregisterMember,
     Unsubscribe,
     WorkerFailed,
+    WorkerMessage,
 )
 from actors.runtime import Actor, ActorRef, RestartStrategy, Supervisor
 from actors.worker import PartitionWorker, Sink, WorkerSpec
 from storage import membership
 from storage.db import TRANSIENT_ERRORS
 from storage.logs import get_logger
-
-CoordinatorMessage = HeartbeatReply | MemberFenced | GroupChanged | Sync | WorkerFailed | LeaseLost
 
 
 class MemberSink(Sink, Protocol):
@@ -84,8 +86,8 @@ class Coordinator(Actor[CoordinatorMessage]):
         spec: MemberSpec,
         pool: asyncpg.Pool,
         sink: MemberSink,
-        notifier: ActorRef[Any],
-        monitor: ActorRef[Any],
+        notifier: ActorRef[NotifierMessage],
+        monitor: ActorRef[MonitorMessage],
         rejoin: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.spec = spec
@@ -95,7 +97,7 @@ class Coordinator(Actor[CoordinatorMessage]):
         self._monitor = monitor
         self.member_id = ""
         self.generation = -1
-        self._workers: dict[int, tuple[tuple[str, str], ActorRef[Any]]] = {}
+        self._workers: dict[int, tuple[tuple[str, str], ActorRef[WorkerMessage]]] = {}
         self._failed: set[int] = set()
         self._names = itertools.count()
         self._worker_names: dict[str, int] = {}  # supervisor child name -> partition id

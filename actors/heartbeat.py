@@ -22,9 +22,13 @@ import asyncpg
 
 from actors.messages import (
     Beat,
+    CoordinatorMessage,
     HeartbeatReply,
     LeaderSeen,
     MemberFenced,
+    MonitorMessage,
+    NotifierMessage,
+    RebalancerMessage,
     RegisterMember,
     SetLeader,
     SweepNow,
@@ -35,8 +39,6 @@ from actors.runtime import Actor, ActorRef, Supervisor
 from storage import membership, retention
 from storage.db import CONNECTION_ERRORS, TRANSIENT_ERRORS
 from storage.logs import get_logger
-
-MonitorMessage = RegisterMember | UnregisterMember | Beat | SweepNow | LeaderSeen
 
 
 @dataclass(frozen=True)
@@ -55,13 +57,17 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
 
     mailbox_size = 1024
 
-    def __init__(self, config: MonitorConfig, pool: asyncpg.Pool, notifier: ActorRef[Any]) -> None:
+    def __init__(
+        self, config: MonitorConfig, pool: asyncpg.Pool, notifier: ActorRef[NotifierMessage]
+    ) -> None:
         self.config = config
         self._pool = pool
         self._notifier = notifier
-        self._members: dict[tuple[str, str], ActorRef[Any]] = {}
-        self._rebalancers: dict[str, tuple[str, ActorRef[Any]]] = {}
-        self._stopping: set[ActorRef[Any]] = set()  # rebalancers being stopped (see _leadership)
+        self._members: dict[tuple[str, str], ActorRef[CoordinatorMessage]] = {}
+        self._rebalancers: dict[str, tuple[str, ActorRef[RebalancerMessage]]] = {}
+        self._stopping: set[ActorRef[RebalancerMessage]] = (
+            set()
+        )  # rebalancers being stopped (see _leadership)
         self._supervisor: Supervisor | None = None
         self._log = get_logger(__name__, actor="heartbeat")
 

@@ -154,3 +154,12 @@ class Rewind(Message, frozen=True):
     The answer (to an ask) is True once the worker's position is the committed
     offset, False when the database could not be read (the caller retries).
     """
+
+
+# -- what each actor receives (its ActorRef's type parameter) --------------------------
+
+NotifierMessage = Subscribe | Unsubscribe | Notified | CheckConnection
+MonitorMessage = RegisterMember | UnregisterMember | Beat | SweepNow | LeaderSeen
+CoordinatorMessage = HeartbeatReply | MemberFenced | GroupChanged | Sync | WorkerFailed | LeaseLost
+RebalancerMessage = RebalanceCheck | SetLeader
+WorkerMessage = Wake | Seek | Rewind | RetryDue

@@ -13,14 +13,14 @@ from typing import Any
 
 import asyncpg
 
-from actors.messages import CheckConnection, Notified, Subscribe, Unsubscribe
+from actors.messages import CheckConnection, Notified, NotifierMessage, Subscribe, Unsubscribe
 from actors.runtime import Actor
 from storage.logs import get_logger
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
 
 
-class Notifier(Actor[Subscribe | Unsubscribe | Notified | CheckConnection]):
+class Notifier(Actor[NotifierMessage]):
     """Owns the listening connection and the subscription table."""
 
     mailbox_size = 10_000
@@ -49,9 +49,9 @@ class Notifier(Actor[Subscribe | Unsubscribe | Notified | CheckConnection]):
                 self._conn.terminate()
         self._conn = None
 
-    def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
+    def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: object) -> None:
         # Runs in asyncpg's protocol callback: never block, never raise.
-        self.self_ref.signal(Notified(channel, payload))
+        self.self_ref.signal(Notified(channel, str(payload)))
 
     def _on_lost(self, _conn: Any) -> None:
         self.self_ref.signal(CheckConnection())

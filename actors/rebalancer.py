@@ -17,7 +17,14 @@ import asyncpg
 
 from actors import metrics
 from actors.assignors import Member, Partition, assign
-from actors.messages import RebalanceCheck, SetLeader, Subscribe, Unsubscribe
+from actors.messages import (
+    NotifierMessage,
+    RebalanceCheck,
+    RebalancerMessage,
+    SetLeader,
+    Subscribe,
+    Unsubscribe,
+)
 from actors.runtime import Actor, ActorRef, Timer
 from storage import groups as group_sql
 from storage import membership
@@ -38,7 +45,7 @@ def compute_assignment(
     )
 
 
-class Rebalancer(Actor[RebalanceCheck | SetLeader]):
+class Rebalancer(Actor[RebalancerMessage]):
     """Debounces membership changes and writes assignments for one group."""
 
     mailbox_size = 64
@@ -48,7 +55,7 @@ class Rebalancer(Actor[RebalanceCheck | SetLeader]):
         group: str,
         leader_id: str,
         pool: asyncpg.Pool,
-        notifier: ActorRef[Any],
+        notifier: ActorRef[NotifierMessage],
         *,
         groups_channel: str,
         topics_channel: str,

@@ -17,7 +17,7 @@ import asyncpg
 from actors.announcer import Announce, Announcer
 from actors.coordinator import Coordinator, MemberSink, MemberSpec
 from actors.heartbeat import HeartbeatMonitor, MonitorConfig
-from actors.messages import SweepNow
+from actors.messages import CoordinatorMessage, MonitorMessage, NotifierMessage, SweepNow
 from actors.notifier import Notifier
 from actors.runtime import ActorRef, RestartStrategy, Supervisor
 from storage.logs import get_logger
@@ -46,8 +46,8 @@ class GroupSystem:
             on_escalate=self._escalated,
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
         )
-        self.notifier: ActorRef[Any] | None = None
-        self.monitor: ActorRef[Any] | None = None
+        self.notifier: ActorRef[NotifierMessage] | None = None
+        self.monitor: ActorRef[MonitorMessage] | None = None
         self.announcer: ActorRef[Any] | None = None
 
     def _escalated(self, child: str, exc: BaseException) -> None:
@@ -64,7 +64,7 @@ class GroupSystem:
         notifier = self.notifier
         self.monitor = self.root.spawn(lambda: HeartbeatMonitor(cfg, self._pool, notifier), "heartbeat")
 
-    def spawn_member(self, spec: MemberSpec, sink: MemberSink) -> ActorRef[Any]:
+    def spawn_member(self, spec: MemberSpec, sink: MemberSink) -> ActorRef[CoordinatorMessage]:
         """Start a Coordinator for a new local member of `spec.group`."""
         assert self.notifier is not None and self.monitor is not None
         notifier, monitor = self.notifier, self.monitor

@@ -15,7 +15,19 @@ from typing import Any, Protocol
 import asyncpg
 
 from actors import metrics
-from actors.messages import LeaseLost, RetryDue, Rewind, Seek, Subscribe, Unsubscribe, Wake, WorkerFailed
+from actors.messages import (
+    CoordinatorMessage,
+    LeaseLost,
+    NotifierMessage,
+    RetryDue,
+    Rewind,
+    Seek,
+    Subscribe,
+    Unsubscribe,
+    Wake,
+    WorkerFailed,
+    WorkerMessage,
+)
 from actors.runtime import Actor, ActorRef, Timer
 from storage import leases
 from storage.db import TRANSIENT_ERRORS, internal
@@ -31,7 +43,7 @@ class Batch:
     partition_id: int
     epoch: int
     rows: list[asyncpg.Record]
-    worker: ActorRef[Any]
+    worker: ActorRef[WorkerMessage]
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,7 @@ class WorkerSpec:
     messages_channel: str
 
 
-class PartitionWorker(Actor[Wake | Seek | Rewind | RetryDue]):
+class PartitionWorker(Actor[WorkerMessage]):
     """Owns one partition for one member: lease, fetch, hand on, commit, release."""
 
     mailbox_size = 64
@@ -102,8 +114,8 @@ class PartitionWorker(Actor[Wake | Seek | Rewind | RetryDue]):
         spec: WorkerSpec,
         pool: asyncpg.Pool,
         sink: Sink,
-        notifier: ActorRef[Any],
-        coordinator: ActorRef[Any],
+        notifier: ActorRef[NotifierMessage],
+        coordinator: ActorRef[CoordinatorMessage],
     ) -> None:
         self.spec = spec
         self._pool = pool
@@ -174,7 +186,7 @@ class PartitionWorker(Actor[Wake | Seek | Rewind | RetryDue]):
             if not self._sink.handler_mode:
                 self._sink.released(self.spec.partition_id, epoch, committed)
 
-    async def receive(self, message: Wake | Seek | Rewind | RetryDue) -> Any:
+    async def receive(self, message: WorkerMessage) -> Any:
         match message:
             case Wake():
                 try:

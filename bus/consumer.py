@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from actors.assignors import ASSIGNORS
 from actors.coordinator import MemberSpec
-from actors.messages import Rewind, Seek
+from actors.messages import CoordinatorMessage, Rewind, Seek
 from actors.runtime import ActorRef, ActorStoppedError
 from actors.worker import RetryPolicy
 from bus import tracing
-from bus.handoff import Callback, HandlerHandoff, MemberState, PollHandoff
+from bus.handoff import Callback, HandlerHandoff, PollHandoff
 from bus.start import parse_start
 from bus.types import Message, TopicPartition
 from storage import db, leases
@@ -140,11 +140,11 @@ class ConsumerTransaction:
 class _MemberBase:
     """What Consumer and Subscription share: joining, the Coordinator, what its actors told it."""
 
-    def __init__(self, b: Bus, member: _Member, state: MemberState) -> None:
+    def __init__(self, b: Bus, member: _Member, state: PollHandoff | HandlerHandoff) -> None:
         self._bus = b
         self._m = member
         self._state = state
-        self._coordinator: ActorRef[Any] | None = None
+        self._coordinator: ActorRef[CoordinatorMessage] | None = None
 
     @staticmethod
     def _validate(member: _Member) -> None:

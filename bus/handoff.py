@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from actors import metrics as _metrics
-from actors.messages import Wake
+from actors.messages import Wake, WorkerMessage
 from actors.runtime import ActorRef
 from actors.worker import Batch, RetryPolicy
 from bus import tracing
@@ -118,14 +118,14 @@ class PollHandoff(MemberState):
         # While a Consumer.transaction() is open its positions belong to that transaction.
         self.in_transaction = False
         self.tp_of: dict[int, TopicPartition] = {}
-        self.workers: dict[int, ActorRef[Any]] = {}
+        self.workers: dict[int, ActorRef[WorkerMessage]] = {}
         self._worker_epoch: dict[int, int] = {}
         # Workers whose batch did not fit: take() wakes them once it made room,
         # instead of leaving them idle until their next poll-fallback tick.
-        self._refused: dict[int, ActorRef[Any]] = {}
+        self._refused: dict[int, ActorRef[WorkerMessage]] = {}
         # partition id -> the worker being revoked (on_revoke has run or is running):
         # nothing more of its batches is handed out.
-        self._revoking: dict[int, ActorRef[Any] | None] = {}
+        self._revoking: dict[int, ActorRef[WorkerMessage] | None] = {}
 
     # -- the workers' side ---------------------------------------------------------
 

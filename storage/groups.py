@@ -11,7 +11,7 @@ from datetime import datetime
 
 import asyncpg
 
-from storage.db import Conn
+from storage.db import Conn, Connection
 
 # $1 name, $2 start_mode, $3 start_time (timestamp mode), $4 start_offsets json,
 # $5 lookback seconds (latest mode), $6 assignor, $7 namespace, $8 task
@@ -110,7 +110,15 @@ async def record_group(
 ) -> bool:
     """Record the group and its start if it is new (first subscriber wins); True if it was new."""
     created = await conn.fetchval(
-        RECORD_GROUP, name, start_mode, start_time, start_offsets_json, lookback_seconds, assignor, namespace, task
+        RECORD_GROUP,
+        name,
+        start_mode,
+        start_time,
+        start_offsets_json,
+        lookback_seconds,
+        assignor,
+        namespace,
+        task,
     )
     if created is None:
         await conn.execute(REVIVE_GROUP, name)
@@ -141,9 +149,6 @@ async def materialize_offsets(conn: Conn, name: str, partition_ids: list[int]) -
 
 async def group_partitions(conn: Conn, name: str) -> list[asyncpg.Record]:
     return list(await conn.fetch(SELECT_GROUP_PARTITIONS, name))
-
-
-
 
 
 # close(cancel=True): the group stops holding retention, unless someone else still reads.
@@ -256,7 +261,7 @@ async def live_member_count(conn: Conn, name: str) -> int:
     return int(await conn.fetchval(LIVE_MEMBER_COUNT, name))
 
 
-async def lock_group(conn: asyncpg.Connection, name: str) -> bool:
+async def lock_group(conn: Connection, name: str) -> bool:
     return await conn.fetchval(LOCK_GROUP, name) is not None
 
 
@@ -266,7 +271,7 @@ async def reset_plan(
     return list(await conn.fetch(RESET_PLAN, name, mode, at, offset, topic))
 
 
-async def apply_reset(conn: asyncpg.Connection, name: str, plan: list[tuple[int, int]]) -> None:
+async def apply_reset(conn: Connection, name: str, plan: list[tuple[int, int]]) -> None:
     await conn.execute(APPLY_RESET, name, [p for p, _ in plan], [o for _, o in plan])
 
 

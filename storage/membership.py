@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from storage.db import Conn
+from storage.db import Conn, Connection
 
 # $1 group, $2 member_id, $3 instance_id, $4 client_id, $5 host, $6 pid, $7 topics,
 # $8 session_timeout, $9 rebalance_delay. A static member (instance_id) that comes
@@ -207,7 +207,7 @@ RETURNING name
 NOTIFY = "SELECT pg_notify($1, $2)"
 
 
-async def join(conn: asyncpg.Connection, *args: Any) -> asyncpg.Record:
+async def join(conn: Connection, *args: Any) -> asyncpg.Record:
     async with conn.transaction():
         await conn.execute(LOCK_GROUPS, [args[0]])
         row = await conn.fetchrow(JOIN, *args)
@@ -215,18 +215,20 @@ async def join(conn: asyncpg.Connection, *args: Any) -> asyncpg.Record:
     return row
 
 
-async def leave(conn: asyncpg.Connection, group: str, member_id: str, delay: float, channel: str) -> None:
+async def leave(conn: Connection, group: str, member_id: str, delay: float, channel: str) -> None:
     async with conn.transaction():
         await conn.execute(LOCK_GROUPS, [group])
         await conn.execute(LEAVE, group, member_id, delay)
         await conn.execute(NOTIFY, channel, group)
 
 
-async def heartbeat(conn: Conn, groups: list[str], members: list[str], lease_time: float) -> list[asyncpg.Record]:
+async def heartbeat(
+    conn: Conn, groups: list[str], members: list[str], lease_time: float
+) -> list[asyncpg.Record]:
     return list(await conn.fetch(HEARTBEAT, groups, members, lease_time))
 
 
-async def sweep(conn: asyncpg.Connection, delay: float, channel: str) -> list[tuple[str, str]]:
+async def sweep(conn: Connection, delay: float, channel: str) -> list[tuple[str, str]]:
     """Remove members whose session expired (any process); returns (group, member) removed."""
     candidates = [r[0] for r in await conn.fetch(EXPIRED_GROUPS)]
     if not candidates:
@@ -264,7 +266,6 @@ async def mark_stable(conn: Conn, group: str, generation: int) -> bool:
     return await conn.fetchval(MARK_STABLE, group, generation) is not None
 
 
-
 class RebalanceOutcome:
     """What one rebalance wrote (or why it did not)."""
 
@@ -276,7 +277,7 @@ class RebalanceOutcome:
 
 
 async def rebalance(
-    conn: asyncpg.Connection,
+    conn: Connection,
     group: str,
     leader_id: str,
     compute: Any,
