@@ -133,30 +133,28 @@ class _Lane:
         self._write = write
         self._cap = cap
         self._parallel = parallel
-        self._running = 0
+        self._running: set[asyncio.Task[None]] = set()  # held, so no running write is collected
         self._pending: list[Any] = []
 
     def add(self, request: Any) -> None:
         """Queue `request` (a tuple whose last item is its future); written at once when a write slot is free."""
         self._pending.append(request)
-        if self._running < self._parallel:
-            self._running += 1
-            asyncio.get_running_loop().create_task(self._run(), name="queue-writer")
+        if len(self._running) < self._parallel:
+            task = asyncio.get_running_loop().create_task(self._run(), name="queue-writer")
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
 
     async def _run(self) -> None:
-        try:
-            while self._pending:
-                batch, self._pending = self._pending[: self._cap], self._pending[self._cap :]
-                try:
-                    await self._write(batch)
-                except BaseException as exc:  # every request of the batch gets the error
-                    for request in batch:
-                        if not request[-1].done():
-                            request[-1].set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-        finally:
-            self._running -= 1
+        while self._pending:
+            batch, self._pending = self._pending[: self._cap], self._pending[self._cap :]
+            try:
+                await self._write(batch)
+            except BaseException as exc:  # every request of the batch gets the error
+                for request in batch:
+                    if not request[-1].done():
+                        request[-1].set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
 
 
 class _QueueWriter:
@@ -164,12 +162,12 @@ class _QueueWriter:
 
     On a queue the cost is the statement and its commit, not the rows. Acks
     form one lane and the takes of each (topic, visibility timeout, ordering)
-    another; each lane has one write out at a time, and whatever its
-    consumers ask meanwhile goes in the next one: all pending acks in one
-    DELETE, all pending takes of a topic in one leasing statement. With
-    nothing in flight a request is written at once. Each write is one
-    autocommit statement; every caller gets its own answer (or the write's
-    exception) once it committed.
+    another; a lane has at most `_PARALLEL` writes out at a time, and
+    whatever its consumers ask while they are out goes in the next one: all
+    pending acks in one DELETE, all pending takes of a topic in one leasing
+    statement. With a write slot free a request is written at once. Each
+    write is one autocommit statement; every caller gets its own answer (or
+    the write's exception) once it committed.
     """
 
     def __init__(self, pool: Any) -> None:
