@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from actors import metrics as _metrics
-from bus.client import to_message
+from bus.codec import to_message
 from bus.start import StartSpec, parse_start
 from bus.types import Message
 from storage import claims as sql
