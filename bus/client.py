@@ -15,10 +15,19 @@ import asyncpg
 import msgspec
 
 from actors import metrics as _metrics
-from actors.producer import Prepared, Vanished
+from actors.cleaner import start_cleaner
+from actors.heartbeat import MonitorConfig
+from actors.producer import Prepared, Producer, ProducerSettings, ProducerStats, Publish, Vanished
+from actors.system import GroupSystem
 from bus import tracing
+from bus.admin import Admin
+from bus.claims import Claim, claim
 from bus.codec import encode_headers, encode_payload, to_message, validate_key
 from bus.config import Config
+from bus.consumer import Consumer, Retry, Subscription
+from bus.eventstore import EventStore
+from bus.handoff import Callback
+from bus.queues import QueueConsumer
 from bus.types import Message, Outgoing, Record, TopicInfo
 from storage import db
 from storage import messages as log_sql
@@ -36,14 +45,6 @@ from storage.names import MAX_SECONDS, validate_name, validate_offset, validate_
 
 if TYPE_CHECKING:
     from types import ModuleType
-
-    from actors.system import GroupSystem
-    from bus.admin import Admin
-    from bus.claims import Claim
-    from bus.consumer import Consumer, Retry, Subscription
-    from bus.eventstore import EventStore
-    from bus.handoff import Callback
-    from bus.queues import QueueConsumer
 
 log = get_logger(__name__)
 
@@ -135,14 +136,10 @@ class Bus:
         system = await self._group_system()
         self._start_producer(system)
         if self.config.cleaner_interval > 0:  # 0 (or less) disables this process's cleaner
-            from actors.cleaner import start_cleaner
-
             self._cleaner = start_cleaner(self, system.root)
 
     def _start_producer(self, system: Any) -> None:
         """Spawn the Producer under the Bus's root supervisor (before any member: members stop first)."""
-        from actors.producer import Producer, ProducerSettings, ProducerStats
-
         c = self.config
         settings = ProducerSettings(
             max_batch=c.max_batch,
@@ -158,9 +155,6 @@ class Bus:
 
     async def _group_system(self) -> GroupSystem:
         if self._system is None:
-            from actors.heartbeat import MonitorConfig
-            from actors.system import GroupSystem
-
             c = self.config
             system = GroupSystem(
                 self.pool,
@@ -202,8 +196,6 @@ class Bus:
 
         `start`: "earliest" | "latest" | a datetime | {(topic, partition): offset}.
         """
-        from bus.consumer import Consumer
-
         return Consumer(
             self,
             group,
@@ -238,8 +230,6 @@ class Bus:
         on_revoke: Callback | None = None,
     ) -> Subscription:
         """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it."""
-        from bus.consumer import Subscription
-
         sub = Subscription(
             self,
             group,
@@ -268,8 +258,6 @@ class Bus:
     @property
     def admin(self) -> Admin:
         """Group and topic administration (see bus.admin.Admin)."""
-        from bus.admin import Admin
-
         return Admin(self)
 
     async def __aenter__(self) -> Bus:
@@ -497,8 +485,6 @@ class Bus:
     async def _write(self, call: Prepared, connection: asyncpg.Connection | None) -> list[Record]:
         """Append one prepared call: through the Producer, or directly (outbox, or no Producer)."""
         if connection is None and self._producer is not None:
-            from actors.producer import Publish
-
             reply: asyncio.Future[list[Placed | None]] = asyncio.get_running_loop().create_future()
             await self._producer.tell(Publish(call, reply))
             placed = await reply
@@ -592,8 +578,6 @@ class Bus:
 
     def event_store(self, name: str) -> EventStore:
         """The event store `name`: one globally ordered log with attribute partitions (see bus.eventstore)."""
-        from bus.eventstore import EventStore
-
         return EventStore(self, validate_name(name, "event store name"))
 
     async def claim(
@@ -609,8 +593,6 @@ class Bus:
         start: Any = None,
     ) -> Claim | None:
         """Lease the free partition with the earliest pending message (see bus.claims); None when nothing is pending."""
-        from bus.claims import claim
-
         return await claim(
             self,
             group,
@@ -633,8 +615,6 @@ class Bus:
         ordered_by_key: bool = False,
     ) -> QueueConsumer:
         """Competing consumers on a `semantics="queue"` topic (see bus.queues)."""
-        from bus.queues import QueueConsumer
-
         return QueueConsumer(
             self,
             topic,
@@ -710,8 +690,6 @@ def _is_partition_name(value: str) -> bool:
 
 
 def msgspec_replace_created(info: TopicInfo) -> TopicInfo:
-    import msgspec
-
     return msgspec.structs.replace(info, created_at=None)
 
 
