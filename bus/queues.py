@@ -71,9 +71,9 @@ _encoder = msgspec.json.Encoder()
 # A job is visible but our take did not get it (another taker's statement had
 # it locked, or it became visible just after): look again this soon.
 _RETRY_SOON = 0.005
-# Jobs per ack statement: bounds one statement's size when thousands of acks
+# Ack calls per statement: bounds one statement's size when thousands of acks
 # pile up behind a slow round trip.
-_MAX_ACK_BATCH = 10_000
+_MAX_ACK_BATCH = 1_000
 # Takers per leasing statement.
 _MAX_TAKERS = 100
 # Writes of one kind out at once per Bus: two keep the database busy while the
@@ -175,10 +175,10 @@ class _QueueWriter:
         self._acks = _Lane(self._write_acks, _MAX_ACK_BATCH, _PARALLEL)
         self._takes: dict[tuple[str, float, bool], _Lane] = {}
 
-    def ack(self, job: _Job) -> asyncio.Future[bool]:
-        """Delete the job if its lease still holds; the future says whether it did."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._acks.add((job, future))
+    def ack(self, jobs: list[_Job]) -> asyncio.Future[set[tuple[int, int]]]:
+        """Delete the jobs whose leases still hold; the future holds the (partition_id, offset) deleted."""
+        future: asyncio.Future[set[tuple[int, int]]] = asyncio.get_running_loop().create_future()
+        self._acks.add((jobs, future))
         return future
 
     def take(
@@ -195,12 +195,12 @@ class _QueueWriter:
         lane.add((consumer, limit, future))
         return future
 
-    async def _write_acks(self, batch: list[tuple[_Job, asyncio.Future[bool]]]) -> None:
+    async def _write_acks(self, batch: list[tuple[list[_Job], asyncio.Future[set[tuple[int, int]]]]]) -> None:
         with db.translate_errors(), db.internal():
-            done = await sql.ack_many(self._pool, [job for job, _ in batch])
-        for job, future in batch:
+            done = await sql.ack_many(self._pool, [job for jobs, _ in batch for job in jobs])
+        for _, future in batch:
             if not future.done():
-                future.set_result((job[0], job[1]) in done)
+                future.set_result(done)
 
     async def _write_takes(
         self, key: tuple[str, float, bool], batch: list[tuple[str, int, asyncio.Future[list[Any]]]]
@@ -303,7 +303,7 @@ class QueueConsumer:
         self._waker: ActorRef[Any] | None = None
         self._system: Any = None
         # The answer every acker of a job shares while its ack is on the way.
-        self._acking: dict[tuple[str, int], asyncio.Future[bool]] = {}
+        self._acking: dict[tuple[str, int], asyncio.Future[set[tuple[int, int]]]] = {}
         self._writer = _writer_of(bus)
         self._giving_back: set[asyncio.Task[None]] = set()
         self._open = False
@@ -476,34 +476,50 @@ class QueueConsumer:
             )
         return self._in_flight.get((msg.partition, msg.offset))
 
-    def _ack_later(self, msg: Message) -> asyncio.Future[bool] | None:
-        """Queue the job's ack for the next statement; the future says whether the lease still held it.
+    def _ack_later(
+        self, msgs: list[Message]
+    ) -> list[tuple[Message, int, asyncio.Future[set[tuple[int, int]]]]]:
+        """Queue the acks of the jobs this consumer holds; one future per write says which were deleted.
 
-        None when this consumer does not hold the job (acked before). A job
-        already queued shares the pending answer, so acking twice at once
-        is one ack, not a lost lease.
+        Messages not held (acked before) are left out. A job whose ack is
+        already on its way shares that answer, so acking twice at once is one
+        ack, not a lost lease.
         """
-        lease = self._lease(msg)
-        if lease is None:
-            return None
-        key = (msg.partition, msg.offset)
-        pending = self._acking.get(key)
-        if pending is not None:
-            return pending
-        future = self._acking[key] = self._writer.ack((lease[0], msg.offset, lease[1]))
-        future.add_done_callback(lambda f: self._acked(key, lease[0], f))
-        return future
+        out: list[tuple[Message, int, Any]] = []
+        fresh: list[tuple[tuple[str, int], int, int]] = []  # (key, partition_id, offset)
+        jobs: list[_Job] = []
+        for m in msgs:
+            lease = self._lease(m)
+            if lease is None:
+                continue
+            key = (m.partition, m.offset)
+            out.append((m, lease[0], self._acking.get(key)))
+            if out[-1][2] is None:
+                fresh.append((key, lease[0], m.offset))
+                jobs.append((lease[0], m.offset, lease[1]))
+        if jobs:
+            future = self._writer.ack(jobs)
+            for key, _, _ in fresh:
+                self._acking[key] = future
+            future.add_done_callback(lambda f: self._acked(fresh, f))
+            out = [(m, pid, f if f is not None else future) for m, pid, f in out]
+        return out
 
-    def _acked(self, key: tuple[str, int], pid: int, future: asyncio.Future[bool]) -> None:
-        """Bookkeeping once a job's ack was written (or failed: then the lease is kept, to retry or nack)."""
-        del self._acking[key]
+    def _acked(
+        self, fresh: list[tuple[tuple[str, int], int, int]], future: asyncio.Future[set[tuple[int, int]]]
+    ) -> None:
+        """Bookkeeping once a write of acks committed (or failed: then the leases are kept, to retry or nack)."""
+        for key, _, _ in fresh:
+            self._acking.pop(key, None)
         if future.cancelled() or future.exception() is not None:
             return
-        self._in_flight.pop(key, None)
-        _metrics.queue_acked(self.topic, int(future.result()))
+        done = future.result()
+        for key, _, _ in fresh:
+            self._in_flight.pop(key, None)
+        _metrics.queue_acked(self.topic, sum((pid, offset) in done for _, pid, offset in fresh))
         if self.ordered_by_key:
-            # The key's next job is free now; nobody publishes to say so.
-            self._announce({pid})
+            # The keys' next jobs are free now; nobody publishes to say so.
+            self._announce({pid for _, pid, _ in fresh})
 
     async def ack(self, msg: Message) -> None:
         """Done: remove the job. LeaseLostError if it came back and another consumer took it meanwhile.
@@ -511,22 +527,24 @@ class QueueConsumer:
         Acking a message this consumer already acked is a no-op. Acks sent at
         the same time from several tasks go to the database in one statement.
         """
-        future = self._ack_later(msg)
-        if future is None:
-            return
-        # Shielded: the answer is shared, and one caller giving up must not cancel it for the others.
-        if not await asyncio.shield(future):
+        if await self._ack([msg]):
             raise self._lost(msg, "ack")
 
     async def ack_many(self, msgs: list[Message]) -> None:
         """Ack several jobs in one statement; LeaseLostError (after acking the others) if any was lost."""
-        waits = [(m, f) for m in msgs if (f := self._ack_later(m)) is not None]
-        if not waits:
-            return
-        await asyncio.shield(asyncio.gather(*(f for _, f in waits)))
-        lost = [m for m, f in waits if not f.result()]
+        lost = await self._ack(msgs)
         if lost:
             raise self._lost(lost[0], f"ack of {len(lost)} message(s), first")
+
+    async def _ack(self, msgs: list[Message]) -> list[Message]:
+        """Ack what this consumer holds of `msgs`; the messages whose lease was lost."""
+        waits = self._ack_later(msgs)
+        if not waits:
+            return []
+        futures = {id(f): f for _, _, f in waits}
+        # Shielded: an answer may be shared, and one caller giving up must not cancel it for the others.
+        await asyncio.shield(asyncio.gather(*futures.values()))
+        return [m for m, pid, f in waits if (pid, m.offset) not in f.result()]
 
     async def nack(self, msg: Message, delay: float = 0.0, error: str | None = None) -> None:
         """Not done: back to the queue after `delay` seconds, `error` kept in its history.
