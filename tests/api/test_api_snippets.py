@@ -55,7 +55,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import msgspec
 import pytest
 
@@ -223,7 +222,9 @@ def build(block: Block, plan: Plan, keep: str | None) -> types.CodeType:
     assert isinstance(fn, ast.AsyncFunctionDef)
     fn.body = rewrite(fn.body)
     assert used == set(wanted), f"annotations not attached to a statement: {set(wanted) - used}"
-    assert inserted == set(plan.insert_after), f"insert_after markers not found: {set(plan.insert_after) - inserted}"
+    assert inserted == set(plan.insert_after), (
+        f"insert_after markers not found: {set(plan.insert_after) - inserted}"
+    )
     tree = _Placeholders(plan.fill).visit(tree)
     ast.fix_missing_locations(tree)
     ast.increment_lineno(tree, block.line - 2)
@@ -338,7 +339,9 @@ async def setup_consumer(ctx: Ctx) -> Plan:
         group = await ctx.b.admin.describe_group("email")
         assert group.members == []  # leaving the block left the group
         (lag,) = group.partitions
-        assert lag.committed is not None
+        # `await c.commit()` committed everything polled (the batch and the poll behind `async for`);
+        # the later seek back to 0 polled nothing, so leaving the block had nothing newer to commit.
+        assert lag.committed is not None and len(batch) < lag.committed <= len(sent)
 
     return Plan(names={"tp": tp, "offset": 0, "MyStruct": MyStruct}, check=check)
 
@@ -361,7 +364,12 @@ async def setup_subscribe(ctx: Ctx) -> Plan:
     return Plan(names={"handler": handler}, check=check)
 
 
-CLAIM_MENU = ["await claim.ack()", "await claim.ack(offset)", "await claim.release()", "await claim.extend(seconds)"]
+CLAIM_MENU = [
+    "await claim.ack()",
+    "await claim.ack(offset)",
+    "await claim.release()",
+    "await claim.extend(seconds)",
+]
 
 
 async def setup_claims(ctx: Ctx) -> Plan:
@@ -381,7 +389,9 @@ async def setup_claims(ctx: Ctx) -> Plan:
         assert first == expected_first[keep], (keep, first)
         assert len(claim.messages) == min(100, 250 - first)
         if keep == "await claim.extend(seconds)":
-            assert claim.lease_expires_at > datetime.now(claim.lease_expires_at.tzinfo) + timedelta(seconds=60)
+            assert claim.lease_expires_at > datetime.now(claim.lease_expires_at.tzinfo) + timedelta(
+                seconds=60
+            )
             # Held: nobody else gets the partition while the lease lasts.
             assert await ctx.b.claim("billing", topic="orders", worker_id="w-2") is None
 
@@ -417,7 +427,9 @@ async def setup_reader(ctx: Ctx) -> Plan:
 
     async def check(got: dict[str, Any], _: str | None) -> None:
         msgs = got["msgs"]
-        assert [(m.partition, m.offset, m.value(dict)) for m in msgs] == [("3", i, {"n": i}) for i in range(3)]
+        assert [(m.partition, m.offset, m.value(dict)) for m in msgs] == [
+            ("3", i, {"n": i}) for i in range(3)
+        ]
 
     return Plan(check=check)
 
@@ -452,7 +464,9 @@ async def setup_event_store(ctx: Ctx) -> Plan:
         assert [e.message for e in events] == both
         # Acked: nothing is pending for that partition any more.
         again = await ctx.b.event_store("courses").claim_next(
-            "enrollment", partition_by=["course_name", "user_id"], handled_types=[created, joined_cls],
+            "enrollment",
+            partition_by=["course_name", "user_id"],
+            handled_types=[created, joined_cls],
             worker_id="w-2",
         )
         assert again is None
@@ -578,7 +592,9 @@ async def test_api_snippet_runs(
         _missing()
         return
     hit = setup_of(block)
-    assert hit is not None, f"API.md block {block.index} ({block.first_line!r}) has no setup: add one to SETUPS"
+    assert hit is not None, (
+        f"API.md block {block.index} ({block.first_line!r}) has no setup: add one to SETUPS"
+    )
     _, setup, _ = hit
     returned: list[tuple[str, Any]] = []
     b = await connect(**FAST)
@@ -610,8 +626,32 @@ def test_api_md_blocks_all_have_a_setup() -> None:
     assert all(setup_of(block) for block in found)
 
 
+def test_api_md_missing_fails_in_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="API.md not found"):
+        _missing()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="API.md not found"):
+        _missing()
+
+
+def test_return_annotations_are_checked() -> None:
+    returned: list[tuple[str, Any]] = []
+    check = make_returns(returned)
+    record = bus.TopicPartition("t", "0")
+    assert check([record], "list[bus.TopicPartition]", 1) == [record]
+    assert check(None, "bus.Claim | None", 2) is None
+    with pytest.raises(AssertionError, match="API.md line 3: expected list"):
+        check([record, 1], "list[bus.TopicPartition]", 3)
+    with pytest.raises(AssertionError, match="expected bool"):
+        check(1, "bool", 4)
+    assert [a for a, _ in returned] == ["list[bus.TopicPartition]", "bus.Claim | None"]
+
+
 def test_the_rewriting_is_what_the_docstring_says() -> None:
-    code = 'x = await f("a ...", key=..., v=[1, ...]) -> list[int]   # c\nasync for m in c: ...\nawait g(...)\n'
+    code = (
+        'x = await f("a ...", key=..., v=[1, ...]) -> list[int]   # c\nasync for m in c: ...\nawait g(...)\n'
+    )
     text, found = strip_annotations(code)
     assert found == {1: "list[int]"} and "->" not in text and "# c" in text
     plan = Plan(fill={"key": '"k"', "a ...": '"sql"', "...": "*(1, 2)"})
