@@ -537,8 +537,10 @@ async def run_es(ctx: Ctx) -> None:
             if time.monotonic() - beat > 0.5:
                 await store.heartbeat(worker)
                 beat = time.monotonic()
+            # The default batch: a guard covers what the claim returned, so a claim that left
+            # events of its partition behind (a backlog beyond max_messages) always conflicts.
             c = await store.claim_next(
-                group, partition_by=["account"], handled_types=[Item], worker_id=worker, max_messages=20
+                group, partition_by=["account"], handled_types=[Item], worker_id=worker
             )
         except bus.errors.BusError as exc:
             rec.error("claim_next", exc)
@@ -620,6 +622,22 @@ PATTERNS = {
 }
 
 
+def plain_tracebacks(*first: Any) -> None:
+    """Log tracebacks plain (after the processors `first`).
+
+    The default (rich, with locals) blocks the event loop for seconds per
+    traceback on loaded cores: after a database restart it fenced every member
+    and held every publish of a producer for 20-30 s.
+    """
+    processors = [
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
+        if isinstance(p, structlog.dev.ConsoleRenderer)
+        else p
+        for p in structlog.get_config()["processors"]
+    ]
+    structlog.configure(processors=[*first, *processors])
+
+
 async def watch_loop_lag(rec: Recorder, every: float = 0.1, report: float = 0.5) -> None:
     """Record "V time loop_lag seconds=N" when this process's event loop ran late by more than `report`.
 
@@ -661,16 +679,8 @@ async def main() -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 (once, at start-up)
         rec = Recorder(fh, slow_seconds)
-        # Every library event passes through rec.event first. Tracebacks print plain: the
-        # default (rich, with locals) blocks the event loop for seconds per traceback on
-        # loaded cores, which fenced every member after each database restart.
-        processors = [
-            structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
-            if isinstance(p, structlog.dev.ConsoleRenderer)
-            else p
-            for p in structlog.get_config()["processors"]
-        ]
-        structlog.configure(processors=[rec.event, *processors])
+        # Every library event passes through rec.event first.
+        plain_tracebacks(rec.event)
         if slow == "1":
             loop.add_signal_handler(signal.SIGUSR1, lambda: setattr(rec, "slow_next", True))
         watchdog = asyncio.create_task(watch_loop_lag(rec))

@@ -20,13 +20,14 @@ import sys
 import time
 
 import bus
-from tests.chaos.member import Item
+from tests.chaos.member import Item, plain_tracebacks
 
 
 async def main() -> None:
     dsn, schema, topic, parts, out, rate = sys.argv[1:7]
     prefix = sys.argv[7] if len(sys.argv) > 7 else "p"
     partitions, interval = int(parts), 1.0 / float(rate)
+    plain_tracebacks()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 (once, at start-up)
