@@ -125,6 +125,7 @@ class ProducerSettings(Message, frozen=True):
     max_batch_bytes: int = 8 * 1024 * 1024
     linger: float = 0.0
     max_pending: int = 10_000
+    max_in_flight: int = 4
 
 
 class ProducerStats:
@@ -137,7 +138,7 @@ class ProducerStats:
         self.flushes = 0
         self.flushed_messages = 0
         self.largest_flush = 0
-        self.server_pid: int | None = None  # the backend of the Producer's connection (for operators and tests)
+        self.server_pids: set[int] = set()  # backends of the Producer's connections (for operators and tests)
 
 
 class Producer(Actor[Publish]):
@@ -153,15 +154,18 @@ class Producer(Actor[Publish]):
         settings: ProducerSettings,
         stats: ProducerStats | None = None,
     ) -> None:
-        # A connection of its own, not the pool's: a pool connection costs a reset round trip on
+        # Connections of its own, not the pool's: a pool connection costs a reset round trip on
         # every release, which would be one more round trip per flush.
         self._connect = connect
-        self._conn: asyncpg.Connection | None = None
+        self._conns: list[asyncpg.Connection] = []  # idle ones
+        self._open: set[asyncpg.Connection] = set()
         self._announce = announce
         self._settings = settings
         self.stats = stats if stats is not None else ProducerStats()
         self._pending: deque[Publish] = deque()
         self._pending_messages = 0
+        self._busy: set[int] = set()  # partitions of the flushes in flight
+        self._flushes: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._idle = asyncio.Event()
@@ -189,27 +193,49 @@ class Producer(Actor[Publish]):
                     await self._room.wait()
 
     async def on_stop(self) -> None:
-        """Write whatever is pending, then stop the flusher and close the connection."""
+        """Write whatever is pending, then stop the flusher and close the connections."""
         await self._idle.wait()
         self._cancel_flusher()
-        if self._conn is not None and not self._conn.is_closed():
-            await self._conn.close()
+        for conn in list(self._open):
+            if not conn.is_closed():
+                await conn.close()
 
     async def on_failure(self, exc: BaseException) -> None:
         """Nothing may hang: fail every pending call."""
         self._cancel_flusher()
         self._fail(list(self._pending), exc)
         self._pending.clear()
-        self._drop_connection()
+        for conn in list(self._open):
+            self._drop(conn)
 
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.terminate()
-            self._conn = None
+    def _drop(self, conn: asyncpg.Connection) -> None:
+        conn.terminate()
+        self._open.discard(conn)
+        if conn in self._conns:
+            self._conns.remove(conn)
+
+    async def _acquire(self) -> asyncpg.Connection:
+        while self._conns:
+            conn = self._conns.pop()
+            if not conn.is_closed():
+                return conn
+            self._open.discard(conn)
+        conn = await self._connect()
+        self._open.add(conn)
+        self.stats.server_pids.add(conn.get_server_pid())
+        return conn
+
+    def _release(self, conn: asyncpg.Connection) -> None:
+        if conn.is_closed() or conn.is_in_transaction():
+            self._drop(conn)
+        else:
+            self._conns.append(conn)
 
     def _cancel_flusher(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
+        for task in list(self._flushes):
+            task.cancel()
 
     def _count(self) -> None:
         stats = self.stats
@@ -217,49 +243,96 @@ class Producer(Actor[Publish]):
         stats.pending_messages = self._pending_messages
         stats.peak_pending_messages = max(stats.peak_pending_messages, self._pending_messages)
 
-    def _take(self) -> list[Publish]:
-        """The next batch: a prefix of the pending calls within max_batch messages and bytes (at least one)."""
+    def _take(self) -> tuple[list[Publish], set[int]]:
+        """The next batch and its partitions, within max_batch messages and bytes (at least one call).
+
+        Calls go in arrival order, except that a call touching a partition of a flush still in
+        flight waits (and so does every later call touching its partitions): flushes that run side
+        by side never share a partition, so each partition's messages commit in call order.
+        """
         settings = self._settings
         batch: list[Publish] = []
+        parts: set[int] = set()
+        blocked = set(self._busy)
+        kept: deque[Publish] = deque()
         messages = nbytes = 0
         while self._pending:
-            call = self._pending[0].call
+            m = self._pending.popleft()
+            call: Prepared = m.call
             n = len(call.pids)
             if batch and (
                 messages + n > settings.max_batch or nbytes + call.nbytes > settings.max_batch_bytes
             ):
+                self._pending.appendleft(m)
                 break
-            batch.append(self._pending.popleft())
+            mine = set(call.pids)
+            if not blocked.isdisjoint(mine):
+                blocked |= mine
+                kept.append(m)
+                continue
+            batch.append(m)
+            parts |= mine
             messages += n
             nbytes += call.nbytes
+        kept.extend(self._pending)
+        self._pending = kept
         self._pending_messages -= messages
         self._count()
         self._room.set()
-        return batch
+        return batch, parts
 
     async def _run(self) -> None:
         linger = self._settings.linger
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
+            self._wake.clear()
             if linger > 0 and self._pending_messages < self._settings.max_batch:
                 await asyncio.sleep(linger)
-            batch = self._take()
-            if not self._pending:
-                self._wake.clear()
-            try:
-                await self._flush(batch)
-            except asyncio.CancelledError:
-                self._fail(
-                    batch, ActorStoppedError("the Producer stopped while writing; the outcome is unknown")
-                )
-                raise
-            except Exception as exc:  # a bug: never leave a caller hanging
-                self._log.exception("producer_flush_failed")
-                self._fail(batch, exc)
-            if not self._pending:
+            while len(self._flushes) < self._settings.max_in_flight:
+                batch, parts = self._take()
+                if not batch:
+                    break
+                self._busy |= parts
+                task = loop.create_task(self._flush_batch(batch, parts))
+                self._flushes.add(task)
+            if not self._pending and not self._flushes:
                 self._idle.set()
 
-    async def _flush(self, batch: list[Publish]) -> None:
+    async def _flush_batch(self, batch: list[Publish], parts: set[int]) -> None:
+        try:
+            conn = await self._acquire()
+        except BaseException as exc:
+            self._fail(batch, _unavailable(exc) if isinstance(exc, Exception) else exc)
+            self._done(parts)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        try:
+            await self._flush(batch, conn)
+        except asyncio.CancelledError:
+            self._fail(batch, ActorStoppedError("the Producer stopped while writing; the outcome is unknown"))
+            self._drop(conn)
+            raise
+        except Exception as exc:  # a bug: never leave a caller hanging
+            self._log.exception("producer_flush_failed")
+            self._fail(batch, exc)
+            self._drop(conn)
+        else:
+            self._release(conn)
+        finally:
+            self._done(parts)
+
+    def _done(self, parts: set[int]) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._flushes.discard(task)
+        self._busy -= parts
+        self._wake.set()  # the next flush may go now (its partitions are free)
+        if not self._pending and not self._flushes:
+            self._idle.set()
+
+    async def _flush(self, batch: list[Publish], conn: asyncpg.Connection) -> None:
         calls = [m for m in batch if not m.reply.done()]
         if not calls:
             return
@@ -287,10 +360,6 @@ class Producer(Actor[Publish]):
                 windows += [call.window] * n
                 names += call.names
         try:
-            conn = self._conn
-            if conn is None or conn.is_closed():
-                conn = self._conn = await self._connect()
-                self.stats.server_pid = conn.get_server_pid()
             if keyed:
                 async with conn.transaction():
                     placed = await log_sql.append(
@@ -306,7 +375,6 @@ class Producer(Actor[Publish]):
                 placed = await log_sql.append(conn, pids, keys, headers, payloads, queue=queue)
         except _LOST as exc:
             # Nothing to isolate: every call's outcome is equally unknown; each caller retries (with its key).
-            self._drop_connection()
             self._fail(calls, _unavailable(exc))
             return
         except Exception as exc:
@@ -316,7 +384,7 @@ class Producer(Actor[Publish]):
             # One call's error must stay its own: write them one by one.
             self._log.info("producer_batch_failed_isolating", calls=len(calls), error=repr(exc))
             for m in calls:
-                await self._flush([m])
+                await self._flush([m], conn)
             return
         self.stats.flushes += 1
         self.stats.flushed_messages += len(pids)

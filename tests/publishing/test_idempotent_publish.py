@@ -192,7 +192,7 @@ async def test_a_producer_retrying_through_terminated_backends_writes_each_messa
 ) -> None:
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=3)
-    total, retried, kills = 120, 0, 0
+    total, retried, kills = 200, 0, 0
     records: dict[int, bus.Record] = {}
     done = asyncio.Event()
 
@@ -216,8 +216,7 @@ async def test_a_producer_retrying_through_terminated_backends_writes_each_messa
             while not done.is_set():
                 # Only this Bus's own pool connections (the database is shared with other tests).
                 pids = [h._con.get_server_pid() for h in b.pool._holders if h._con is not None]  # type: ignore[attr-defined]
-                if b.producer_stats.server_pid is not None:  # the Producer's own connection, mostly
-                    pids += [b.producer_stats.server_pid] * 4
+                pids += list(b.producer_stats.server_pids) * 4  # the Producer's own connections, mostly
                 if pids:
                     kills += int(bool(await admin.fetchval("SELECT pg_terminate_backend($1)", rng.choice(pids))))
                 await asyncio.sleep(rng.uniform(0.03, 0.1))
@@ -230,7 +229,7 @@ async def test_a_producer_retrying_through_terminated_backends_writes_each_messa
     finally:
         done.set()
         await kill_task
-    assert kills > 5 and retried > 0, (kills, retried)
+    assert kills >= 3 and retried > 0, (kills, retried)
     msgs = await _all(b, "t")
     seen = sorted(m.value()["i"] for m in msgs)  # type: ignore[index]
     assert seen == list(range(total))  # every message, exactly once

@@ -15,13 +15,15 @@ from tests.conftest import Connect
 
 
 @asynccontextmanager
-async def _partitions_locked(dsn: str, schema: str, topic: str) -> AsyncIterator[None]:
-    """Hold the topic's partition rows locked, so a flush waits (and callers gather behind it)."""
+async def _partitions_locked(dsn: str, schema: str, topic: str, only: str | None = None) -> AsyncIterator[None]:
+    """Hold the topic's partition rows (or only partition `only`) locked, so a flush waits (and callers gather)."""
     conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
     try:
         tx = conn.transaction()
         await tx.start()
-        await conn.execute("SELECT id FROM partitions WHERE topic = $1 FOR UPDATE", topic)
+        await conn.execute(
+            "SELECT id FROM partitions WHERE topic = $1 AND ($2::text IS NULL OR name = $2) FOR UPDATE", topic, only
+        )
         try:
             yield
         finally:
@@ -56,22 +58,44 @@ async def test_a_lone_publish_is_written_at_once(b: bus.Bus) -> None:
 
 
 async def test_publishes_gather_while_a_flush_is_in_flight(b: bus.Bus, dsn: str, schema: str) -> None:
-    await b.create_topic("t", partitions=2)
-    await b.publish("t", b"warm", partition="0")
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"warm")
     stats = b.producer_stats
     async with _partitions_locked(dsn, schema, "t"):
-        blocked = asyncio.create_task(b.publish("t", b"first", partition="0"))
+        blocked = asyncio.create_task(b.publish("t", b"first"))
         await _wait_for(lambda: stats.pending_calls == 0)  # the first flush is in flight, waiting
         await asyncio.sleep(0.05)
-        rest = [asyncio.create_task(b.publish("t", b"%d" % i, partition=str(i % 2))) for i in range(50)]
+        rest = [asyncio.create_task(b.publish("t", b"%d" % i)) for i in range(50)]
         await _wait_for(lambda: stats.pending_calls == 50)
         flushes = stats.flushes
     await blocked
     recs = await asyncio.gather(*rest)
     assert stats.flushes == flushes + 2  # the blocked one, then all fifty together
     assert stats.largest_flush == 50
-    assert [r.offset for r in recs if r.partition == "0"] == list(range(2, 27))
-    assert [r.offset for r in recs if r.partition == "1"] == list(range(25))
+    assert [r.offset for r in recs] == list(range(2, 52))
+
+
+async def test_flushes_of_other_partitions_do_not_wait_and_a_partition_keeps_its_order(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
+    await b.create_topic("t", partitions=3)
+    for p in range(3):
+        await b.publish("t", b"warm", partition=p)
+    async with _partitions_locked(dsn, schema, "t", only="0"):
+        stuck = asyncio.create_task(b.publish("t", b"a", partition=0))
+        await asyncio.sleep(0.05)
+        behind = asyncio.create_task(b.publish_many("t", [bus.Outgoing(b"b", partition="0"), bus.Outgoing(b"c", partition="1")]))
+        await asyncio.sleep(0.05)
+        # Partition 2 is free: its flush runs beside the stuck one. The call that shares partition 0
+        # waits, so it cannot commit before the earlier one (nor can a later call on its partitions).
+        free = await asyncio.wait_for(b.publish("t", b"d", partition=2), 5)
+        assert free.offset == 1
+        after = asyncio.create_task(b.publish("t", b"e", partition=1))
+        await asyncio.sleep(0.1)
+        assert not stuck.done() and not behind.done() and not after.done()
+    assert (await stuck).offset == 1
+    assert [r.offset for r in await behind] == [2, 1]
+    assert (await after).offset == 2
 
 
 async def test_offsets_become_visible_in_order_to_a_reader_racing_the_publishers(b: bus.Bus) -> None:
