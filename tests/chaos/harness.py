@@ -198,6 +198,7 @@ class ChaosRun:
         self.roles = patterns_in_use()
         self.slots: list[Slot] = []
         self.extra = 0
+        self.extras: list[Slot] = []  # the rebalance fault's short-lived processes
         self.producers: list[subprocess.Popen[bytes]] = []
         self.faults: list[Fault] = []
         self.fault_file = self.out / "faults.tsv"
@@ -345,6 +346,7 @@ class ChaosRun:
         role = self.rng.choice(candidates)
         self.extra += 1
         slot = Slot(f"X{role}{self.extra}", role, slow=False)
+        self.extras.append(slot)
         self._start_member(slot)
         assert slot.proc is not None
         proc = slot.proc
@@ -541,7 +543,7 @@ class ChaosRun:
             self._sampling = False
             if sampler is not None:
                 await sampler
-            for s in self.slots:
+            for s in self.slots + self.extras:
                 if s.proc is not None and s.proc.poll() is None:
                     s.proc.kill()
             for p in self.producers:
