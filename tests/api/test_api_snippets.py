@@ -572,7 +572,7 @@ def _params() -> list[Any]:
     for block in found:
         hit = setup_of(block)
         marks = [pytest.mark.xfail(strict=True, reason=hit[2])] if hit and hit[2] else []
-        params.append(pytest.param(block, id=f"{block.index}-{block.first_line[:40]}", marks=marks))
+        params.append(pytest.param(block, id=f"{block.index}-{block.first_line[:40].strip()}", marks=marks))
     return params
 
 
