@@ -29,7 +29,10 @@ Notifier) says a partition of the topic got a job, until the next delayed or
 expired job becomes visible, or at the latest `max_poll_interval` seconds
 (the fallback for a lost notification). A take is one statement; concurrent
 acks of one consumer (`ack` and `ack_many` from many tasks) are coalesced
-into one statement per round trip, the way the Producer coalesces publishes.
+into one statement per round trip, the way the Producer coalesces publishes;
+the takes of all consumers of one Bus are likewise dealt from one statement.
+A take does not wait for its WAL flush (a lease is soft state: if PostgreSQL
+crashes right after, those jobs are simply delivered again); an ack does.
 """
 
 from __future__ import annotations
