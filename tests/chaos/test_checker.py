@@ -6,6 +6,7 @@ One history per invariant and usage pattern (see the checker's docstring).
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from tests.chaos.checker import (
     Ack,
@@ -304,3 +305,29 @@ def test_breaches_the_members_saw_are_violations_and_the_summary_has_one_line_pe
     table = r.table().splitlines()
     assert table[0].split()[:3] == ["pattern", "group", "acked"]
     assert [line.split()[:3] for line in table[1:]] == [["commit-async", "h", "5"], ["poll", "g", "5"]]
+
+
+def test_the_recordings_read_back_into_a_history(tmp_path: Path) -> None:
+    from tests.chaos.harness import read_history
+
+    (tmp_path / "groups.tsv").write_text("g-tx\ttx\ng-claims\tclaims\n")
+    (tmp_path / "acks-0.tsv").write_text("A\torders\t0\t0\tp-0\t99.0\nF\tp-1\t99.5\tboom\n")
+    (tmp_path / "T-0-1.tsv").write_text(
+        "D\tg-tx\torders\t0\t0\tp-0\t7\tm1\t1\t100.0\n"
+        "V\t101.0\trolled_back\tgroup=g-tx messages=1 since=100.000000\n"
+        "V\t101.5\tmember_fenced\tgroup=g-tx member=m1\n"
+        "N\tg-tx\trolled_back\n"
+        "K\tg-claims\torders\t0\t0\tp-0\t7\t3\t102.0\n"
+        "B\t103.0\tack() returned silently\n"
+    )
+    (tmp_path / "user_rows").write_text("g-tx\torders\t0\t0\tp-0\n")
+    h = read_history(tmp_path, [], [])
+    assert h.patterns == {"g-tx": "tx", "g-claims": "claims"} and h.reads["g-tx"] == "orders"
+    assert [a.msg_id for a in h.acks] == ["p-0"]
+    assert h.rows == {"g-tx": [Row("g-tx", "orders", "0", 0, "p-0")]}
+    rolled = next(f for f in h.faults if f.kind == "rolled_back")
+    assert (rolled.start, rolled.end, rolled.pid, rolled.groups) == (100.0, 101.0, 7, frozenset({"g-tx"}))
+    fenced = next(f for f in h.faults if f.kind == "fenced")
+    assert fenced.start == 101.5 - 3.0  # a fence comes up to a session after the member fell silent
+    assert h.user_acks == [UserAck("g-claims", "orders", "0", 0, "p-0", 7, 3, 102.0)]
+    assert h.counters[("g-tx", "rolled_back")] == 1 and h.breaches == ["T-0-1: ack() returned silently"]
