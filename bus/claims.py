@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from actors import metrics as _metrics
+from bus import tracing
 from bus.codec import to_message
 from bus.start import StartSpec, parse_start
 from bus.types import Message
@@ -273,6 +274,7 @@ async def claim(
                 await sql.touch_group(conn, group)
                 messages = [to_message(cand["topic"], cand["partition"], r) for r in rows]
                 _metrics.claimed(group, cand["topic"], len(messages))
+                tracing.received("claim", messages, group=group)
                 log.debug(
                     "claimed",
                     group=group,

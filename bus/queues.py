@@ -53,6 +53,7 @@ from actors import metrics as _metrics
 from actors.messages import Subscribe, Unsubscribe
 from actors.runtime import Actor, ActorRef
 from actors.runtime import Message as ActorMessage
+from bus import tracing
 from bus.codec import to_message
 from bus.types import Message, Outgoing
 from storage import db
@@ -397,7 +398,10 @@ class QueueConsumer:
             seen = self._doorbell.rings
             got = await self._take_once(max_messages)
             remaining = deadline - time.monotonic()
-            if got or remaining <= 0:
+            if got:
+                tracing.received("take", got)
+                return got
+            if remaining <= 0:
                 return got
             pause = await self._idle_pause()
             await self._doorbell.wait(seen, min(pause, remaining))

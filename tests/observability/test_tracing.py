@@ -94,3 +94,27 @@ async def test_a_poll_records_one_receive_span_linked_to_each_publisher(
     assert {link.context.span_id for s in receive for link in s.links} == {publish[0].context.span_id}
     assert all(s.attributes["messaging.consumer.group.name"] == "g" for s in receive)
 
+
+
+async def test_claims_and_queue_takes_record_spans_linked_to_their_publishers(
+    connect, fast, spans: InMemorySpanExporter
+) -> None:
+    b = await connect(**fast)
+    await b.create_topic("orders", partitions=1)
+    await b.create_topic("jobs", partitions=1, semantics="queue")
+    await b.publish("orders", {"id": 1})
+    await b.publish("jobs", {"task": "resize"})
+    claim = await b.claim("reporting", topic="orders", worker_id="w-1")
+    assert claim is not None
+    await claim.ack()
+    async with b.queue_consumer("jobs") as q:
+        jobs = await q.take(max_messages=10, timeout=5.0)
+        assert len(jobs) == 1
+        await q.ack(jobs[0])
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    for receive, publish in (("claim orders", "publish orders"), ("take jobs", "publish jobs")):
+        span = finished[receive]
+        assert span.kind == trace.SpanKind.CONSUMER
+        assert [link.context.span_id for link in span.links] == [finished[publish].context.span_id]
+        assert span.attributes["messaging.batch.message_count"] == 1
+    assert finished["claim orders"].attributes["messaging.consumer.group.name"] == "reporting"
