@@ -1,4 +1,7 @@
-"""The embedded default: no DSN and no $BUS_DSN means a PostgreSQL under $BUS_HOME, shared by every process."""
+"""The embedded default: no DSN and no $BUS_DSN means a PostgreSQL under $BUS_HOME, shared by every process.
+
+Authentication and the lifecycle in detail: tests/embedded/.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import pytest
 
 import bus
 from storage import embedded
+from tests.embedded.helpers import private_home, wait_until_stopped
 
 
 async def test_connect_without_dsn_uses_the_embedded_server_under_bus_home(
@@ -26,7 +30,8 @@ async def test_connect_without_dsn_uses_the_embedded_server_under_bus_home(
         assert server is not None
         assert server.pgdata == home / "pgdata"
         assert (home / "pgdata" / "PG_VERSION").exists()
-        # b.dsn is TCP on 127.0.0.1 (JDBC clients cannot use the unix socket) and works for anyone.
+        # b.dsn is TCP on 127.0.0.1 (JDBC clients cannot use the unix socket), with the password if the
+        # server has one (a server started by an older version, still running, has none).
         assert b.dsn.startswith("postgresql://") and f"@127.0.0.1:{server.port}/" in b.dsn
         conn = await asyncpg.connect(b.dsn)
         try:
@@ -53,11 +58,10 @@ async def test_a_running_embedded_server_is_reused() -> None:
 
 
 @pytest.fixture
-def fresh_home(tmp_path: Path) -> Iterator[Path]:
+def fresh_home() -> Iterator[Path]:
     """A BUS_HOME of its own; its server (a second one) is stopped at teardown."""
-    home = tmp_path / "bushome"
-    yield home
-    embedded.stop_server(home)
+    with private_home() as home:
+        yield home
 
 
 _ENSURE = textwrap.dedent(
@@ -91,9 +95,12 @@ async def test_two_processes_starting_the_embedded_server_at_once_share_one(fres
     ports = {out.decode().split()[0] for out, _ in results}
     assert len(ports) == 1
     [port] = ports
-    # The server outlives both processes and is found again, not started twice.
-    server = await asyncio.to_thread(embedded.ensure_server, fresh_home)
-    assert str(server.port) == port
+    # Both DSNs carry the password and reach the one server.
+    dsns = {out.decode().split()[1] for out, _ in results}
+    assert len(dsns) == 1 and f"127.0.0.1:{port}/" in next(iter(dsns))
+    # Both processes have exited: the server stopped after the last one.
+    assert await asyncio.to_thread(wait_until_stopped, fresh_home)
+    server = await asyncio.to_thread(embedded.ensure_server, fresh_home)  # started again on demand
     async with bus.connect(server.dsn, schema="fresh") as b:
         await b.create_topic("t")
         assert (await b.publish("t", b"x")).offset == 0
