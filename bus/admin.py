@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rich.table import Table
 
 from bus.types import PartitionStats, TopicPartition
 from storage import db
@@ -44,7 +42,7 @@ class MemberInfo(msgspec.Struct, frozen=True, kw_only=True):
 class SubscriptionInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The group's start as recorded when it first joined."""
 
-    start: str                      # earliest | latest | timestamp | offsets
+    start: str  # earliest | latest | timestamp | offsets
     start_time: datetime | None
     start_offsets: dict[str, dict[str, int]] | None
     recorded_at: datetime
@@ -99,8 +97,12 @@ class Admin:
             rows = await group_sql.list_groups(self._bus.pool)
         return [
             GroupSummary(
-                name=r["name"], state=r["state"], status=r["status"], members=r["members"],
-                total_lag=r["total_lag"], generation=r["generation"],
+                name=r["name"],
+                state=r["state"],
+                status=r["status"],
+                members=r["members"],
+                total_lag=r["total_lag"],
+                generation=r["generation"],
             )
             for r in rows
         ]
@@ -127,21 +129,34 @@ class Admin:
             assignor=g["assignor"],
             topics=topics,
             subscription=SubscriptionInfo(
-                start=g["start_mode"], start_time=g["start_time"], start_offsets=start_offsets, recorded_at=g["recorded_at"]
+                start=g["start_mode"],
+                start_time=g["start_time"],
+                start_offsets=start_offsets,
+                recorded_at=g["recorded_at"],
             ),
             members=[
                 MemberInfo(
-                    member_id=m["member_id"], instance_id=m["instance_id"], host=m["host"], pid=m["pid"],
-                    last_heartbeat=m["last_heartbeat"], live=m["live"],
+                    member_id=m["member_id"],
+                    instance_id=m["instance_id"],
+                    host=m["host"],
+                    pid=m["pid"],
+                    last_heartbeat=m["last_heartbeat"],
+                    live=m["live"],
                     partitions=sorted(tp_of[p] for p in m["assignment"] if p in tp_of),
                 )
                 for m in members
             ],
             partitions=[
                 PartitionLag(
-                    topic=r["topic"], partition=r["partition"], committed=r["committed"], end_offset=r["next_offset"],
-                    log_start=r["log_start"], lag=int(r["lag"]),
-                    lag_seconds=None if r["lag_seconds"] is None or r["lag"] == 0 else float(r["lag_seconds"]),
+                    topic=r["topic"],
+                    partition=r["partition"],
+                    committed=r["committed"],
+                    end_offset=r["next_offset"],
+                    log_start=r["log_start"],
+                    lag=int(r["lag"]),
+                    lag_seconds=None
+                    if r["lag_seconds"] is None or r["lag"] == 0
+                    else float(r["lag_seconds"]),
                     owner=r["owner"] if r["lease_live"] else None,
                 )
                 for r in rows
@@ -203,7 +218,9 @@ class Admin:
         elif isinstance(older_than, (int, float)) and not isinstance(older_than, bool):
             seconds = float(older_than)
         else:
-            raise ValidationError(f"older_than must be a timedelta or a number of seconds, got {older_than!r}")
+            raise ValidationError(
+                f"older_than must be a timedelta or a number of seconds, got {older_than!r}"
+            )
         if not 0 <= seconds <= MAX_SECONDS:  # also refuses NaN and infinity
             raise ValidationError("older_than must be from 0 seconds to about 31 years")
         from storage import retention
@@ -219,8 +236,12 @@ class Admin:
             rows = await topic_sql.topic_stats(self._bus.pool, topic)
         return [
             PartitionStats(
-                partition=r["partition"], log_start=r["log_start"], end_offset=r["end_offset"], size=r["size"],
-                oldest=r["oldest"], newest=r["newest"],
+                partition=r["partition"],
+                log_start=r["log_start"],
+                end_offset=r["end_offset"],
+                size=r["size"],
+                oldest=r["oldest"],
+                newest=r["newest"],
             )
             for r in rows
         ]
@@ -235,7 +256,9 @@ def _reset_target(to: Any) -> tuple[str, datetime | None, int | None]:
         if not 0 <= to <= MAX_OFFSET:
             raise ValidationError("a reset offset must be an integer from 0 to 2**63 - 1")
         return "offset", None, to
-    raise ValidationError(f"reset target {to!r} not understood: use 'earliest', 'latest', a datetime or an offset")
+    raise ValidationError(
+        f"reset target {to!r} not understood: use 'earliest', 'latest', a datetime or an offset"
+    )
 
 
 def parse_reset_target(text: str) -> Any:
@@ -248,26 +271,3 @@ def parse_reset_target(text: str) -> Any:
         return datetime.fromisoformat(text)
     except ValueError:
         raise ValidationError(f"--to {text!r}: use earliest, latest, an offset, or an ISO datetime") from None
-
-
-def describe_table(d: GroupDescription) -> Iterator[Any]:
-    """Rich renderables for `bus describe`, shaped like `kafka-consumer-groups --describe`."""
-    yield (
-        f"GROUP {d.name}  generation={d.generation}  state={d.state}  status={d.status}  "
-        f"leader={d.leader or '-'}  assignor={d.assignor}  start={d.subscription.start} "
-        f"(recorded {d.subscription.recorded_at:%Y-%m-%d %H:%M:%S})"
-    )
-    t = Table("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LOG-START", "LAG", "LAG-SECONDS", "CONSUMER-ID")
-    for p in d.partitions:
-        t.add_row(
-            p.topic, p.partition, "-" if p.committed is None else str(p.committed), str(p.end_offset),
-            str(p.log_start), str(p.lag), "-" if p.lag_seconds is None else f"{p.lag_seconds:.1f}", p.owner or "-",
-        )
-    yield t
-    m = Table("MEMBER-ID", "INSTANCE-ID", "HOST", "PID", "LIVE", "PARTITIONS")
-    for mem in d.members:
-        m.add_row(
-            mem.member_id, mem.instance_id or "-", mem.host, str(mem.pid), "yes" if mem.live else "no",
-            ", ".join(f"{tp.topic}/{tp.partition}" for tp in mem.partitions) or "-",
-        )
-    yield m

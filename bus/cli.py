@@ -2,7 +2,12 @@
 
 Database and schema come from `BUS_DSN` / `BUS_SCHEMA` like every command
 (neither set: the embedded server under `$BUS_HOME`). This is the one place
-that configures logging.
+that configures logging, and the only module that builds rich tables for the
+admin commands, so that `import bus` loads neither rich nor typer.
+
+Tables fold long cells onto more lines instead of cutting them: a topic or
+group name is what people copy, and a cut number is a wrong number. `--json`
+prints the same data for scripts.
 """
 
 from __future__ import annotations
@@ -10,22 +15,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+import msgspec
 import structlog
 import typer
+from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
 import bus
+from bus.admin import GroupDescription
 from storage.errors import BusError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="An asyncio, actor-based message bus on PostgreSQL.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="An asyncio, actor-based message bus on PostgreSQL."
+)
 server_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL server under $BUS_HOME.")
 app.add_typer(server_app, name="server")
 console = Console()
 T = TypeVar("T")
+
+_JSON = typer.Option(False, "--json", help="print JSON (for scripts) instead of a table")
 
 
 def configure_logging(level: str | None = None) -> None:
@@ -47,6 +61,7 @@ def configure_logging(level: str | None = None) -> None:
 
 
 def run(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a command's coroutine; a BusError becomes its message and exit code 2."""
     try:
         return asyncio.run(fn())  # type: ignore[arg-type]
     except BusError as exc:
@@ -54,8 +69,170 @@ def run(fn: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(2) from exc
 
 
+# Columns are separated by two spaces (one of padding, one blank separator) and the
+# table has no outer frame: more room for cells in 80 columns, and a name copies cleanly.
+_GAP = 2
+
+
+def table(*columns: str, numeric: tuple[str, ...] = (), title: str | None = None) -> Table:
+    """A table whose cells wrap, and fold inside long words, instead of being cut with an ellipsis."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for name in columns:
+        t.add_column(name, overflow="fold", no_wrap=False, justify="right" if name in numeric else "left")
+    return t
+
+
+def fit(t: Table, rows: list[list[str]], names: tuple[int, ...] = (0,), width: int | None = None) -> Table:
+    """Add `rows` to `t`, choosing column widths when the natural layout is wider than `width`.
+
+    Rich alone shrinks every column alike, folding names and numbers as soon as
+    the table is a little too wide. Here headers fold first, then free text,
+    then long names (what people copy) down to 24 characters, and numbers only
+    when nothing else is left.
+    """
+    width = width if width is not None else console.width
+    n = len(t.columns)
+    room = width - _GAP * (n - 1)
+    heads = [cell_len(str(c.header)) for c in t.columns]
+    data = [max((cell_len(row[i]) for row in rows), default=0) for i in range(n)]
+    widths = [max(h, d, 1) for h, d in zip(heads, data, strict=True)]
+    if sum(widths) > room:
+        numbers = [i for i, c in enumerate(t.columns) if c.justify == "right" and i not in names]
+        text = [i for i in range(n) if i not in names and i not in numbers]
+        # (columns, the width each may shrink to), in the order they give way.
+        steps = [
+            (list(range(n)), [max(d, 5) for d in data]),  # headers fold
+            (text, [6] * n),
+            (list(names), [24] * n),
+            (text + numbers, [max(d, 3) if i in numbers else 3 for i, d in enumerate(data)]),
+            (list(names), [8] * n),
+            (list(range(n)), [1] * n),
+        ]
+        excess = sum(widths) - room
+        for group, floors in steps:
+            while excess > 0:
+                wide = [i for i in group if widths[i] > floors[i]]
+                if not wide:
+                    break
+                widest = max(wide, key=lambda i: widths[i] - floors[i])
+                widths[widest] -= 1
+                excess -= 1
+        for column, w in zip(t.columns, widths, strict=True):
+            column.width = w
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def print_json(data: Any) -> None:
+    """`data` as indented JSON on stdout (datetimes ISO 8601, durations in seconds)."""
+
+    def enc_hook(obj: Any) -> Any:
+        from datetime import timedelta
+
+        if isinstance(obj, timedelta):
+            return obj.total_seconds()
+        raise NotImplementedError(type(obj))
+
+    sys.stdout.write(
+        msgspec.json.format(msgspec.json.encode(data, enc_hook=enc_hook), indent=2).decode() + "\n"
+    )
+
+
+def topics_rows(topics: list[bus.TopicInfo], sizes: list[int]) -> list[list[str]]:
+    """The cells of `bus topics`, one row per topic."""
+    return [
+        [
+            t.name,
+            "dynamic" if t.partitions is None else str(t.partitions),
+            t.semantics,
+            t.cleanup,
+            str(t.retention) if t.retention else "-",
+            t.namespace or "-",
+            t.task or "-",
+            str(size),
+        ]
+        for t, size in zip(topics, sizes, strict=True)
+    ]
+
+
+def topics_table(rows: list[list[str]]) -> Table:
+    """`bus topics` as a table."""
+    t = table(
+        "topic",
+        "partitions",
+        "semantics",
+        "cleanup",
+        "retention",
+        "namespace",
+        "task",
+        "messages",
+        numeric=("partitions", "messages"),
+    )
+    return fit(t, rows)
+
+
+def groups_table(groups: list[bus.GroupSummary]) -> Table:
+    """`bus groups` as a table."""
+    rows = [[g.name, g.state, g.status, str(g.members), str(g.total_lag)] for g in groups]
+    t = table("group", "state", "status", "members", "lag", numeric=("members", "lag"))
+    return fit(t, rows)
+
+
+def describe_table(d: GroupDescription) -> Iterator[Any]:
+    """Rich renderables for `bus describe`, shaped like `kafka-consumer-groups --describe`."""
+    yield (
+        f"GROUP {d.name}  generation={d.generation}  state={d.state}  status={d.status}  "
+        f"leader={d.leader or '-'}  assignor={d.assignor}  start={d.subscription.start} "
+        f"(recorded {d.subscription.recorded_at:%Y-%m-%d %H:%M:%S})"
+    )
+    rows = [
+        [
+            p.topic,
+            p.partition,
+            "-" if p.committed is None else str(p.committed),
+            str(p.end_offset),
+            str(p.log_start),
+            str(p.lag),
+            "-" if p.lag_seconds is None else f"{p.lag_seconds:.1f}",
+            p.owner or "-",
+        ]
+        for p in d.partitions
+    ]
+    t = table(
+        "TOPIC",
+        "PARTITION",
+        "CURRENT-OFFSET",
+        "LOG-END-OFFSET",
+        "LOG-START",
+        "LAG",
+        "LAG-SECONDS",
+        "CONSUMER-ID",
+        numeric=("CURRENT-OFFSET", "LOG-END-OFFSET", "LOG-START", "LAG", "LAG-SECONDS"),
+    )
+    yield fit(t, rows, names=(0, 1, 7))
+    members = [
+        [
+            mem.member_id,
+            mem.instance_id or "-",
+            mem.host,
+            str(mem.pid),
+            "yes" if mem.live else "no",
+            ", ".join(f"{tp.topic}/{tp.partition}" for tp in mem.partitions) or "-",
+        ]
+        for mem in d.members
+    ]
+    yield fit(
+        table("MEMBER-ID", "INSTANCE-ID", "HOST", "PID", "LIVE", "PARTITIONS", numeric=("PID",)),
+        members,
+        names=(0, 1, 2),
+    )
+
+
 @app.callback()
-def _root(log_level: str = typer.Option(None, "--log-level", help="DEBUG, INFO, WARNING (default), ERROR")) -> None:
+def _root(
+    log_level: str = typer.Option(None, "--log-level", help="DEBUG, INFO, WARNING (default), ERROR"),
+) -> None:
     configure_logging(log_level)
 
 
@@ -73,51 +250,53 @@ def demo(
 
 
 @app.command()
-def topics(namespace: str = typer.Option(None), task: str = typer.Option(None)) -> None:
+def topics(
+    namespace: str = typer.Option(None), task: str = typer.Option(None), as_json: bool = _JSON
+) -> None:
     """List topics with their partitions and sizes."""
 
     async def go() -> None:
         async with bus.connect() as b:
-            table = Table("topic", "partitions", "semantics", "cleanup", "retention", "namespace", "task", "messages")
-            for t in await b.list_topics(namespace=namespace, task=task):
-                stats = await b.admin.topic_stats(t.name)
-                table.add_row(
-                    t.name,
-                    "dynamic" if t.partitions is None else str(t.partitions),
-                    t.semantics,
-                    t.cleanup,
-                    str(t.retention) if t.retention else "-",
-                    t.namespace or "-",
-                    t.task or "-",
-                    str(sum(s.size for s in stats)),
-                )
-            console.print(table)
+            found = await b.list_topics(namespace=namespace, task=task)
+            sizes = [sum(s.size for s in await b.admin.topic_stats(t.name)) for t in found]
+        if as_json:
+            print_json(
+                [
+                    {**msgspec.structs.asdict(t), "messages": size}
+                    for t, size in zip(found, sizes, strict=True)
+                ]
+            )
+        else:
+            console.print(topics_table(topics_rows(found, sizes)))
 
     run(go)
 
 
 @app.command()
-def groups() -> None:
+def groups(as_json: bool = _JSON) -> None:
     """List consumer groups: state, status, members, total lag."""
 
     async def go() -> None:
         async with bus.connect() as b:
-            table = Table("group", "state", "status", "members", "lag")
-            for g in await b.admin.list_groups():
-                table.add_row(g.name, g.state, g.status, str(g.members), str(g.total_lag))
-            console.print(table)
+            found = await b.admin.list_groups()
+        if as_json:
+            print_json(found)
+        else:
+            console.print(groups_table(found))
 
     run(go)
 
 
 @app.command()
-def describe(group: str) -> None:
+def describe(group: str, as_json: bool = _JSON) -> None:
     """Describe a group like `kafka-consumer-groups --describe`."""
-    from bus.admin import describe_table
 
     async def go() -> None:
         async with bus.connect() as b:
             d = await b.admin.describe_group(group)
+        if as_json:
+            print_json({**msgspec.structs.asdict(d), "total_lag": d.total_lag})
+        else:
             for renderable in describe_table(d):
                 console.print(renderable)
 
@@ -136,11 +315,12 @@ def reset_offsets(
 
     async def go() -> None:
         async with bus.connect() as b:
-            plan = await b.admin.reset_offsets(group, to=parse_reset_target(to), topic=topic, dry_run=not execute)
-            table = Table("topic", "partition", "current", "new")
-            for row in plan:
-                table.add_row(row.topic, row.partition, str(row.current), str(row.new))
-            console.print(table)
+            plan = await b.admin.reset_offsets(
+                group, to=parse_reset_target(to), topic=topic, dry_run=not execute
+            )
+            rows = [[row.topic, row.partition, str(row.current), str(row.new)] for row in plan]
+            t = table("topic", "partition", "current", "new", numeric=("current", "new"))
+            console.print(fit(t, rows, names=(0, 1)))
             console.print("applied" if execute else "dry run: nothing changed (add --execute to apply)")
 
     run(go)
@@ -152,7 +332,9 @@ def compact(
     archive: str = typer.Option(None, "--archive", help="archive URI/dir (default $BUS_HOME/archive)"),
     topics_: list[str] = typer.Option(None, "--topics", help="only these topics"),  # noqa: B008 - typer's idiom
     status: bool = typer.Option(False, "--status", help="show recorded runs instead of running"),
-    every: str = typer.Option(None, "--every", help="keep running: compact every 10m (90s, 1h...) in one Spark session"),
+    every: str = typer.Option(
+        None, "--every", help="keep running: compact every 10m (90s, 1h...) in one Spark session"
+    ),
 ) -> None:
     """Run the Spark compaction and archive job with a progress display."""
     from bus.compact import compact_command, sidecar_command
@@ -172,7 +354,9 @@ def _benchmarks_main() -> Any:
     from pathlib import Path
 
     if not (Path.cwd() / "benchmarks" / "harness.py").is_file():
-        console.print("bus bench runs from a checkout of the project: cd into it (benchmarks/ is not installed)")
+        console.print(
+            "bus bench runs from a checkout of the project: cd into it (benchmarks/ is not installed)"
+        )
         raise typer.Exit(2)
     sys.path.insert(0, str(Path.cwd()))
     return importlib.import_module("benchmarks.harness").main
@@ -180,7 +364,9 @@ def _benchmarks_main() -> Any:
 
 @app.command()
 def bench(
-    scenario: str = typer.Argument(None, help="publish | groups | queue | fanout | claims | eventstore | compact (default: all)"),
+    scenario: str = typer.Argument(
+        None, help="publish | groups | queue | fanout | claims | eventstore | compact (default: all)"
+    ),
     quick: bool = typer.Option(False, help="smaller sizes, for a smoke run"),
 ) -> None:
     """Run the benchmark harness from a checkout; writes benchmarks/results/<date>.json and .md there."""
@@ -203,26 +389,58 @@ def dashboard(
     """Web dashboard: topics, groups and lag, queues and dead letters, claims, event-store groups, compaction."""
     from bus.dashboard import command
 
-    code = command(console, host=host, port=port, admin=admin, token=token, audit_log=audit_log, refresh=refresh)
+    code = command(
+        console, host=host, port=port, admin=admin, token=token, audit_log=audit_log, refresh=refresh
+    )
     if code:
         raise typer.Exit(code)
 
 
 @server_app.command("start")
 def server_start() -> None:
-    """Start (or find) the embedded server and print its DSN."""
-    from storage.embedded import ensure_server
+    """Start (or find) the embedded server and keep it running until `bus server stop`."""
+    from storage.embedded import ensure_server, server_status
 
-    console.print(ensure_server().dsn)
+    server = ensure_server(keep=True)
+    status = server_status()
+    console.print(server.masked_dsn, soft_wrap=True)
+    console.print(status.describe(), soft_wrap=True)
+    if server.password is not None:
+        console.print(f"the password is in {status.password_file} (mode 0600)", soft_wrap=True)
 
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the embedded server."""
+    """Stop the embedded server (also when processes still use it)."""
     from storage.embedded import stop_server
 
     console.print("stopped" if stop_server() else "not running")
 
 
+@server_app.command("status")
+def server_status_command(as_json: bool = _JSON) -> None:
+    """Whether the embedded server runs, how it stops, and how many processes use it."""
+    from storage.embedded import server_status
+
+    status = server_status()
+    if as_json:
+        print_json(
+            {
+                "home": str(status.home),
+                "running": status.running,
+                "dsn": status.server.masked_dsn if status.server else None,
+                "keep": status.keep,
+                "legacy": status.legacy,
+                "users": status.users,
+                "password_file": str(status.password_file),
+            }
+        )
+        return
+    console.print(status.describe(), soft_wrap=True)
+    if status.server is not None:
+        console.print(status.server.masked_dsn, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> Any:
+    """The `bus` console script."""
     return app(args=argv)

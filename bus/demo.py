@@ -7,7 +7,10 @@
    over; the lag table refreshes live until the backlog is drained; a final
    check proves every acknowledged message was delivered.
 
-Member processes run `python -m bus.demo member ...` (this module).
+Member processes run `python -m bus.demo member ...` (this module); they get
+the DSN through `BUS_DSN`, not their command line, which every local user can
+read. The demo ends by saying where its data is and whether the embedded
+server is still running.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from rich.live import Live
 from rich.table import Table
 
 import bus
+from bus.cli import fit, table
+from storage.embedded import EmbeddedServer, ServerStatus, mask_dsn, server_status
 
 TOPIC = "demo.orders"
 PARTITIONS = 12
@@ -39,15 +44,12 @@ FAST_TIMINGS = dict(
 )
 
 
-def _member_cmd(
-    dsn: str, schema: str, group: str, out: Path, timings: dict[str, float], delay_ms: float
-) -> list[str]:
+def _member_cmd(schema: str, group: str, out: Path, timings: dict[str, float], delay_ms: float) -> list[str]:
     return [
         sys.executable,
         "-m",
         "bus.demo",
         "member",
-        dsn,
         schema,
         group,
         str(out),
@@ -57,7 +59,8 @@ def _member_cmd(
 
 
 async def _member(argv: list[str]) -> None:
-    dsn, schema, group, out, delay_ms, *kvs = argv
+    schema, group, out, delay_ms, *kvs = argv
+    dsn = os.environ["BUS_DSN"]
     config: dict[str, Any] = {"schema": schema, **{k: float(v) for k, v in (kv.split("=", 1) for kv in kvs)}}
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -87,17 +90,20 @@ def _deliveries(files: list[Path]) -> set[tuple[str, int]]:
 
 
 def _lag_table(d: Any, title: str) -> Table:
-    t = Table(title=title)
-    for col in ("partition", "committed", "end", "lag", "owner"):
-        t.add_column(col, justify="right" if col in ("committed", "end", "lag") else "left")
-    for p in d.partitions:
-        t.add_row(
+    t = table(
+        "partition", "committed", "end", "lag", "owner", numeric=("committed", "end", "lag"), title=title
+    )
+    rows = [
+        [
             p.partition,
             "-" if p.committed is None else str(p.committed),
             str(p.end_offset),
             str(p.lag),
             p.owner or "-",
-        )
+        ]
+        for p in d.partitions
+    ]
+    fit(t, rows, names=(0, 4))
     t.caption = (
         f"generation {d.generation} · state {d.state} · members {len(d.members)} · total lag {d.total_lag}"
     )
@@ -111,7 +117,7 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
     group = f"demo-billing-{run_id}"
     async with bus.connect(None, **timings) as b:
         console.rule("[bold]1. The log")
-        console.print(f"database: {b.dsn} · schema {b.config.schema}")
+        console.print(f"database: {mask_dsn(b.dsn)} · schema {b.config.schema}")
         try:
             await b.delete_topic(TOPIC)
         except bus.TopicNotFoundError:
@@ -130,7 +136,7 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
         console.print(
             f"published {len(records)} messages in {elapsed:.2f}s ({len(records) / elapsed:,.0f}/s)"
         )
-        table = Table("partition", "messages", "first offset", "last offset", "first key")
+        rows: list[list[str]] = []
         for p in range(PARTITIONS):
             msgs: list[bus.Message] = []
             offset = 0
@@ -140,23 +146,29 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
                     break
                 msgs += chunk
                 offset = chunk[-1].offset + 1
-            table.add_row(
-                str(p),
-                str(len(msgs)),
-                str(msgs[0].offset if msgs else "-"),
-                str(msgs[-1].offset if msgs else "-"),
-                msgs[0].key if msgs else "-",
+            rows.append(
+                [
+                    str(p),
+                    str(len(msgs)),
+                    str(msgs[0].offset if msgs else "-"),
+                    str(msgs[-1].offset if msgs else "-"),
+                    (msgs[0].key or "-") if msgs else "-",
+                ]
             )
-        console.print(table)
+        numbers = ("messages", "first offset", "last offset")
+        console.print(fit(table("partition", *numbers, "first key", numeric=numbers), rows, names=(0, 4)))
 
         console.rule("[bold]2. A consumer group of three processes, one killed mid-run")
         tmp = Path(tempfile.mkdtemp(prefix="bus-demo-"))
         files = [tmp / f"member-{i}.txt" for i in range(4)]
         for f in files:
             f.touch()
+        env = {**os.environ, "BUS_DSN": b.dsn}
         procs = [
             subprocess.Popen(  # noqa: ASYNC220 - long-lived children, not awaited
-                _member_cmd(b.dsn, b.config.schema, group, files[i], timings, 2.0), stdout=subprocess.DEVNULL
+                _member_cmd(b.config.schema, group, files[i], timings, 2.0),
+                stdout=subprocess.DEVNULL,
+                env=env,
             )
             for i in range(3)
         ]
@@ -222,13 +234,14 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
             delivered = _deliveries(files)
             missing = [(r.partition, r.offset) for r in acked if (r.partition, r.offset) not in delivered]
             console.rule("[bold]Result")
-            summary = Table("check", "value")
-            summary.add_row("messages acknowledged", str(len(acked)))
-            summary.add_row("distinct messages delivered to the group", str(len(delivered)))
-            summary.add_row("member killed", str(killed.get("member", "-")))
-            summary.add_row("takeover time", f"{killed['took_over']:.2f}s" if "took_over" in killed else "-")
-            summary.add_row("lost (acknowledged, never delivered)", str(len(missing)))
-            console.print(summary)
+            summary = [
+                ["messages acknowledged", str(len(acked))],
+                ["distinct messages delivered to the group", str(len(delivered))],
+                ["member killed", str(killed.get("member", "-"))],
+                ["takeover time", f"{killed['took_over']:.2f}s" if "took_over" in killed else "-"],
+                ["lost (acknowledged, never delivered)", str(len(missing))],
+            ]
+            console.print(fit(table("check", "value"), summary, names=(1,)))
             ok = not missing and "took_over" in killed
             console.print("[green]nothing lost[/green]" if ok else f"[red]FAILED[/red]: {missing[:10]}")
         finally:
@@ -241,7 +254,45 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
                 except subprocess.TimeoutExpired:
                     proc.kill()
         ok = await _other_modes(b, console) and ok
-        return ok
+        dsn, schema, embedded = b.dsn, b.config.schema, b.embedded
+    status = None if embedded is None else await asyncio.to_thread(server_status, embedded.home)
+    console.rule("[bold]Where the data is")
+    console.print(where_the_data_is(dsn, schema, embedded, status), soft_wrap=True)
+    return ok
+
+
+def where_the_data_is(
+    dsn: str, schema: str, embedded: EmbeddedServer | None, status: ServerStatus | None
+) -> str:
+    """The demo's last words: where its topics live and whether the server is still up (password masked).
+
+    `status` is taken while this process still counts as one of the server's users.
+    """
+    if embedded is None or status is None:
+        return (
+            f"data: schema {schema!r} in the database at {mask_dsn(dsn)} (BUS_DSN); "
+            "that server is yours: bus neither started it nor stops it"
+        )
+    lines = [f"data: schema {schema!r} in the embedded PostgreSQL under {embedded.pgdata}"]
+    if not status.running:
+        lines.append("server: not running any more")
+    elif status.legacy:
+        lines.append(
+            "server: still running (started by an older version, never stopped automatically); "
+            "`bus server stop` stops it"
+        )
+    elif status.keep:
+        lines.append("server: still running (started with `bus server start`); `bus server stop` stops it")
+    elif status.users > 1:
+        lines.append(
+            f"server: still running for {status.users - 1} other process(es); it stops after the last one exits"
+        )
+    else:
+        lines.append(
+            "server: stops as this command exits; the next `bus` command or `bus.connect()` starts it again "
+            "(`bus server start` keeps it running)"
+        )
+    return "\n".join(lines)
 
 
 class CourseCreated(bus.Event, tag="demo.course_created"):
@@ -257,20 +308,26 @@ async def _other_modes(b: bus.Bus, console: Console) -> bool:
     """Claims, a queue and the event store, briefly."""
     run = uuid.uuid4().hex[:6]
     console.rule("[bold]3. Claims, a queue, the event store")
-    table = Table("mode", "what happened")
+    results: list[list[str]] = []
 
     devices = f"demo.devices-{run}"
     await b.create_topic(devices, partitions=None)
-    await b.publish_many(devices, [bus.Outgoing({"reading": i}, partition=f"device-{i % 20}") for i in range(400)])
+    await b.publish_many(
+        devices, [bus.Outgoing({"reading": i}, partition=f"device-{i % 20}") for i in range(400)]
+    )
     taken: dict[str, int] = {}
 
     async def worker(name: str) -> None:
-        while (claim := await b.claim(f"demo-readings-{run}", topic=devices, worker_id=name, max_messages=50)) is not None:
+        while (
+            claim := await b.claim(f"demo-readings-{run}", topic=devices, worker_id=name, max_messages=50)
+        ) is not None:
             taken[name] = taken.get(name, 0) + len(claim.messages)
             await claim.ack()
 
     await asyncio.gather(worker("w-1"), worker("w-2"))
-    table.add_row("claims", f"2 workers leased 20 dynamic partitions on demand: {taken} messages, nothing twice")
+    results.append(
+        ["claims", f"2 workers leased 20 dynamic partitions on demand: {taken} messages, nothing twice"]
+    )
 
     jobs = f"demo.jobs-{run}"
     await b.create_topic(jobs, partitions=2, semantics="queue")
@@ -285,13 +342,20 @@ async def _other_modes(b: bus.Bus, console: Console) -> bool:
                 done[name] = done.get(name, 0) + len(batch)
 
     await asyncio.gather(consume("c-1"), consume("c-2"))
-    table.add_row("queue", f"2 competing consumers took and acked {sum(done.values())} of 100 jobs: {done}")
+    results.append(
+        ["queue", f"2 competing consumers took and acked {sum(done.values())} of 100 jobs: {done}"]
+    )
 
     store = b.event_store(f"demo-courses-{run}")
-    await store.append([CourseCreated(course_name="Algebra"), UserJoinedCourse(course_name="Algebra", user_id="joe")])
+    await store.append(
+        [CourseCreated(course_name="Algebra"), UserJoinedCourse(course_name="Algebra", user_id="joe")]
+    )
     await store.register_group("enrollment")
     claim = await store.claim_next(
-        "enrollment", partition_by=["course_name", "user_id"], handled_types=[CourseCreated, UserJoinedCourse], worker_id="w-1"
+        "enrollment",
+        partition_by=["course_name", "user_id"],
+        handled_types=[CourseCreated, UserJoinedCourse],
+        worker_id="w-1",
     )
     assert claim is not None
     try:
@@ -301,11 +365,13 @@ async def _other_modes(b: bus.Bus, console: Console) -> bool:
     except bus.ConcurrentAppendError:
         guarded = "a second append with the same guard raised ConcurrentAppendError"
     await store.ack("enrollment", offset_id=claim.offset_id, position=claim.messages[-1].position)
-    table.add_row(
-        "event store",
-        f"partition {claim.partition_value} claimed with {len(claim.messages)} events (conditional AND); {guarded}",
+    results.append(
+        [
+            "event store",
+            f"partition {claim.partition_value} claimed with {len(claim.messages)} events (conditional AND); {guarded}",
+        ]
     )
-    console.print(table)
+    console.print(fit(table("mode", "what happened"), results, names=()))
     return sum(taken.values()) == 400 and sum(done.values()) == 100 and "raised" in guarded
 
 
