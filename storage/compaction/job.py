@@ -58,6 +58,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -95,9 +96,10 @@ DELETE_CONNECTIONS = 2
 # The run's stage is written to its row at most this often (seconds).
 PROGRESS_EVERY = 1.0
 # The JDBC read is split into offset spans: a few per executor core, none
-# smaller than this many planned offsets (each task is one query).
+# smaller than this many planned offsets (each task is one query;
+# BUS_COMPACT_SPLIT_ROWS overrides it).
 TASKS_PER_SLOT = 2
-MIN_ROWS_PER_TASK = 50_000
+MIN_ROWS_PER_TASK = int(os.environ.get("BUS_COMPACT_SPLIT_ROWS") or 50_000)
 
 
 def split_ranges(
@@ -711,4 +713,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The exit code is decided here, explicitly: spark-submit reports the
+    # Python process's code, and a failed run must never look like success
+    # (interpreter shutdown with a Py4J gateway and the session's start-up
+    # thread around was seen to end with 0). os._exit skips that shutdown.
+    try:
+        code = main()
+    except BaseException:  # noqa: BLE001 - reported, and the exit code says so
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

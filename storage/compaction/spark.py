@@ -15,7 +15,8 @@ error saying so.
 
 `spark-submit` runs get `--driver-memory` from `BUS_SPARK_DRIVER_MEMORY`
 (default 2g; the in-process session reads the same variable) and, when set,
-`--driver-java-options` from `BUS_SPARK_JAVA_OPTS`.
+`--driver-java-options` from `BUS_SPARK_JAVA_OPTS`. `BUS_SPARK_EXECUTOR_MEMORY`
+sets `spark.executor.memory` (cluster masters; Spark's default is 1g).
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def jdbc_target(dsn: str, schema: str) -> tuple[str, dict[str, str]]:
     url = (
         f"jdbc:postgresql://{host_part}:{port}/{database}"
         f"?currentSchema={schema}&ApplicationName=bus-compact&reWriteBatchedInserts=true"
+        # Binary transfer from the first execution: each Spark task runs its
+        # query once, and below pgjdbc's default threshold (5) results come as
+        # text (bytea hex-encoded by the server and decoded again here).
+        "&prepareThreshold=-1"
     )
     return url, props
 
@@ -158,7 +163,10 @@ def spark_session(
 
     If a session is already active in this process it is returned as is.
     """
-    os.environ["JAVA_HOME"] = java_home()
+    if not (os.environ.get("PYSPARK_GATEWAY_PORT") and os.environ.get("JAVA_HOME")):
+        # Under spark-submit the JVM already runs (on JAVA_HOME): checking
+        # its version again would start one more JVM for nothing.
+        os.environ["JAVA_HOME"] = java_home()
     try:
         from pyspark.sql import SparkSession
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -185,7 +193,12 @@ def spark_session(
         .config("spark.driver.memory", os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.parquet.compression.codec", "snappy")
     )
+    executor_memory = os.environ.get("BUS_SPARK_EXECUTOR_MEMORY")
+    if executor_memory:
+        # On a cluster each executor asks its worker for this much (Spark's default 1g).
+        builder = builder.config("spark.executor.memory", executor_memory)
     jar = jdbc_jar(jdbc_jar_path)
+    # `spark.jars` ships the driver jar to every executor (they fetch it from the driver).
     builder = (
         builder.config("spark.jars", jar) if jar else builder.config("spark.jars.packages", JDBC_PACKAGE)
     )

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+import bus
+from bus.compact import parse_every
 from storage.compaction import SparkSetupError, jdbc_target, run_compaction
 from storage.compaction.job import split_ranges
 from storage.compaction.spark import java_home, jdbc_jar
@@ -123,3 +125,16 @@ def test_an_unknown_crash_point_is_refused() -> None:
 def test_an_invalid_topic_name_is_refused() -> None:
     with pytest.raises(ValidationError, match="topic name"):
         run_compaction("postgresql://postgres@127.0.0.1:5432/postgres", "bus", topics=["bad name;"])
+
+
+@pytest.mark.parametrize(
+    "text,seconds", [("10m", 600), ("90s", 90), ("1h30m", 5400), ("45", 45), ("0.5s", 0.5)]
+)
+def test_every_takes_a_duration(text: str, seconds: float) -> None:
+    assert parse_every(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "ten minutes", "-5m", "5d"])
+def test_every_refuses_what_is_not_a_positive_duration(text: str) -> None:
+    with pytest.raises(bus.ValidationError, match="--every"):
+        parse_every(text)
