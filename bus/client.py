@@ -479,6 +479,7 @@ class Bus:
         return await asyncio.shield(shared)
 
     async def _topic(self, topic: str) -> TopicInfo:
+        validate_name(topic, "topic name")  # before the cache: an unhashable value is bad input too
         info = self._topics.get(topic)
         return info if info is not None else await self._shared(("topic", topic), lambda: self.topic(topic))
 
