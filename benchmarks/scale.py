@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -59,18 +60,20 @@ PARTITIONS = 1_000
 PROCESSES = 10
 MEMBERS_PER_PROCESS = 10
 GROUP = "scale"
+IDLE_TOPIC = "bench.idle"
+IDLE_PARTITIONS = 100
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 # Timings for a hundred members on two shared cores: quick enough to measure,
 # slow enough that a busy machine does not expire healthy sessions.
 TIMINGS: dict[str, Any] = {
-    "heartbeat_interval": 0.5,
-    "session_timeout": 5.0,
-    "rebalance_delay": 0.2,
-    "lease_time": 10.0,
+    "heartbeat_interval": 3.0,
+    "session_timeout": 30.0,
+    "rebalance_delay": 0.5,
+    "lease_time": 30.0,
     "cleaner_interval": 0,
 }
-SETTLE_TIMEOUT = 120.0
+SETTLE_TIMEOUT = 180.0
 
 XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
 CREATE_DATABASE = 'CREATE DATABASE "{name}"'  # a generated name, validated below
@@ -94,24 +97,26 @@ def _env_number(name: str, default: float) -> float:
     return default if not raw else float(raw)
 
 
-async def _settle(mon: asyncpg.Pool, after: int, members: int) -> tuple[float, int]:
-    """Seconds until the group is stable past generation `after` with `members` members; and that generation."""
+async def _settle(
+    mon: asyncpg.Pool, group: str, partitions: int, after: int, members: int
+) -> tuple[float, int]:
+    """Seconds until `group` is stable past generation `after` with `members` members; and that generation."""
     started = time.perf_counter()
 
     async def settled() -> int | None:
-        row = await mon.fetchrow(SETTLED, GROUP, after, members, PARTITIONS)
+        row = await mon.fetchrow(SETTLED, group, after, members, partitions)
         return int(row["generation"]) if row is not None and row["settled"] else None
 
     try:
-        generation = await _until(settled, SETTLE_TIMEOUT, f"{members} members stable")
+        generation = await _until(settled, SETTLE_TIMEOUT, f"{group}: {members} members stable")
     except TimeoutError as exc:
-        state = await mon.fetchrow(STATE, GROUP)
+        state = await mon.fetchrow(STATE, group)
         raise TimeoutError(f"{exc}; the group: {None if state is None else dict(state)}") from exc
     return time.perf_counter() - started, int(generation)
 
 
-async def _generation(mon: asyncpg.Pool) -> int:
-    value = await mon.fetchval(GENERATION, GROUP)
+async def _generation(mon: asyncpg.Pool, group: str) -> int:
+    value = await mon.fetchval(GENERATION, group)
     return 0 if value is None else int(value)
 
 
@@ -130,67 +135,81 @@ async def _idle_rate(mon: asyncpg.Pool, window: float) -> float:
 
 
 async def _group_runs(dsn: str, quick: bool) -> tuple[list[Result], dict[str, Any]]:
-    """Heartbeat cost by processes and members, then join/leave/kill on the 100-member group."""
+    """Idle cost by processes and members (group "idle"), then join/leave/kill on the 100-member group."""
     window = _env_number("BUS_BENCH_SCALE_WINDOW", 4.0 if quick else 10.0)
     schema = "bench_scale"
     config = json.dumps(TIMINGS)
     b = await bus.connect(dsn, schema=schema, cleaner_interval=0)
     mon = await create_pool(dsn, schema, min_size=1, max_size=2)
-    procs: list[MemberProcess] = []
+    started_all: list[MemberProcess] = []
     rates: dict[str, float] = {}
     data: dict[str, Any] = {}
     try:
         await b.create_topic(TOPIC, partitions=PARTITIONS)
+        await b.create_topic(IDLE_TOPIC, partitions=IDLE_PARTITIONS)
         await b.close()
 
-        def start(members: int) -> Any:
-            return MemberProcess.start(
-                "subscribe", dsn, schema, GROUP, TOPIC, "--members", str(members), "--config", config
+        async def start(group: str, topic: str, members: int) -> MemberProcess:
+            proc = await MemberProcess.start(
+                "subscribe", dsn, schema, group, topic, "--members", str(members), "--config", config
             )
+            started_all.append(proc)  # whatever happens, stopped at the end
+            return proc
 
-        async def go(new: list[MemberProcess], members: int) -> float:
-            after = await _generation(mon)
+        async def go(group: str, partitions: int, new: list[MemberProcess], members: int) -> float:
+            after = await _generation(mon, group)
             for p in new:
                 p.send("go")
-            seconds, _ = await _settle(mon, after, members)
+            seconds, _ = await _settle(mon, group, partitions, after, members)
             return seconds
 
-        # Idle cost: 1 process x 1 member, then 1 x 10, 5 x 10, 10 x 10.
-        [single] = await _start_all([start(1)])
-        await go([single], 1)
+        # 1. Idle cost on a small topic (so no process holds many partitions):
+        # 1 process x 1 member, then 1 x 10, 5 x 10, 10 x 10.
+        idle = ("idle", IDLE_PARTITIONS)
+        [single] = await _start_all([start("idle", IDLE_TOPIC, 1)])
+        await go(*idle, [single], 1)
         rates["1 process x 1 member"] = await _idle_rate(mon, window)
         await single.stop()
-        first = await _start_all([start(MEMBERS_PER_PROCESS)])
-        procs += first
-        await go(first, MEMBERS_PER_PROCESS)
+        first = await _start_all([start("idle", IDLE_TOPIC, MEMBERS_PER_PROCESS)])
+        await go(*idle, first, MEMBERS_PER_PROCESS)
         rates["1 process x 10 members"] = await _idle_rate(mon, window)
-        more = await _start_all([start(MEMBERS_PER_PROCESS) for _ in range(4)])
-        procs += more
-        await go(more, 5 * MEMBERS_PER_PROCESS)
+        more = await _start_all([start("idle", IDLE_TOPIC, MEMBERS_PER_PROCESS) for _ in range(4)])
+        await go(*idle, more, 5 * MEMBERS_PER_PROCESS)
         rates["5 processes x 10 members"] = await _idle_rate(mon, window)
-        rest = await _start_all([start(MEMBERS_PER_PROCESS) for _ in range(PROCESSES - 5)])
-        procs += rest
-        data["stable_100_s"] = await go(rest, PROCESSES * MEMBERS_PER_PROCESS)
+        rest = await _start_all(
+            [start("idle", IDLE_TOPIC, MEMBERS_PER_PROCESS) for _ in range(PROCESSES - 5)]
+        )
+        await go(*idle, rest, PROCESSES * MEMBERS_PER_PROCESS)
         rates["10 processes x 10 members"] = await _idle_rate(mon, window)
+        await _stop_all(started_all)  # they leave cleanly
+        started_all.clear()
 
-        # Join, leave, SIGKILL on the 100-member group.
+        # 2. The 100-member group over 1,000 partitions: start, join, leave, SIGKILL.
+        # A step that does not settle within SETTLE_TIMEOUT is recorded as such
+        # (with the group's state) and the steps after it are not measured.
         full = PROCESSES * MEMBERS_PER_PROCESS
-        [joiner] = await _start_all([start(1)])
-        data["join_s"] = await go([joiner], full + 1)
-        after = await _generation(mon)
-        started = time.perf_counter()
-        await joiner.stop()
-        await _settle(mon, after, full)
-        data["leave_s"] = time.perf_counter() - started
-        after = await _generation(mon)
-        victim = procs.pop()
-        started = time.perf_counter()
-        victim.kill()
-        await _settle(mon, after, full - MEMBERS_PER_PROCESS)
-        data["kill_s"] = time.perf_counter() - started
-        await victim.stop(graceful=False)
+        procs = await _start_all([start(GROUP, TOPIC, MEMBERS_PER_PROCESS) for _ in range(PROCESSES)])
+        [joiner] = await _start_all([start(GROUP, TOPIC, 1)])
+        victim = procs[-1]
+        steps: list[tuple[str, Any, int]] = [
+            ("start_s", lambda: [p.send("go") for p in procs], full),
+            ("join_s", lambda: joiner.send("go"), full + 1),
+            ("leave_s", lambda: joiner.proc.send_signal(signal.SIGTERM), full),
+            ("kill_s", victim.kill, full - MEMBERS_PER_PROCESS),
+        ]
+        for key, action, members in steps:
+            after = await _generation(mon, GROUP)
+            started = time.perf_counter()
+            action()
+            try:
+                await _settle(mon, GROUP, PARTITIONS, after, members)
+            except TimeoutError as exc:
+                data["unsettled"] = f"{key.removesuffix('_s')}: {exc}"
+                break
+            data[key] = time.perf_counter() - started
+        data["fences"] = sum(p.stderr_tail(1 << 30).count("member_fenced") for p in [*procs, joiner])
     finally:
-        await _stop_all(procs, graceful=False)
+        await _stop_all(started_all, graceful=False)
         await mon.close()
     data["idle_xacts_per_s"] = rates
     return _group_rows(data), data
@@ -203,36 +222,49 @@ def _group_rows(data: dict[str, Any]) -> list[Result]:
     members_growth = rates["1 process x 10 members"] / max(rates["1 process x 1 member"], 1e-9)
     process_growth = rates["10 processes x 10 members"] / max(rates["1 process x 10 members"], 1e-9)
     where = f"{PROCESSES * MEMBERS_PER_PROCESS} members ({PROCESSES} processes x {MEMBERS_PER_PROCESS}), {PARTITIONS:,} partitions"
-    rows = [
-        Result(
-            SCENARIO,
-            f"stable after a join, {where}",
-            data["join_s"],
-            "s",
-            best,
-            "rebalance delay + heartbeat interval",
-            higher_is_better=False,
-            extra=dict(t),
-        ),
-        Result(
-            SCENARIO,
-            f"stable after a leave, {where}",
-            data["leave_s"],
-            "s",
-            best,
-            "rebalance delay + heartbeat interval",
-            higher_is_better=False,
-        ),
-        Result(
-            SCENARIO,
-            f"stable after SIGKILL of 1 process (10 members), {where}",
-            data["kill_s"],
-            "s",
+    steps = [
+        ("start_s", "stable from cold (10 processes told to go together)", None, None),
+        ("join_s", "stable after a join (101st member)", best, "rebalance delay + heartbeat interval"),
+        ("leave_s", "stable after that member leaves", best, "rebalance delay + heartbeat interval"),
+        (
+            "kill_s",
+            "stable after SIGKILL of 1 process (10 members)",
             best + t["session_timeout"],
             "session timeout + rebalance delay + heartbeat interval",
-            higher_is_better=False,
         ),
     ]
+    rows: list[Result] = []
+    for key, what, baseline, baseline_name in steps:
+        extra: dict[str, Any] = {**t, "fences": data.get("fences")} if key == "start_s" else {}
+        if key in data:
+            rows.append(
+                Result(
+                    SCENARIO,
+                    f"{what}, {where}",
+                    data[key],
+                    "s",
+                    baseline,
+                    baseline_name,
+                    higher_is_better=False,
+                    extra=extra,
+                )
+            )
+        else:
+            # Not settled within SETTLE_TIMEOUT (or an earlier step did not): the row says so.
+            extra["unsettled"] = data.get("unsettled")
+            rows.append(
+                Result(
+                    SCENARIO,
+                    f"{what}, {where}: NOT stable within {SETTLE_TIMEOUT:.0f} s",
+                    SETTLE_TIMEOUT,
+                    "s",
+                    baseline,
+                    baseline_name,
+                    higher_is_better=False,
+                    target=f"< {SETTLE_TIMEOUT:.0f}",
+                    extra=extra,
+                )
+            )
     for name, rate in rates.items():
         rows.append(
             Result(
@@ -287,12 +319,14 @@ def chart(data: dict[str, Any], path: Path) -> Path:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     ax = axes[0]
-    names = ["join", "leave", "SIGKILL\n(10 members)"]
-    values = [data["join_s"], data["leave_s"], data["kill_s"]]
-    ax.bar(names, values, color=["#2b6cb0", "#2b6cb0", "#c05621"])
+    keys = ["start_s", "join_s", "leave_s", "kill_s"]
+    names = ["cold start", "join", "leave", "SIGKILL\n(10 members)"]
+    values = [data.get(k, SETTLE_TIMEOUT) for k in keys]
+    colors = ["#2b6cb0" if k in data else "#e53e3e" for k in keys]
+    ax.bar(names, values, color=colors)
     ax.axhline(TIMINGS["session_timeout"], color="grey", linestyle="--", label="session timeout")
-    for i, v in enumerate(values):
-        ax.annotate(f"{v:.2f} s", (i, v), ha="center", va="bottom")
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        ax.annotate(f"{v:.1f} s" if k in data else "not stable", (i, v), ha="center", va="bottom")
     ax.set_ylabel("seconds to stable")
     ax.set_title(f"100 members over {PARTITIONS:,} partitions")
     ax.legend()
