@@ -84,6 +84,8 @@ _MAX_REMEMBERED_CLAIMS = 10_000
 _FIRST_WINDOW = 1000
 _MIN_WINDOW = 50
 _STEP_SECONDS = 0.05
+# ... and the time a step aims at when nothing waits for it (discover() without a budget).
+_BULK_STEP_SECONDS = 1.0
 
 _registry: dict[str, type[Event]] = {}
 _encoder = msgspec.json.Encoder()
@@ -417,8 +419,8 @@ class EventStore:
 
     def __init__(self, bus: Bus, name: str) -> None:
         self._bus = bus
-        # (group, partition_by) -> the discovery window that last took about _STEP_SECONDS.
-        self._windows: dict[tuple[str, tuple[str, ...]], int] = {}
+        # (group, partition_by, bulk) -> the discovery window that last took about its step time.
+        self._windows: dict[tuple[str, tuple[str, ...], bool], int] = {}
         self.name = validate_name(name, "event store name")
         self._log = log.bind(store=name)
         # offset_id -> (last fetched position, fetch cut short) of the claims this
@@ -614,7 +616,7 @@ class EventStore:
         ttl = float(self._bus.config.claim_ttl)
         started = time.monotonic()
         with db.translate_errors():
-            state = await self._pool.fetchrow(sql.CLAIM_STATE, self.name, group, names)
+            state = await sql.claim_state(self._pool, self.name, group, names)
             if state["status"] is None:
                 raise _group_not_found(self.name, group)
             if state["status"] != "active":
@@ -747,7 +749,7 @@ class EventStore:
         tags = [str(c.__event_tag__) for c in _handled_classes(handled_types)]
         seconds = None if budget is None else _seconds(budget, "budget")
         with db.translate_errors():
-            state = await self._pool.fetchrow(sql.CLAIM_STATE, self.name, group, names)
+            state = await sql.claim_state(self._pool, self.name, group, names)
             if state["status"] is None:
                 raise _group_not_found(self.name, group)
             union = state["handled_tags"]
@@ -759,12 +761,14 @@ class EventStore:
         """Scan events appended since the last discovery (new partitions, lowered hints); positions left.
 
         Steps of at most `discovery_batch` positions (one transaction each, the
-        window adapted so a step takes about `_STEP_SECONDS`) until caught up or
+        window adapted so a step takes about `_STEP_SECONDS`, or
+        `_BULK_STEP_SECONDS` when there is no budget) until caught up or
         `budget` seconds are spent (None: no limit). At least one step runs, so
         every call makes progress.
         """
         started = time.monotonic()
-        key = (group, tuple(names))
+        step_seconds = _STEP_SECONDS if budget is not None else _BULK_STEP_SECONDS
+        key = (group, tuple(names), budget is None)
         async with self._pool.acquire() as conn:
             while True:
                 step_started = time.monotonic()
@@ -789,9 +793,9 @@ class EventStore:
                 # Keep a step near _STEP_SECONDS: its cost grows with the window
                 # (mostly with the new partitions in it) over a fixed overhead.
                 took = now - step_started
-                if took < _STEP_SECONDS / 2 and upto - scanned == window:
+                if took < step_seconds / 2 and upto - scanned == window:
                     window *= 2
-                elif took > _STEP_SECONDS * 2:
+                elif took > step_seconds * 2:
                     window //= 2
                 self._windows[key] = max(_MIN_WINDOW, min(self.discovery_batch, window))
                 if created:
@@ -876,6 +880,7 @@ class EventStore:
         if failed is None:
             await self._explain_missing(group, offset_id, worker)
             return False
+        assert row is not None  # failed is None exactly when no row came back
         if failed:
             self._log.error("event_group_failed", group=group, partition=row["partition_key"], error=text)
         else:

@@ -18,9 +18,11 @@ the cursor already caught up. No wake-up is lost.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 
-from storage.db import Conn
+from storage.db import Conn, Connection
 
 # Topics a wildcard claim targets (labels, like add_matching_topics).
 SELECT_LABELLED_TOPICS = """
@@ -157,33 +159,33 @@ async def max_partition_id(conn: Conn) -> int:
     return int(await conn.fetchval(MAX_PARTITION_ID))
 
 
-async def lock_partitions_shared(conn: asyncpg.Connection, partition_ids: list[int]) -> None:
+async def lock_partitions_shared(conn: Connection, partition_ids: list[int]) -> None:
     """Lock partition rows FOR SHARE (waits for their in-flight publishers) until the transaction ends."""
     await conn.execute(LOCK_PARTITIONS_SHARED, partition_ids)
 
 
-async def mark_new_cursors_pending(conn: asyncpg.Connection, group: str, partition_ids: list[int]) -> None:
+async def mark_new_cursors_pending(conn: Connection, group: str, partition_ids: list[int]) -> None:
     """Set pending_since on freshly materialized cursors; call under lock_partitions_shared."""
     await conn.execute(SET_PENDING_FOR_NEW, group, partition_ids)
 
 
-async def pick_candidate(conn: asyncpg.Connection, group: str, topics: list[str]) -> asyncpg.Record | None:
+async def pick_candidate(conn: Connection, group: str, topics: list[str]) -> asyncpg.Record | None:
     """The free cursor with the earliest pending message, row-locked; None if there is none."""
     return await conn.fetchrow(PICK_CANDIDATE, group, topics)
 
 
-async def read_from(conn: asyncpg.Connection, partition_id: int, offset: int, limit: int) -> list[asyncpg.Record]:
+async def read_from(conn: Connection, partition_id: int, offset: int, limit: int) -> list[asyncpg.Record]:
     """Up to `limit` messages of the partition from `offset` on."""
     return list(await conn.fetch(READ_FROM, partition_id, offset, limit))
 
 
-async def refresh_pending(conn: asyncpg.Connection, group: str, partition_id: int) -> None:
+async def refresh_pending(conn: Connection, group: str, partition_id: int) -> None:
     """Recompute the cursor's pending_since (after finding nothing to read)."""
     await conn.execute(REFRESH_PENDING, group, partition_id)
 
 
 async def take_lease(
-    conn: asyncpg.Connection, group: str, partition_id: int, worker: str, seconds: float, log_start: int
+    conn: Connection, group: str, partition_id: int, worker: str, seconds: float, log_start: int
 ) -> asyncpg.Record:
     """Lease the (locked) cursor to `worker` with a new epoch."""
     row = await conn.fetchrow(TAKE_LEASE, group, partition_id, worker, seconds, log_start)
@@ -196,7 +198,9 @@ async def touch_group(conn: Conn, group: str) -> None:
     await conn.execute(TOUCH_GROUP, group)
 
 
-async def ack(conn: Conn, group: str, partition_id: int, worker: str, epoch: int, next_offset: int) -> int | None:
+async def ack(
+    conn: Conn, group: str, partition_id: int, worker: str, epoch: int, next_offset: int
+) -> int | None:
     """Commit `next_offset` and release, if the lease is still ours; the committed offset or None."""
     value = await conn.fetchval(ACK, group, partition_id, worker, epoch, next_offset)
     return None if value is None else int(value)
@@ -207,9 +211,12 @@ async def release(conn: Conn, group: str, partition_id: int, worker: str, epoch:
     return await conn.fetchval(RELEASE, group, partition_id, worker, epoch) is not None
 
 
-async def extend(conn: Conn, group: str, partition_id: int, worker: str, epoch: int, seconds: float) -> asyncpg.Record | None:
+async def extend(
+    conn: Conn, group: str, partition_id: int, worker: str, epoch: int, seconds: float
+) -> datetime | None:
     """Push the lease's expiry to now + seconds, if it is still ours; the new expiry or None."""
-    return await conn.fetchval(EXTEND, group, partition_id, worker, epoch, seconds)
+    expires: datetime | None = await conn.fetchval(EXTEND, group, partition_id, worker, epoch, seconds)
+    return expires
 
 
 async def lease_state(conn: Conn, group: str, partition_id: int) -> asyncpg.Record | None:

@@ -404,6 +404,13 @@ SELECT (SELECT count(*) FROM es_groups WHERE store = $1) AS groups,
 # -- thin wrappers (typed entry points; the statements above are the substance) ---
 
 
+async def claim_state(conn: Executor, store: str, group: str, names: list[str]) -> asyncpg.Record:
+    """CLAIM_STATE's one row: status (None: no such group), scanned, handled_tags, upto."""
+    row = await conn.fetchrow(CLAIM_STATE, store, group, names)
+    assert row is not None  # a SELECT without FROM filters always returns its row
+    return row
+
+
 async def append(
     conn: Executor,
     store: str,
