@@ -35,15 +35,22 @@ any point is finished by the next job exactly as it would have finished:
    done. Partitions are deleted by a few connections side by side.
 5. **bookkeeping**: totals on the run row, the keep-set dropped.
 
-Spark reads `messages` split by heap block ranges (`ctid`), so the table is
-read once whatever the PostgreSQL version.
+Spark reads the removable rows split by partition and offset range, about
+equal spans of the plan, never by heap position: `messages` may be a
+partitioned table (segments), whose ctids are per leaf.
 
-Known limit: if the watermark moves back between the archive and the delete
-(an admin reset, a new `earliest` group), the delete keeps those records (it
-never removes at or above the re-checked watermark) although the archive
-already holds them; the plan row records the lower `cut`, and a later run
-that removes them archives them again. Nothing is lost; the archive may then
-hold such a record twice, once per run (`run_id` column).
+If the watermark moves back between the archive and the delete (an admin
+reset, a new `earliest` group), the delete keeps those records (it never
+removes at or above the re-checked watermark) although the archive already
+holds them; the plan row records the lower `cut`, and the rows the run
+archived at or above it are written to `compaction_archived`. A later run
+deletes them without archiving them again (the view leaves them out), so
+every row is archived once; an entry is dropped once its row is gone.
+
+Progress: the open run's row in `compaction_runs` carries its stage and
+counts as the job goes (at most once a second), for `bus compact --status`.
+The Spark session (when the job starts one) is created in a background
+thread while PostgreSQL plans and stages the run.
 
 A retention cleaner running in bus processes (`cleaner_interval`) also
 deletes history of delete topics, without archiving; rows it removed first
