@@ -101,6 +101,7 @@ EVENT_FAULTS = {
     "nacked": "nacked",
     "abandoned": "abandoned",
     "guard_conflict": "guard_conflict",
+    "slow_work": "slow_work",
     "claim_failed": "ack_failed",
     "queue_failed": "ack_failed",
     "es_failed": "ack_failed",
@@ -199,6 +200,7 @@ class ChaosRun:
         self.slots: list[Slot] = []
         self.extra = 0
         self.extras: list[Slot] = []  # the rebalance fault's short-lived processes
+        self.background: list[asyncio.Task[None]] = []
         self.producers: list[subprocess.Popen[bytes]] = []
         self.faults: list[Fault] = []
         self.fault_file = self.out / "faults.tsv"
@@ -336,7 +338,8 @@ class ChaosRun:
             # The interval comes from the member's own "S start/end" lines; this marks the request.
             self._record(Fault("slow_request", t0, t0, slot.proc.pid, slot.name))
         elif kind == "rebalance":
-            await self._rebalance(t0)
+            # In the background: joining takes seconds (a process starting), other faults go on meanwhile.
+            self.background.append(asyncio.create_task(self._rebalance(t0)))
 
     async def _rebalance(self, t0: float) -> None:
         """One more process of a role joins every group of it, works a little, and leaves."""
@@ -373,6 +376,7 @@ class ChaosRun:
             await asyncio.sleep(self.rng.uniform(2.0, 4.0))
             self._check_alive()
             if time.monotonic() >= until:
+                await asyncio.gather(*self.background)
                 return
             kind = plan.pop(0) if plan else self.rng.choice(KINDS)
             print(f"chaos: t={time.time():.3f} fault {kind}", flush=True)

@@ -416,7 +416,11 @@ async def run_claims(ctx: Ctx) -> None:
                 rec.maybe_stall()
                 rec.delivery(group, m, worker, epoch)
             if roll > 0.92:  # slow work: past the lease, then extend
-                await asyncio.sleep(CLAIM_LEASE + 0.5)
+                # Marked ahead (the process may be killed meanwhile): another worker may take
+                # the partition once the lease lapses, and get these messages again.
+                now, pause = time.time(), CLAIM_LEASE + 0.5
+                rec.line("V", f"{now + pause:.6f}", "slow_work", f"group={group} since={now:.6f}")
+                await asyncio.sleep(pause)
                 try:
                     await claim.extend(5.0)
                     rec.count(group, "extended")
