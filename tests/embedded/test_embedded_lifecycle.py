@@ -1,7 +1,8 @@
 """The embedded server's lifecycle: it stops after the last process using it, unless `bus server start` kept it.
 
 Servers of their own under temporary homes; processes are real subprocesses,
-because "the last process exits" is the thing under test.
+because "the last process exits" is the thing under test (those tests are
+marked slow; the in-process one is not).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def _watchers(home: Path) -> list[int]:
     ]
 
 
+@pytest.mark.slow
 async def test_the_server_stops_when_the_last_process_using_it_exits(home: Path) -> None:
     # A long-lived user (it waits on stdin) and a short one.
     holder = await asyncio.create_subprocess_exec(
@@ -127,6 +129,7 @@ async def test_a_client_connected_by_dsn_keeps_it_up_until_it_disconnects(home: 
     assert await asyncio.to_thread(wait_until_stopped, home)
 
 
+@pytest.mark.slow
 async def test_bus_server_start_keeps_it_running_until_bus_server_stop(home: Path) -> None:
     started = await asyncio.to_thread(_bus, home, "server", "start")
     assert started.returncode == 0, started.stderr[-2000:]
@@ -149,6 +152,7 @@ async def test_bus_server_start_keeps_it_running_until_bus_server_stop(home: Pat
     assert "not running" in again.stdout
 
 
+@pytest.mark.slow
 async def test_bus_server_start_keeps_a_server_that_is_already_running(home: Path) -> None:
     await asyncio.to_thread(embedded.ensure_server, home)
     assert (await asyncio.to_thread(_bus, home, "server", "start")).returncode == 0
