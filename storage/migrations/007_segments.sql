@@ -60,7 +60,10 @@ BEGIN
     IF p_lo IS NOT NULL AND p_lo >= p_hi THEN
         RAISE EXCEPTION 'segment bounds out of order: % >= %', p_lo, p_hi;
     END IF;
-    EXECUTE format('CREATE TABLE %I (LIKE messages INCLUDING DEFAULTS)', seg);
+    -- Insert-only until retired whole: vacuums triggered by inserts alone
+    -- would be wasted work (dead tuples, from the sweep or the compaction
+    -- job, still trigger autovacuum; so does wraparound protection).
+    EXECUTE format('CREATE TABLE %I (LIKE messages INCLUDING DEFAULTS) WITH (autovacuum_vacuum_insert_threshold = -1)', seg);
     EXECUTE format('ALTER TABLE messages ATTACH PARTITION %I FOR VALUES FROM (%s) TO (%L)',
                    seg, CASE WHEN p_lo IS NULL THEN 'MINVALUE' ELSE quote_literal(p_lo) END, p_hi);
     INSERT INTO message_segments (name, lo, hi) VALUES (seg, p_lo, p_hi);
