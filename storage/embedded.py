@@ -357,6 +357,7 @@ def _managed(home: Path, state: dict[str, Any]) -> bool:
 
 
 _registrations: dict[Path, IO[str]] = {}
+_warned: set[Path] = set()
 
 
 def _register(home: Path) -> None:
@@ -415,7 +416,15 @@ def _watcher_alive(state: dict[str, Any]) -> bool:
     return True
 
 
-def _spawn_watcher(home: Path) -> int:
+def _spawn_watcher(home: Path) -> int | None:
+    try:
+        return _spawn_watcher_process(home)
+    except OSError as exc:  # the server still works; it is just not stopped automatically
+        log.warning("embedded_watcher_failed", home=str(home), error=str(exc))
+        return None
+
+
+def _spawn_watcher_process(home: Path) -> int:
     root = str(Path(__file__).resolve().parents[1])
     code = "import sys; sys.path.insert(0, sys.argv[1]); from storage.embedded import _watch; _watch(sys.argv[2])"
     proc = subprocess.Popen(
@@ -605,12 +614,14 @@ def ensure_server(home: Path | None = None, *, keep: bool = False) -> EmbeddedSe
         else:
             state = _read_state(home)
             if not _managed(home, state):
-                log.warning(
-                    "embedded_server_insecure",
-                    pgdata=str(pgdata),
-                    hint="started by an older version with trust authentication; "
-                    "`bus server stop` and the next start secures it",
-                )
+                if home not in _warned:  # once per process, not at every connect
+                    _warned.add(home)
+                    log.warning(
+                        "embedded_server_insecure",
+                        pgdata=str(pgdata),
+                        hint="started by an older version with trust authentication; "
+                        "`bus server stop` and the next start secures it",
+                    )
             elif keep and not state.get("keep"):
                 _write_state(home, {**state, "keep": True, "watcher": None})
             elif not state.get("keep") and not _watcher_alive(state):
