@@ -143,6 +143,18 @@ SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 WHERE application_name = 'bus' AND pid <> pg_backend_pid()
 """
 USER_ROWS = "SELECT grp, topic, part, off, msg_id FROM user_rows"
+OPEN_TRANSACTIONS = """
+SELECT pid, application_name, state, now() - xact_start AS open_for, left(query, 120) AS query
+FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' OR (state = 'active' AND now() - xact_start > '5 s')
+"""
+HELD_CURSORS = """
+SELECT o.group_name, p.name, o.committed, p.next_offset, o.owner, o.lease_epoch, o.lease_expires_at
+FROM offsets o JOIN partitions p ON p.id = o.partition_id WHERE p.topic = $1 AND o.committed < p.next_offset
+"""
+ES_CURSORS = """
+SELECT group_name, vals, position, next_position, claimed_by, claimed_at, attempts, retry_at
+FROM es_offsets WHERE store = $1
+"""
 
 
 def patterns_in_use() -> dict[str, list[tuple[str, str, str]]]:
@@ -434,10 +446,18 @@ class ChaosRun:
                     if not behind:
                         return time.monotonic() - t0
                     await asyncio.sleep(0.3)
+            self.problems.append(f"not drained: {'; '.join(behind)}")
+            self.problems += [f"at the end: {line}" for line in await self._stuck(conn)]
         finally:
             await conn.close()
-        self.problems.append(f"not drained: {'; '.join(behind)}")
         return None
+
+    async def _stuck(self, conn: asyncpg.Connection) -> list[str]:
+        """What may hold a group back: open transactions, held cursors and event-store claims."""
+        lines = [f"open transaction: {dict(r)}" for r in await conn.fetch(OPEN_TRANSACTIONS)]
+        lines += [f"cursor: {dict(r)}" for r in await conn.fetch(HELD_CURSORS, TOPIC)]
+        lines += [f"event-store cursor: {dict(r)}" for r in await conn.fetch(ES_CURSORS, STORE)]
+        return lines
 
     async def _stop(self, proc: subprocess.Popen[bytes], what: str) -> None:
         if proc.poll() is not None:
