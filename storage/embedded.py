@@ -179,9 +179,11 @@ def default_home() -> Path:
 
 
 @contextmanager
-def _locked(home: Path) -> Iterator[None]:
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / "server.lock", "a+") as fh:
+def _locked(home: Path, create: bool = True) -> Iterator[None]:
+    """The exclusive lock on `home`'s server; `create=False` raises FileNotFoundError instead of making `home`."""
+    if create:
+        home.mkdir(parents=True, exist_ok=True)
+    with open(home / "server.lock", "a+" if create else "r+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -445,32 +447,41 @@ _watchers: list[subprocess.Popen[bytes]] = []
 def _watch(home_arg: str) -> None:
     """The watcher's loop: stop the server once no registered process and no client is left."""
     home = Path(home_arg)
-    pgdata = home / "pgdata"
-    while True:
-        time.sleep(_WATCH_INTERVAL)
-        if not pgdata.is_dir():  # the home was removed: nothing left to watch (and nothing to recreate)
-            return
-        with _locked(home):
-            state = _read_state(home)
-            server = _running(pgdata)
-            if (
-                server is None
-                or not _managed(home, state)
-                or state.get("keep")
-                or state.get("watcher") != os.getpid()
-            ):
+    try:
+        while True:
+            time.sleep(_WATCH_INTERVAL)
+            if not _watch_once(home):
                 return
-            if _live_users(home):
-                continue
-            try:
-                clients = _client_count(server)
-            except Exception:  # cannot tell: leave it running rather than cut someone off
-                clients = 1
-            if clients:
-                continue
-            log.info("embedded_stop_unused", pgdata=str(pgdata))
-            _stop(home, pgdata)
-            return
+    except FileNotFoundError:  # the home was removed meanwhile
+        return
+
+
+def _watch_once(home: Path) -> bool:
+    """One look under the lock; False once there is nothing left to watch."""
+    pgdata = home / "pgdata"
+    if not pgdata.is_dir():  # the home was removed: nothing to watch, and nothing to recreate
+        return False
+    with _locked(home, create=False):
+        state = _read_state(home)
+        server = _running(pgdata)
+        if (
+            server is None
+            or not _managed(home, state)
+            or state.get("keep")
+            or state.get("watcher") != os.getpid()
+        ):
+            return False
+        if _live_users(home):
+            return True
+        try:
+            clients = _client_count(server)
+        except Exception:  # cannot tell: leave it running rather than cut someone off
+            clients = 1
+        if clients:
+            return True
+        log.info("embedded_stop_unused", pgdata=str(pgdata))
+        _stop(home, pgdata)
+        return False
 
 
 # --- start / stop ---------------------------------------------------------------------------------
