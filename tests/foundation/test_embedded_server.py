@@ -41,7 +41,9 @@ async def test_connect_without_dsn_uses_the_embedded_server_under_bus_home(
         # It also listens on its unix socket.
         assert server.socket_dir is not None
         assert (Path(server.socket_dir) / f".s.PGSQL.{server.port}").exists()
-        conn = await asyncpg.connect(host=str(server.socket_dir), port=server.port, user="postgres", database="postgres")
+        conn = await asyncpg.connect(
+            host=str(server.socket_dir), port=server.port, user="postgres", database="postgres"
+        )
         try:
             assert await conn.fetchval("SELECT inet_server_addr()") is None  # a unix-socket session
         finally:

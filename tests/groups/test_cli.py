@@ -17,7 +17,9 @@ pytestmark = pytest.mark.slow
 
 def run_cli(dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BUS_DSN": dsn, "BUS_SCHEMA": schema, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "bus", *args], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "bus", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 async def cli(dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
