@@ -15,8 +15,6 @@ from rich.console import Console
 import bus
 from bus.cli import fit, table
 
-pytestmark = pytest.mark.slow  # each case runs `python -m bus` in a subprocess
-
 LONG_TOPIC = "semantics.partitioned-v2"  # 24 characters: names up to 24 always keep one line at 80 columns
 LONGER_TOPIC = "payments.settlement-ledger.by-merchant-and-currency.v2"  # too long for one line at 80 columns
 GROUP = "billing-settlement-consumers"
@@ -55,6 +53,7 @@ def _cell(out: str, start: str, row: str = "") -> str:
     return "".join(pieces)
 
 
+@pytest.mark.slow  # runs `python -m bus` in subprocesses
 async def test_topics_at_80_columns_shows_whole_names_and_numbers(
     connect: Any, dsn: str, schema: str
 ) -> None:
@@ -79,6 +78,7 @@ async def test_topics_at_80_columns_shows_whole_names_and_numbers(
     assert _cell(out.stdout, namespace_row.split()[-2], LONG_TOPIC) == "settlement-task"
 
 
+@pytest.mark.slow  # runs `python -m bus` in subprocesses
 async def test_groups_and_describe_at_80_columns_keep_names_and_numbers(
     connect: Any, dsn: str, schema: str
 ) -> None:
@@ -106,6 +106,7 @@ async def test_groups_and_describe_at_80_columns_keep_names_and_numbers(
     assert ends == {str(p): "103" if p < 10 else "102" for p in range(12)}
 
 
+@pytest.mark.slow  # runs `python -m bus` in subprocesses
 async def test_json_output_of_topics_groups_and_describe(connect: Any, dsn: str, schema: str) -> None:
     b = await connect(heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.1, max_poll_interval=0.5)
     await _fill(b)
