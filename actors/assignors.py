@@ -102,8 +102,12 @@ def assign_sticky(members: Sequence[Member], partitions: Sequence[Partition]) ->
     # Target counts: n // m each, the first n % m one more. Members that
     # already hold more than their share give back their highest partitions.
     n, k = len(partitions), len(ordered)
-    quota = {m.member_id: n // k + (1 if i < n % k else 0) for i, m in enumerate(
-        sorted(ordered, key=lambda m: (-len([p for p in m.previous if p in by_id]), m.member_id)))}
+    quota = {
+        m.member_id: n // k + (1 if i < n % k else 0)
+        for i, m in enumerate(
+            sorted(ordered, key=lambda m: (-len([p for p in m.previous if p in by_id]), m.member_id))
+        )
+    }
     for m in ordered:
         kept = sorted(pid for pid, o in owner_of.items() if o == m.member_id)
         out[m.member_id] = kept[: quota[m.member_id]]

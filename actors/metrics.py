@@ -108,7 +108,9 @@ def _materialize() -> Any:
             elif m.kind == "gauge":
                 m.real = prom.Gauge(m.name, m.doc, m.label_names, registry=registry)
             else:
-                m.real = prom.Histogram(m.name, m.doc, m.label_names, buckets=BATCH_BUCKETS, registry=registry)
+                m.real = prom.Histogram(
+                    m.name, m.doc, m.label_names, buckets=BATCH_BUCKETS, registry=registry
+                )
         _registry = registry
     return _registry
 
@@ -139,10 +141,14 @@ PUBLISH_BATCH = _histogram(
     "bus_publish_batch_size", "Messages per publish/publish_many call, per topic.", ["topic"]
 )
 FETCH_BATCH = _histogram(
-    "bus_fetch_batch_size", "Rows per non-empty fetch of a partition worker, per group and topic.", ["group", "topic"]
+    "bus_fetch_batch_size",
+    "Rows per non-empty fetch of a partition worker, per group and topic.",
+    ["group", "topic"],
 )
 FETCHED = _counter(
-    "bus_fetched_messages", "Messages fetched by partition workers and handed on, per group and topic.", ["group", "topic"]
+    "bus_fetched_messages",
+    "Messages fetched by partition workers and handed on, per group and topic.",
+    ["group", "topic"],
 )
 CONSUMED = _counter(
     "bus_consumed_messages",
@@ -150,7 +156,9 @@ CONSUMED = _counter(
     ["group", "topic"],
 )
 HANDLER_ERRORS = _counter(
-    "bus_handler_errors", "Handler calls that raised (each failed attempt), per group and topic.", ["group", "topic"]
+    "bus_handler_errors",
+    "Handler calls that raised (each failed attempt), per group and topic.",
+    ["group", "topic"],
 )
 DEAD_LETTERED = _counter(
     "bus_dead_lettered_messages",
@@ -158,28 +166,41 @@ DEAD_LETTERED = _counter(
     ["group", "topic"],
 )
 LEASE_LOSSES = _counter(
-    "bus_lease_losses", "Partition or claim leases found lost (expired and taken, or fenced), per group and topic.",
+    "bus_lease_losses",
+    "Partition or claim leases found lost (expired and taken, or fenced), per group and topic.",
     ["group", "topic"],
 )
-REBALANCES = _counter("bus_rebalances", "Rebalances written by this process's Rebalancers, per group.", ["group"])
-MOVED = _counter("bus_rebalance_moved_partitions", "Partitions given to a new owner by rebalances, per group.", ["group"])
+REBALANCES = _counter(
+    "bus_rebalances", "Rebalances written by this process's Rebalancers, per group.", ["group"]
+)
+MOVED = _counter(
+    "bus_rebalance_moved_partitions", "Partitions given to a new owner by rebalances, per group.", ["group"]
+)
 ASSIGNED = _counter("bus_partitions_assigned", "Partitions assigned to local members, per group.", ["group"])
 REVOKED = _counter("bus_partitions_revoked", "Partitions revoked from local members, per group.", ["group"])
-CLAIMS = _counter("bus_claims", "Claims granted (partitions leased by claim()), per group and topic.", ["group", "topic"])
-CLAIMED = _counter("bus_claimed_messages", "Messages returned by claims, per group and topic.", ["group", "topic"])
+CLAIMS = _counter(
+    "bus_claims", "Claims granted (partitions leased by claim()), per group and topic.", ["group", "topic"]
+)
+CLAIMED = _counter(
+    "bus_claimed_messages", "Messages returned by claims, per group and topic.", ["group", "topic"]
+)
 CLAIM_ACKS = _counter("bus_claim_acks", "Claims acked, per group and topic.", ["group", "topic"])
 QUEUE_TAKEN = _counter("bus_queue_taken_messages", "Jobs taken by queue consumers, per topic.", ["topic"])
 QUEUE_ACKED = _counter("bus_queue_acked_messages", "Jobs acked by queue consumers, per topic.", ["topic"])
 QUEUE_NACKED = _counter("bus_queue_nacked_messages", "Jobs nacked by queue consumers, per topic.", ["topic"])
 LAG = _gauge(
-    "bus_consumer_lag", "Messages not yet committed (end offset - committed), per group and partition.",
+    "bus_consumer_lag",
+    "Messages not yet committed (end offset - committed), per group and partition.",
     ["group", "topic", "partition"],
 )
 LAG_SECONDS = _gauge(
-    "bus_consumer_lag_seconds", "Age of the oldest uncommitted message (0 when caught up), per group and partition.",
+    "bus_consumer_lag_seconds",
+    "Age of the oldest uncommitted message (0 when caught up), per group and partition.",
     ["group", "topic", "partition"],
 )
-LAG_UPDATED = _gauge("bus_lag_last_update_timestamp_seconds", "When update_lag last set the lag gauges (unix time).", [])
+LAG_UPDATED = _gauge(
+    "bus_lag_last_update_timestamp_seconds", "When update_lag last set the lag gauges (unix time).", []
+)
 
 
 # -- cheap hot-path helpers: one dict lookup for a cached child, then inc/observe ----------
@@ -282,7 +303,9 @@ def queue_nacked(topic: str) -> None:
 _lag_labels: dict[str, set[tuple[str, str, str]]] = {}
 
 
-async def read_lag(pool: asyncpg.Pool, groups: Iterable[str] | None = None) -> dict[tuple[str, str, str], tuple[int, float]]:
+async def read_lag(
+    pool: asyncpg.Pool, groups: Iterable[str] | None = None
+) -> dict[tuple[str, str, str], tuple[int, float]]:
     """Lag and lag seconds of every partition of every group (or of `groups`), like describe_group.
 
     Partitions without a cursor are measured from the group's recorded start
@@ -349,7 +372,9 @@ class LagUpdater(Actor[UpdateLag]):
 
     mailbox_size = 2
 
-    def __init__(self, pool: asyncpg.Pool, interval: float, groups: Sequence[str] | None = None, scope: str = "") -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, interval: float, groups: Sequence[str] | None = None, scope: str = ""
+    ) -> None:
         self._pool = pool
         self._scope = scope
         self._interval = interval

@@ -1,10 +1,10 @@
 """An asyncio, actor-based message bus backed by PostgreSQL.
 
-    import bus
+import bus
 
-    async with bus.connect() as b:
-        await b.create_topic("orders", partitions=8)
-        await b.publish("orders", {"id": 1}, key="cust-1")
+async with bus.connect() as b:
+    await b.create_topic("orders", partitions=8)
+    await b.publish("orders", {"id": 1}, key="cust-1")
 """
 
 from bus.admin import (

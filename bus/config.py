@@ -65,7 +65,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
             if not 0 < getattr(config, name) <= MAX_SECONDS:  # also refuses NaN and infinity
                 raise ValidationError(f"invalid configuration: {name} must be > 0 (and finite)")
         if config.heartbeat_interval >= config.session_timeout:
-            raise ValidationError("invalid configuration: heartbeat_interval must be shorter than session_timeout")
+            raise ValidationError(
+                "invalid configuration: heartbeat_interval must be shorter than session_timeout"
+            )
         if config.default_start not in ("earliest", "latest"):
             raise ValidationError("invalid configuration: default_start must be 'earliest' or 'latest'")
         if not 0 < config.max_message_bytes <= 1 << 30:
@@ -73,9 +75,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("rebalance_delay", "group_heartbeat_timeout", "claim_ttl", "new_lookback"):
             value = getattr(config, name)
             if value is not None and not 0 <= value <= MAX_SECONDS:
-                raise ValidationError(f"invalid configuration: {name} must be a finite number of seconds >= 0")
+                raise ValidationError(
+                    f"invalid configuration: {name} must be a finite number of seconds >= 0"
+                )
         if not config.cleaner_interval <= MAX_SECONDS:  # <= 0 disables the cleaner; NaN/inf are mistakes
-            raise ValidationError("invalid configuration: cleaner_interval must be finite (0 or less disables it)")
+            raise ValidationError(
+                "invalid configuration: cleaner_interval must be finite (0 or less disables it)"
+            )
         if not 0 <= config.linger <= 10:
             raise ValidationError("invalid configuration: linger must be 0 to 10 seconds (0: no added wait)")
         if not 1 <= config.max_batch <= 100_000 or not 1024 <= config.max_batch_bytes <= 1 << 30:
@@ -83,5 +89,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
                 "invalid configuration: max_batch must be 1 to 100000 messages, max_batch_bytes 1 KiB to 1 GiB"
             )
         if not 0 <= config.pool_min_size <= config.pool_max_size <= 10_000 or config.pool_max_size < 1:
-            raise ValidationError("invalid configuration: need 0 <= pool_min_size <= pool_max_size <= 10000, pool_max_size >= 1")
+            raise ValidationError(
+                "invalid configuration: need 0 <= pool_min_size <= pool_max_size <= 10000, pool_max_size >= 1"
+            )
         return config

@@ -171,7 +171,9 @@ def value(name: str, **labels: str) -> float:
     return 0.0 if found is None else float(found)
 
 
-async def update_lag(b: Bus, groups: Iterable[str] | None = None) -> dict[tuple[str, str, str], tuple[int, float]]:
+async def update_lag(
+    b: Bus, groups: Iterable[str] | None = None
+) -> dict[tuple[str, str, str], tuple[int, float]]:
     """Set the lag gauges of every group of `b`'s schema (or of `groups`) from the database now.
 
     Returns {(group, topic, partition): (lag, lag_seconds)}; the values equal describe_group's.

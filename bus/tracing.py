@@ -131,7 +131,10 @@ def received(operation: str, messages: Sequence[Message], *, group: str | None =
     if len(messages) == 1:
         attributes["messaging.message.id"] = message_id(first.topic, first.partition, first.offset)
     span = _tracer().start_span(
-        f"{operation} {first.topic}", kind=_trace.SpanKind.CONSUMER, attributes=attributes, links=_links(messages)
+        f"{operation} {first.topic}",
+        kind=_trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        links=_links(messages),
     )
     span.end()
 

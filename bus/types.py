@@ -76,7 +76,9 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     def value(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
         """Decode the JSON payload into `type` (any msgspec-supported type)."""
         if self.payload is None:
-            raise ValueError(f"message {self.topic}/{self.partition}@{self.offset} is a tombstone (no payload)")
+            raise ValueError(
+                f"message {self.topic}/{self.partition}@{self.offset} is a tombstone (no payload)"
+            )
         return msgspec.json.decode(self.payload, type=type)
 
 

@@ -109,9 +109,7 @@ async def release(
     return await conn.fetchval(RELEASE, group, partition_id, member_id, epoch, channel) is not None
 
 
-async def commit(
-    conn: Conn, group: str, member_id: str, entries: list[tuple[int, int, int]]
-) -> set[int]:
+async def commit(conn: Conn, group: str, member_id: str, entries: list[tuple[int, int, int]]) -> set[int]:
     """Apply (partition_id, offset, epoch) commits; the set of partition ids that applied."""
     if not entries:
         return set()

@@ -71,5 +71,7 @@ def utf8_text(value: str, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValidationError(f"{what} is not valid Unicode text (it holds a lone surrogate); pass proper str values") from None
+        raise ValidationError(
+            f"{what} is not valid Unicode text (it holds a lone surrogate); pass proper str values"
+        ) from None
     return value

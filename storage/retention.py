@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from storage.db import Conn
+from storage.db import Conn, Connection
 
 # Partitions with something below the watermark, from partition id $1 on.
 SELECT_CANDIDATES = """
@@ -138,7 +138,7 @@ async def clean_some(
 
 
 async def force_complete(
-    conn: asyncpg.Connection, topic: str, older_than: float, *, batch: int = 10_000
+    conn: Connection, topic: str, older_than: float, *, batch: int = 10_000
 ) -> int:
     """Remove the topic's messages older than `older_than` seconds that no live group still needs.
 
