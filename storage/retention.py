@@ -91,7 +91,7 @@ RETURNING g.name
 
 
 async def clean_partition(
-    conn: asyncpg.Connection, partition_id: int, retention_seconds: float, batch: int
+    conn: Connection, partition_id: int, retention_seconds: float, batch: int
 ) -> int:
     """Retire up to `batch` offsets of the partition that are below its watermark and past retention.
 
