@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/bus demo
 
-# The whole suite, chaos and Spark included (what CI runs).
-test: $(STAMP)
+# The whole suite, chaos and Spark included (what CI runs), after the lint gate.
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The quick subset: everything but the slow multi-process, chaos and Spark tests.
@@ -40,7 +40,8 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bus actors storage
-	$(BIN)/mypy bus actors storage
+	$(BIN)/ruff format --check bus actors storage
+	$(BIN)/mypy --strict bus actors storage
 
 clean:
 	rm -rf $(VENV) .bus
