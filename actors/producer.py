@@ -94,6 +94,14 @@ class Prepared:
         self.payloads.append(payload)
         self.nbytes += len(payload or b"") + len(headers or "") + len(key or "")
 
+    def measure(self) -> None:
+        """Set `nbytes` after the lists were filled directly (what `add` does one message at a time)."""
+        self.nbytes = (
+            sum(len(p) for p in self.payloads if p is not None)
+            + sum(len(h) for h in self.headers if h is not None)
+            + sum(len(k) for k in self.keys if k is not None)
+        )
+
     def keyed(self) -> log_sql.Keyed | None:
         """The idempotency side of this call alone, if any message has a key."""
         if self.ikeys is None:

@@ -439,6 +439,9 @@ class Bus:
         last_headers: Any = None
         last_encoded: str | None = None
         ids: dict[str, int] = {}
+        # The per-message loop of publish_many: local names, no per-message method calls of our own.
+        names, keys, heads, datas = out.names, out.keys, out.headers, out.payloads
+        choose = self._choose_partition
         for item in messages:
             msg = item if type(item) is Outgoing else Outgoing(item)
             key = validate_key(msg.key)
@@ -450,8 +453,17 @@ class Bus:
             else:
                 head = last_encoded = encode_headers(msg.headers)
                 last_headers = msg.headers
-            ikey = validate_idempotency_key(msg.idempotency_key)
-            out.add(self._choose_partition(info, msg.partition, key), key, head, data, ikey)
+            if msg.idempotency_key is not None:
+                if out.ikeys is None:
+                    out.ikeys = [None] * len(names)
+                out.ikeys.append(validate_idempotency_key(msg.idempotency_key))
+            elif out.ikeys is not None:
+                out.ikeys.append(None)
+            names.append(choose(info, msg.partition, key))
+            keys.append(key)
+            heads.append(head)
+            datas.append(data)
+        out.measure()
         for name in dict.fromkeys(out.names):
             pid = self._partition_ids.get((info.name, name))
             if pid is None:
