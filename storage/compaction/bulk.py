@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import asyncpg
+from storage import db
 
 # $1 partition id, $2 rows, $3 distinct keys, $4 payload bytes, $5 every n-th row is a
 # tombstone (0: none), $6 created_at of the first row, $7 seconds between rows.
@@ -29,7 +29,7 @@ BUMP_NEXT_OFFSET = "UPDATE partitions SET next_offset = next_offset + $2 WHERE i
 
 
 async def bulk_append(
-    conn: asyncpg.Connection,
+    conn: db.Connection,
     partition_id: int,
     rows: int,
     *,
