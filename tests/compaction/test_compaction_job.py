@@ -272,13 +272,13 @@ async def test_rows_held_back_by_a_reset_between_archive_and_delete_are_archived
 
 
 # Test-only: rebuild this schema's `messages` as a declarative partitioned
-# table (offset-range segments, ctids per leaf), as segment storage does.
+# table by offset range (ctids per leaf), whatever layout it had before.
 PARTITION_MESSAGES = """
 DROP VIEW compaction_removable;
 ALTER TABLE messages RENAME TO messages_plain;
 CREATE TABLE messages (LIKE messages_plain INCLUDING DEFAULTS) PARTITION BY RANGE ("offset");
-ALTER TABLE messages ADD PRIMARY KEY (partition_id, "offset");
-CREATE INDEX ON messages (partition_id, created_at);
+ALTER TABLE messages ADD CONSTRAINT messages_by_offset_pkey PRIMARY KEY (partition_id, "offset");
+CREATE INDEX messages_by_offset_created ON messages (partition_id, created_at);
 CREATE TABLE messages_seg0 PARTITION OF messages FOR VALUES FROM (0) TO (400);
 CREATE TABLE messages_seg1 PARTITION OF messages FOR VALUES FROM (400) TO (1000);
 CREATE TABLE messages_rest PARTITION OF messages DEFAULT;
