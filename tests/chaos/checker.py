@@ -34,7 +34,8 @@ processes run on one host, so their clocks agree):
    the payload the producer wrote at that offset; in a group with a dead-letter
    topic a poison message must be dead-lettered instead (and nothing else);
 2. order: within one member run (pid, member id, generation, partition), offsets
-   go up by exactly one (skipping only dead-lettered poison; event-store
+   go up by exactly one (skipping only dead-lettered poison, or offsets another
+   member handled meanwhile: the partition left and came back; event-store
    positions only go up; queue jobs have no order); a step back starts a new run
    (a re-read from the committed offset), anything else is a skip or a reorder;
 3. committed offsets never move backwards;
@@ -459,6 +460,11 @@ def _check_order(h: History, r: Report) -> None:
     for d in h.deliveries:
         runs[(d.group, d.pid, d.member, d.generation, d.topic, d.partition)].append(d)
     poison_at = {(a.topic, a.partition, a.offset) for a in h.acks if a.msg_id in h.poison}
+    # When each offset was handled by anyone of the group: a partition may leave a member
+    # (its lease lost) and come back within one generation, its offsets handled elsewhere.
+    handled: dict[tuple[str, str, str, int], list[float]] = defaultdict(list)
+    for d in h.deliveries:
+        handled[(d.group, d.topic, d.partition, d.offset)].append(d.t)
     for key, ds in runs.items():
         g, pid, member, gen, topic, part = key
         pattern = h.patterns.get(g, "")
@@ -470,8 +476,12 @@ def _check_order(h: History, r: Report) -> None:
             if cur.offset <= prev.offset:
                 r.rewinds += 1
             elif cur.offset != prev.offset + 1 and pattern not in SPARSE:
-                if all((topic, part, o) in skippable for o in range(prev.offset + 1, cur.offset)):
-                    continue
+                if all(
+                    (topic, part, o) in skippable
+                    or any(prev.t <= t <= cur.t for t in handled[(g, topic, part, o)])
+                    for o in range(prev.offset + 1, cur.offset)
+                ):
+                    continue  # dead-lettered poison, or handled by another member meanwhile
                 r.violate(
                     g,
                     f"order: {g} {topic}/{part} pid {pid} member {member} generation {gen} went "

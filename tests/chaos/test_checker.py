@@ -331,3 +331,16 @@ def test_the_recordings_read_back_into_a_history(tmp_path: Path) -> None:
     assert fenced.start == 101.5 - 3.0  # a fence comes up to a session after the member fell silent
     assert h.user_acks == [UserAck("g-claims", "orders", "0", 0, "p-0", 7, 3, 102.0)]
     assert h.counters[("g-tx", "rolled_back")] == 1 and h.breaches == ["T-0-1: ack() returned silently"]
+
+
+def test_a_partition_that_left_and_came_back_within_one_generation_is_not_a_skip() -> None:
+    # m1 handled 0..1, lost the lease, m2 handled 2..3, m1 took it back at 4 (same generation).
+    ds = (
+        _deliver([0, 1], t0=100.0)
+        + _deliver([2, 3], pid=2, member="m2", t0=101.0)
+        + [replace(d, seq=d.seq + 2) for d in _deliver([4], t0=102.0)]
+    )
+    assert check(_history(ds)).ok
+    late = _deliver([0, 1], t0=100.0) + [replace(d, seq=d.seq + 2) for d in _deliver([4], t0=100.5)]
+    late += _deliver([2, 3], pid=2, member="m2", t0=101.0)  # handled only after m1 jumped ahead
+    assert any(v.startswith("order:") and "1 -> 4" in v for v in check(_history(late)).violations)
