@@ -782,9 +782,8 @@ class EventStore:
                         return 0
                     window = min(self._windows.get(key, _FIRST_WINDOW), self.discovery_batch)
                     upto = min(last, scanned + window)
-                    created = await conn.fetchval(
-                        sql.DISCOVER_PARTITIONS, self.name, group, names, scanned, upto, union
-                    )
+                    discover = sql.DISCOVER_PARTITIONS if len(names) > 1 else sql.DISCOVER_PARTITIONS_ONE
+                    created = await conn.fetchval(discover, self.name, group, names, scanned, upto, union)
                     await conn.execute(sql.BUMP_HINTS, self.name, group, names, scanned, upto, union)
                     if created and len(names) > 1:
                         await conn.execute(sql.LOOKBACK_HINTS, self.name, created, union, scanned)

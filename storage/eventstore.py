@@ -224,6 +224,28 @@ WITH found AS (
 SELECT coalesce(array_agg(id), '{}') FROM ins
 """
 
+# DISCOVER_PARTITIONS for a partition_by of one attribute: an event carries
+# at most one value of it, so the partitions are the window's distinct values
+# (one hash aggregate, no per-event arrays).
+DISCOVER_PARTITIONS_ONE = """
+WITH found AS (
+    SELECT a.value, min(a.position) FILTER (WHERE a.tag = ANY($6::text[])) AS first
+    FROM es_attributes a
+    WHERE a.store = $1 AND a.position > $4 AND a.position <= $5 AND a.name = ($3::text[])[1]
+    GROUP BY a.value
+), ins AS (
+    INSERT INTO es_offsets (store, group_name, names, vals, partition_key, next_position)
+    SELECT $1, $2, $3::text[], ARRAY[f.value], ($3::text[])[1] || ':' || f.value, f.first
+    FROM found f
+    ON CONFLICT (store, group_name, names, vals) DO NOTHING
+    RETURNING id, vals
+), keys AS (
+    INSERT INTO es_offset_keys (offset_id, store, group_name, name, value)
+    SELECT ins.id, $1, $2, ($3::text[])[1], ins.vals[1] FROM ins
+)
+SELECT coalesce(array_agg(id), '{}') FROM ins
+"""
+
 # New cursors ($2 ids) of a partition_by with several attributes: an event
 # before the window ($4 = scanned) may share some of their pairs (a
 # CourseCreated before the first UserJoinedCourse of the course): lower the
