@@ -15,6 +15,7 @@ member, started and stopped as leadership moves.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +66,9 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         self._notifier = notifier
         self._members: dict[tuple[str, str], ActorRef[CoordinatorMessage]] = {}
         self._rebalancers: dict[str, tuple[str, ActorRef[RebalancerMessage]]] = {}
-        self._stopping: set[ActorRef[RebalancerMessage]] = (
-            set()
-        )  # rebalancers being stopped (see _leadership)
+        # Rebalancers being stopped (see _leadership); a successor may start meanwhile, so names are numbered.
+        self._stopping: set[ActorRef[RebalancerMessage]] = set()
+        self._rebalancer_names = itertools.count()
         self._supervisor: Supervisor | None = None
         self._log = get_logger(__name__, actor="heartbeat")
 
@@ -186,6 +187,6 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
                 topics_channel=self.config.topics_channel,
                 check_interval=check,
             ),
-            f"rebalancer-{group}-{id(object())}",
+            f"rebalancer-{group}-{next(self._rebalancer_names)}",
         )
         self._rebalancers[group] = (leader, ref)

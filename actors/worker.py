@@ -195,6 +195,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                     # The database is away (restart, failover, dropped connection):
                     # the next tick retries; the lease, if it ran out, is re-taken.
                     self._log.warning("fetch_failed", error=repr(exc))
+                    self._resume_from_committed()
             case Seek(offset=offset):
                 if self._epoch is not None and not self._sink.handler_mode:
                     self._sink.revoked(self.spec.partition_id, self._epoch)
@@ -208,6 +209,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                     await self._retry_due(epoch)
                 except TRANSIENT_ERRORS as exc:
                     self._log.warning("retry_failed", error=repr(exc))
+                    self._resume_from_committed()
         return None
 
     async def _rewind(self) -> bool:
@@ -307,6 +309,17 @@ class PartitionWorker(Actor[WorkerMessage]):
         self._pending = None
         self._cancel_retry()
         self._coordinator.signal(LeaseLost(self.spec.partition_id))
+
+    def _resume_from_committed(self) -> None:
+        """Handler mode, after a database error in the middle of a batch: start again at the last commit.
+
+        The position already points past the fetched batch; whatever of it was
+        not handled and committed (a handler, a dead-letter publish or a commit
+        failed on the lost connection) must come again, not be skipped.
+        """
+        if self._sink.handler_mode:
+            self._cancel_retry()
+            self._position = self._committed
 
     def _cancel_retry(self) -> None:
         self._retry = None

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
+
 import bus
+from storage import leases
 from tests.groups.helpers import eventually
 
 
@@ -236,3 +239,40 @@ async def test_a_revoke_never_waits_behind_a_handlers_retry_backoff(connect, fas
     sub2 = await b.subscribe("g", fixed, topics=["t"])
     await eventually(lambda: again == [2, 3])
     await sub2.stop()
+
+
+async def test_a_database_error_in_the_middle_of_a_batch_resumes_from_the_last_commit(
+    connect, fast, monkeypatch
+) -> None:
+    """The worker's position points past the fetched batch while the handler runs; when the connection
+    is lost mid-batch (here: the commit before a retry), the unhandled rest must come again, not be skipped."""
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=1)
+    await b.publish_many("t", [bus.Outgoing({"i": i}) for i in range(10)])
+    handled: list[int] = []
+    tripped = False
+    commit = leases.commit
+
+    async def commit_losing_the_connection_once(*args: object, **kwargs: object) -> set[int]:
+        nonlocal tripped
+        if failing and not tripped:
+            tripped = True
+            raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+        return await commit(*args, **kwargs)  # type: ignore[arg-type]
+
+    failing = False
+
+    async def handler(m: bus.Message) -> None:
+        nonlocal failing
+        i = m.value(dict)["i"]
+        if i == 3 and not failing:
+            failing = True  # the commit of 0..2 before the retry loses its connection
+            raise RuntimeError("try again")
+        handled.append(i)
+
+    monkeypatch.setattr(leases, "commit", commit_losing_the_connection_once)
+    sub = await b.subscribe("g", handler, topics=["t"], retry=bus.Retry(max_attempts=5, backoff=0.05))
+    await eventually(lambda: sorted(set(handled)) == list(range(10)), timeout=30)
+    await sub.stop()
+    assert tripped
+    assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name = 'g'") == 10
