@@ -18,20 +18,43 @@ class _Logger:
 
     `import bus` then costs no structlog import (nor what structlog imports
     itself, such as rich when it is installed): the first logged event pays.
+
+    While the service has not configured structlog, events go to the stdlib
+    logger as plain `key=value` text with plain tracebacks, not through
+    structlog's development defaults: those render exceptions with rich and
+    their locals, which can hold a busy event loop for seconds (after a
+    database restart every actor logs at once). Once the service configures
+    structlog, its processors apply to our events.
     """
 
-    __slots__ = ("_name", "_context", "_logger")
+    __slots__ = ("_name", "_context", "_logger", "_configured")
 
     def __init__(self, name: str, context: dict[str, Any]) -> None:
         self._name = name
         self._context = context
         self._logger: Any = None
+        self._configured = False
 
     def __getattr__(self, attribute: str) -> Any:
-        if self._logger is None:
-            import structlog
+        import structlog
 
-            self._logger = structlog.wrap_logger(logging.getLogger(self._name), **self._context)
+        configured = structlog.is_configured()
+        if self._logger is None or configured != self._configured:
+            stdlib_logger = logging.getLogger(self._name)
+            if configured:
+                self._logger = structlog.wrap_logger(stdlib_logger, **self._context)
+            else:
+                self._logger = structlog.wrap_logger(
+                    stdlib_logger,
+                    processors=[
+                        structlog.stdlib.filter_by_level,
+                        # exc_info is passed on: the stdlib handler prints the plain traceback.
+                        structlog.processors.KeyValueRenderer(key_order=["event"], drop_missing=True),
+                    ],
+                    wrapper_class=structlog.stdlib.BoundLogger,
+                    **self._context,
+                )
+            self._configured = configured
         return getattr(self._logger, attribute)
 
 

@@ -102,3 +102,28 @@ async def test_library_events_carry_their_bound_context(dsn: str) -> None:
     assert [e["version"] for e in applied] == sorted(e["version"] for e in applied)
     assert all(e["schema"] == schema and e["name"] for e in applied)
     assert any(e["event"] == "bus_connected" and e["schema"] == schema for e in events)
+
+
+def test_without_structlog_configured_events_are_plain_text_with_plain_tracebacks() -> None:
+    """structlog's development defaults render exceptions with rich and their locals, which held a
+    busy event loop for seconds; the library's events go to stdlib logging as plain text instead."""
+    import subprocess
+
+    probe = textwrap.dedent(
+        """
+        import logging, sys
+        from storage.logs import get_logger
+        logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(levelname)s %(message)s")
+        log = get_logger("bus.probe", group="g")
+        log.debug("hidden")
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            log.exception("boom", partition="3")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "ERROR event='boom'" in out and "group='g'" in out and "partition='3'" in out
+    assert "Traceback (most recent call last)" in out and "ZeroDivisionError" in out
+    assert out.count("Traceback (most recent call last)") == 1
+    assert "hidden" not in out
