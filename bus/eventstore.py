@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import asyncpg
 import msgspec
 
+from bus import tracing
 from storage import db
 from storage import eventstore as sql
 from storage.errors import (
@@ -643,6 +644,7 @@ class EventStore:
         value = dict(zip(names, row["vals"], strict=True))
         messages = [_positioned(r) for r in rows]
         conditions = [c for cls in classes for c in cls.to_conditions(**value)]
+        tracing.claimed_events(self.name, group, row["partition_key"], len(messages))
         return EventClaim(
             offset_id=row["id"],
             partition_key=row["partition_key"],

@@ -139,6 +139,26 @@ def received(operation: str, messages: Sequence[Message], *, group: str | None =
     span.end()
 
 
+def claimed_events(store: str, group: str, partition_key: str, count: int) -> None:
+    """Record one CONSUMER span for an event-store claim (events carry no publisher context to link)."""
+    if not ENABLED or not count:
+        return
+    span = _tracer().start_span(
+        f"claim {store}",
+        kind=_trace.SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "receive",
+            "messaging.operation.name": "claim_next",
+            "messaging.destination.name": store,
+            "messaging.destination.partition.id": partition_key,
+            "messaging.consumer.group.name": group,
+            "messaging.batch.message_count": count,
+        },
+    )
+    span.end()
+
+
 @contextmanager
 def processing(message: Message, group: str) -> Iterator[None]:
     """A CONSUMER span around a handler: child of the publisher's context, linked to it too."""

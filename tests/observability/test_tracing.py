@@ -118,3 +118,19 @@ async def test_claims_and_queue_takes_record_spans_linked_to_their_publishers(
         assert [link.context.span_id for link in span.links] == [finished[publish].context.span_id]
         assert span.attributes["messaging.batch.message_count"] == 1
     assert finished["claim orders"].attributes["messaging.consumer.group.name"] == "reporting"
+
+
+async def test_an_event_store_claim_records_a_span(connect, fast, spans: InMemorySpanExporter) -> None:
+    b = await connect(**fast)
+
+    class Opened(bus.Event, tag="tracing.opened"):
+        account: str
+
+    store = b.event_store("accounts")
+    await store.append([Opened(account="a-1"), Opened(account="a-1")])
+    await store.register_group("audit")
+    claim = await store.claim_next("audit", partition_by=["account"], handled_types=[Opened], worker_id="w-1")
+    assert claim is not None
+    span = next(s for s in spans.get_finished_spans() if s.name == "claim accounts")
+    assert span.attributes["messaging.consumer.group.name"] == "audit"
+    assert span.attributes["messaging.batch.message_count"] == 2
