@@ -110,6 +110,23 @@ WITH locked AS (
 SELECT b.id, b.base, ts.at FROM bumped b CROSS JOIN ts
 """
 
+# APPEND for an input of one partition (the common flush): no lock-ordering
+# step (one row cannot deadlock), the offsets follow input order.
+# $1 partition id, $2..$4 key, headers, payload arrays.
+APPEND_ONE = """
+WITH p AS (
+    UPDATE partitions SET next_offset = next_offset + cardinality($4::bytea[]) WHERE id = $1
+    RETURNING next_offset - cardinality($4::bytea[]) AS base
+), ts AS (
+    SELECT clock_timestamp() AS at
+), m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT $1, p.base + u.i - 1, u.k, u.h::jsonb, u.p, ts.at
+    FROM p CROSS JOIN ts CROSS JOIN unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, i)
+)
+SELECT p.base, ts.at FROM p CROSS JOIN ts
+"""
+
 # APPEND for inputs that include queue topics: a message of a
 # `semantics='queue'` topic also gets its job row, in the same statement.
 APPEND_QUEUE = """
@@ -230,6 +247,13 @@ async def _append(
     payloads: list[bytes | None],
 ) -> list[Placed | None]:
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
+    if statement is APPEND and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
+        pid = partition_ids[0]
+        row = await conn.fetchrow(APPEND_ONE, pid, keys, headers, payloads)
+        if row is None:  # the partition no longer exists
+            return [None] * len(partition_ids)
+        first, at = row[0], row[1]
+        return [(pid, first + i, at, None) for i in range(len(partition_ids))]
     index: list[int] = []
     counts: dict[int, int] = {}
     for pid in partition_ids:

@@ -251,3 +251,25 @@ async def test_one_wake_up_per_flush(b: bus.Bus, dsn: str, schema: str) -> None:
 async def test_bad_producer_settings_are_refused(connect: Connect, kwargs: dict[str, Any]) -> None:
     with pytest.raises(bus.ValidationError, match="max_batch|linger"):
         await connect(**kwargs)
+
+
+async def test_a_topic_deleted_elsewhere_fails_only_its_callers(connect: Connect) -> None:
+    b = await connect()
+    other = await connect()
+    await b.create_topic("gone", partitions=2)
+    await b.create_topic("kept")
+    await b.publish("gone", b"x", partition=0)
+    await b.publish("gone", b"x", partition=1)
+    await other.delete_topic("gone")
+    results = await asyncio.gather(
+        b.publish("gone", b"y", partition=0),
+        b.publish_many("gone", [bus.Outgoing(b"y", partition="0"), bus.Outgoing(b"y", partition="1")]),
+        b.publish("kept", b"z"),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], bus.TopicNotFoundError)
+    assert isinstance(results[1], bus.TopicNotFoundError)
+    assert isinstance(results[2], bus.Record)
+    # Created again (elsewhere): the next publish finds the new partitions.
+    await other.create_topic("gone", partitions=2)
+    assert (await b.publish("gone", b"again", partition=0)).offset == 0
