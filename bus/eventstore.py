@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -56,7 +56,7 @@ import msgspec
 
 from bus import tracing
 from storage import db
-from storage import eventstore as sql
+from storage import eventstore as es_storage
 from storage.errors import (
     ConcurrentAppendError,
     GroupNotFoundError,
@@ -74,11 +74,6 @@ log = get_logger(__name__)
 _WORKER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@=-]{0,199}")
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@=-]{0,199}")
 _MAX_INDEXED_CHARS = 1000
-# Claims whose hint turned out too low are skipped in a loop; this bounds it.
-_MAX_EMPTY_CLAIMS = 1000
-# How many times one claim_next puts back a partition whose hint was too low
-# (to hand out the truly earliest one) before it settles for what it holds.
-_MAX_REFINEMENTS = 8
 _MAX_REMEMBERED_CLAIMS = 10_000
 # Discovery steps: the first window (positions) a store object tries, the
 # smallest it adapts down to, and the time a step aims at.
@@ -464,11 +459,11 @@ class EventStore:
             return []
         with db.translate_errors():
             if guard is None or not guard.conditions:
-                rows = await sql.append(self._pool, self.name, tags, payloads, attrs)
+                rows = await es_storage.append(self._pool, self.name, tags, payloads, attrs)
             else:
                 validate_offset(guard.position, "guard position")
                 conditions = _condition_arrays(guard.conditions)
-                rows, conflict = await sql.append_guarded(
+                rows, conflict = await es_storage.append_guarded(
                     self._pool, self.name, tags, payloads, attrs, conditions, guard.position
                 )
                 if conflict is not None:
@@ -484,23 +479,23 @@ class EventStore:
             _positive_int(limit, "limit")
         with db.translate_errors():
             if conditions is None:
-                rows = await self._pool.fetch(sql.READ_ALL, self.name, after, limit)
+                rows = await es_storage.read_all(self._pool, self.name, after, limit)
             else:
                 arrays = _condition_arrays(conditions)
                 if not arrays[0]:
                     return []
-                rows = await self._pool.fetch(sql.READ_MATCHING, self.name, after, *arrays, limit)
+                rows = await es_storage.read_matching(self._pool, self.name, after, arrays, limit)
         return [_positioned(r) for r in rows]
 
     async def last_position(self) -> int:
         """The position of the last committed event (0 when the store is empty)."""
         with db.translate_errors():
-            return int(await self._pool.fetchval(sql.LAST_POSITION, self.name))
+            return await es_storage.last_position(self._pool, self.name)
 
     async def clear(self) -> None:
         """Delete the whole store: events, attribute index, groups, cursors. Not undoable."""
         with db.translate_errors():
-            await self._pool.execute(sql.CLEAR_STORE, self.name)
+            await es_storage.clear(self._pool, self.name)
         self._log.info("event_store_cleared")
 
     # -- consumer groups -----------------------------------------------------------
@@ -515,7 +510,7 @@ class EventStore:
         _positive_int(max_attempts, "max_attempts")
         backoff = _seconds(retry_backoff, "retry_backoff")
         with db.translate_errors():
-            await self._pool.execute(sql.REGISTER_GROUP, self.name, group, max_attempts, backoff)
+            await es_storage.register_group(self._pool, self.name, group, max_attempts, backoff)
 
     async def group_active(self, group: str) -> bool:
         """True if the group exists and is active (False when stopped, failed, or unknown)."""
@@ -525,62 +520,61 @@ class EventStore:
         """'active', 'stopped' or 'failed'; None if the group does not exist."""
         validate_name(group, "group name")
         with db.translate_errors():
-            row = await self._pool.fetchrow(sql.GROUP_ROW, self.name, group)
-        return None if row is None else str(row["status"])
+            row = await es_storage.group_row(self._pool, self.name, group)
+        return None if row is None else row.status
 
     async def group_error(self, group: str) -> dict[str, Any] | None:
         """Why the group failed (partition, error, attempts, when); None unless it failed."""
         validate_name(group, "group name")
         with db.translate_errors():
-            row = await self._pool.fetchrow(sql.GROUP_ROW, self.name, group)
+            row = await es_storage.group_row(self._pool, self.name, group)
         if row is None:
             raise _group_not_found(self.name, group)
-        return None if row["error_context"] is None else msgspec.json.decode(row["error_context"])
+        return None if row.error_context is None else msgspec.json.decode(row.error_context)
 
     async def stop_group(self, group: str) -> None:
         """Stop the group: claim_next returns None until start_group. Claims already out stay valid."""
-        await self._group_update(sql.STOP_GROUP, group)
+        await self._group_update(es_storage.stop_group, group)
         self._log.info("event_group_stopped", group=group)
 
     async def start_group(self, group: str) -> None:
         """(Re)activate the group; a failed group's error is cleared and its partitions' attempts restart."""
-        await self._group_update(sql.START_GROUP, group)
+        await self._group_update(es_storage.start_group, group)
         self._log.info("event_group_started", group=group)
 
     async def reset_group(self, group: str) -> None:
         """Delete every cursor of the group: it reprocesses the store from the beginning."""
-        await self._group_update(sql.RESET_GROUP, group)
+        await self._group_update(es_storage.reset_group, group)
         self._log.info("event_group_reset", group=group)
 
     async def delete_group(self, group: str) -> None:
         """Delete the group and its cursors."""
-        await self._group_update(sql.DELETE_GROUP, group)
+        await self._group_update(es_storage.delete_group, group)
         self._log.info("event_group_deleted", group=group)
 
-    async def _group_update(self, statement: str, group: str) -> None:
+    async def _group_update(self, change: Callable[[db.Conn, str, str], Awaitable[bool]], group: str) -> None:
         validate_name(group, "group name")
         with db.translate_errors():
-            async with self._pool.acquire() as conn, conn.transaction():
-                found = await conn.fetchval(statement, self.name, group)
-        if found is None:
+            found = await change(self._pool, self.name, group)
+        if not found:
             raise _group_not_found(self.name, group)
 
     async def partitions(self, group: str) -> list[PartitionCursor]:
         """The group's cursors, one per discovered partition (inspection and tests)."""
         validate_name(group, "group name")
         with db.translate_errors():
-            rows = await self._pool.fetch(sql.GROUP_OFFSETS, self.name, group)
+            rows = await es_storage.group_offsets(self._pool, self.name, group)
         return [
             PartitionCursor(
-                offset_id=r["id"],
-                partition_key=r["partition_key"],
-                partition_value=dict(zip(r["names"], r["vals"], strict=True)),
-                position=r["position"],
-                claimed_by=r["claimed_by"],
-                claimed_at=r["claimed_at"],
-                attempts=r["attempts"],
-                retry_at=r["retry_at"],
-                last_error=r["last_error"],
+                offset_id=r.offset_id,
+                partition_key=r.partition_key,
+                partition_value=dict(zip(r.names, r.vals, strict=True)),
+                position=r.position,
+                claimed_by=r.claimed_by,
+                claimed_at=r.claimed_at,
+                attempts=r.attempts,
+                retry_at=r.retry_at,
+                last_error=r.last_error,
             )
             for r in rows
         ]
@@ -617,17 +611,17 @@ class EventStore:
         ttl = float(self._bus.config.claim_ttl)
         started = time.monotonic()
         with db.translate_errors():
-            state = await sql.claim_state(self._pool, self.name, group, names)
-            if state["status"] is None:
+            state = await es_storage.claim_state(self._pool, self.name, group, names)
+            if state.status is None:
                 raise _group_not_found(self.name, group)
-            if state["status"] != "active":
+            if state.status != "active":
                 return None
-            union: list[str] | None = state["handled_tags"]
+            union = state.handled_tags
             left = 0
             if union is None or not set(tags).issubset(union):
                 union = await self._add_handled_tags(group, names, tags)
                 left = await self._discover(group, names, budget=self.discovery_budget)
-            elif state["upto"] > state["scanned"]:
+            elif state.upto > state.scanned:
                 left = await self._discover(group, names, budget=self.discovery_budget)
             claimed = await self._claim(group, names, worker, ttl, set(tags), union, max_messages)
             # Nothing claimable among the partitions found so far, and the log is
@@ -640,18 +634,17 @@ class EventStore:
                 claimed = await self._claim(group, names, worker, ttl, set(tags), union, max_messages)
         if claimed is None:
             return None
-        row, rows = claimed
-        value = dict(zip(names, row["vals"], strict=True))
-        messages = [_positioned(r) for r in rows]
+        value = dict(zip(names, claimed.vals, strict=True))
+        messages = [_positioned(r) for r in claimed.events]
         conditions = [c for cls in classes for c in cls.to_conditions(**value)]
-        tracing.claimed_events(self.name, group, row["partition_key"], len(messages))
+        tracing.claimed_events(self.name, group, claimed.partition_key, len(messages))
         return EventClaim(
-            offset_id=row["id"],
-            partition_key=row["partition_key"],
+            offset_id=claimed.offset_id,
+            partition_key=claimed.partition_key,
             partition_value=value,
             messages=messages,
             guard=Guard(conditions, messages[-1].position),
-            attempts=row["attempts"],
+            attempts=claimed.attempts,
         )
 
     async def _claim(
@@ -663,59 +656,17 @@ class EventStore:
         handled: set[str],
         union: list[str],
         max_messages: int,
-    ) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
-        """Take the partition with the earliest pending event; it and its events of the `handled` types.
+    ) -> es_storage.ClaimedPartition | None:
+        """Take the partition with the earliest pending event of the group (see storage's `claim`).
 
-        Hints count the events of every type the group handles (`union`), so
-        the fetch reads those too: that is what tells "nothing pending for the
-        group" (clear the hint) from "pending only for other workers of the
-        group, which handle more types" (leave it to them: skipped this call).
+        Remembers the bounds of what the claim read, for its ack.
         """
-        narrow = not handled.issuperset(union)
-        skipped: list[int] = []
-        refinements = 0
-        async with self._pool.acquire() as conn:
-            for _ in range(_MAX_EMPTY_CLAIMS):
-                # The claim and the fetch commit together: a claim whose events never
-                # reached the worker (a lost connection, any error) rolls back, instead
-                # of staying held by a worker whose heartbeats would keep it forever.
-                async with conn.transaction():
-                    row = await conn.fetchrow(
-                        sql.CLAIM_PARTITION, self.name, group, names, worker, ttl, skipped
-                    )
-                    if row is None:
-                        return None
-                    rows = await conn.fetch(
-                        sql.FETCH_PARTITION,
-                        self.name,
-                        names,
-                        row["vals"],
-                        row["position"],
-                        union,
-                        max_messages + 1,
-                    )
-                    if not rows:
-                        await conn.execute(sql.RELEASE_EMPTY, row["id"], worker)
-                        continue
-                    if rows[0]["position"] > row["next_position"] and refinements < _MAX_REFINEMENTS:
-                        # Another partition may have an earlier pending event: put this
-                        # one back under its exact position and pick again.
-                        refinements += 1
-                        await conn.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
-                        continue
-                    more = len(rows) > max_messages
-                    rows = rows[:max_messages]
-                    mine = [r for r in rows if r["tag"] in handled] if narrow else rows
-                    if not mine:
-                        # Pending, but only events other workers of the group handle.
-                        await conn.execute(sql.REQUEUE_EXACT, row["id"], worker, rows[0]["position"])
-                        skipped.append(row["id"])
-                        continue
-                # The bounds of what was read, not of what is handed out: the ack
-                # must not clear a hint that still covers other workers' events.
-                self._remember_claim(row["id"], rows[-1]["position"], more)
-                return row, mine
-        return None
+        claimed = await es_storage.claim(
+            self._pool, self.name, group, names, worker, ttl, handled, union, max_messages
+        )
+        if claimed is not None:
+            self._remember_claim(claimed.offset_id, claimed.last_read, claimed.more)
+        return claimed
 
     def _remember_claim(self, offset_id: int, last: int, more: bool) -> None:
         self._claims.pop(offset_id, None)
@@ -725,12 +676,11 @@ class EventStore:
 
     async def _add_handled_tags(self, group: str, names: list[str], tags: list[str]) -> list[str]:
         """Add a call's handled types to the group's union (a new type makes discovery rescan); the union."""
-        try:
-            union = await self._pool.fetchval(sql.ADD_HANDLED_TAGS, self.name, group, names, tags)
-        except asyncpg.ForeignKeyViolationError:
-            raise _group_not_found(self.name, group) from None
+        union = await es_storage.add_handled_tags(self._pool, self.name, group, names, tags)
+        if union is None:
+            raise _group_not_found(self.name, group)
         self._log.info("event_group_handled_types", group=group, partition_by=names, handled=union)
-        return list(union)
+        return union
 
     async def discover(
         self,
@@ -751,10 +701,10 @@ class EventStore:
         tags = [str(c.__event_tag__) for c in _handled_classes(handled_types)]
         seconds = None if budget is None else _seconds(budget, "budget")
         with db.translate_errors():
-            state = await sql.claim_state(self._pool, self.name, group, names)
-            if state["status"] is None:
+            state = await es_storage.claim_state(self._pool, self.name, group, names)
+            if state.status is None:
                 raise _group_not_found(self.name, group)
-            union = state["handled_tags"]
+            union = state.handled_tags
             if union is None or not set(tags).issubset(union):
                 await self._add_handled_tags(group, names, tags)
             return await self._discover(group, names, budget=seconds)
@@ -771,42 +721,31 @@ class EventStore:
         started = time.monotonic()
         step_seconds = _STEP_SECONDS if budget is not None else _BULK_STEP_SECONDS
         key = (group, tuple(names), budget is None)
+        # One connection for every step (a pool connection's release costs a round trip).
         async with self._pool.acquire() as conn:
             while True:
                 step_started = time.monotonic()
-                async with conn.transaction():
-                    scan = await conn.fetchrow(sql.LOCK_SCAN, self.name, group, names)
-                    if scan is None:  # the group was reset or deleted meanwhile
-                        return 0
-                    scanned, union = scan["scanned"], scan["handled_tags"]
-                    last = await conn.fetchval(sql.LAST_POSITION, self.name)
-                    if last <= scanned:
-                        return 0
-                    window = min(self._windows.get(key, _FIRST_WINDOW), self.discovery_batch)
-                    upto = min(last, scanned + window)
-                    discover = sql.DISCOVER_PARTITIONS if len(names) > 1 else sql.DISCOVER_PARTITIONS_ONE
-                    created = await conn.fetchval(discover, self.name, group, names, scanned, upto, union)
-                    await conn.execute(sql.BUMP_HINTS, self.name, group, names, scanned, upto, union)
-                    if created and len(names) > 1:
-                        await conn.execute(sql.LOOKBACK_HINTS, self.name, created, union, scanned)
-                    await conn.execute(sql.SET_SCANNED, self.name, group, names, upto)
+                window = min(self._windows.get(key, _FIRST_WINDOW), self.discovery_batch)
+                step = await es_storage.discover_step(conn, self.name, group, names, window)
+                if step is None:  # caught up (or the group was reset or deleted meanwhile)
+                    return 0
                 now = time.monotonic()
                 # Keep a step near _STEP_SECONDS: its cost grows with the window
                 # (mostly with the new partitions in it) over a fixed overhead.
                 took = now - step_started
-                if took < step_seconds / 2 and upto - scanned == window:
+                if took < step_seconds / 2 and step.upto - step.scanned == window:
                     window *= 2
                 elif took > step_seconds * 2:
                     window //= 2
                 self._windows[key] = max(_MIN_WINDOW, min(self.discovery_batch, window))
-                if created:
+                if step.created:
                     self._log.debug(
-                        "event_partitions_discovered", group=group, count=len(created), scanned=upto
+                        "event_partitions_discovered", group=group, count=step.created, scanned=step.upto
                     )
-                if upto >= last:
+                if step.upto >= step.last:
                     return 0
                 if budget is not None and now - started >= budget:
-                    return int(last - upto)
+                    return step.last - step.upto
 
     async def ack(self, group: str, offset_id: int, position: int, *, worker_id: str | None = None) -> None:
         """Advance the partition's cursor to `position` (never backwards) and release the claim.
@@ -819,10 +758,8 @@ class EventStore:
         worker = None if worker_id is None else _worker(worker_id)
         last, more = self._claims.pop(offset_id, (None, None))
         with db.translate_errors():
-            done = await self._pool.fetchval(
-                sql.ACK, self.name, group, offset_id, position, worker, last, more
-            )
-        if done is None:
+            done = await es_storage.ack(self._pool, self.name, group, offset_id, position, worker, last, more)
+        if not done:
             await self._explain_missing(group, offset_id, worker)
 
     async def release(self, group: str, offset_id: int, *, worker_id: str | None = None) -> None:
@@ -832,8 +769,8 @@ class EventStore:
         worker = None if worker_id is None else _worker(worker_id)
         self._claims.pop(offset_id, None)
         with db.translate_errors():
-            done = await self._pool.fetchval(sql.RELEASE, self.name, group, offset_id, worker)
-        if done is None:
+            done = await es_storage.release(self._pool, self.name, group, offset_id, worker)
+        if not done:
             await self._explain_missing(group, offset_id, worker)
 
     async def nack(
@@ -860,65 +797,45 @@ class EventStore:
         text = text.replace("\x00", "")
         self._claims.pop(offset_id, None)
         with db.translate_errors():
-            async with self._pool.acquire() as conn, conn.transaction():
-                row = await conn.fetchrow(sql.NACK, self.name, group, offset_id, text, delay, worker)
-                if row is None:
-                    failed = None
-                elif row["attempts"] >= row["max_attempts"]:
-                    context = {
-                        "offset_id": offset_id,
-                        "partition_key": row["partition_key"],
-                        "partition_value": dict(zip(row["names"], row["vals"], strict=True)),
-                        "position": row["position"],
-                        "attempts": row["attempts"],
-                        "error": text,
-                        "worker_id": worker,
-                    }
-                    await conn.execute(sql.FAIL_GROUP, self.name, group, _encoder.encode(context).decode())
-                    failed = True
-                else:
-                    failed = False
-        if failed is None:
+            outcome = await es_storage.nack(self._pool, self.name, group, offset_id, text, delay, worker)
+        if outcome is None:
             await self._explain_missing(group, offset_id, worker)
             return False
-        assert row is not None  # failed is None exactly when no row came back
-        if failed:
-            self._log.error("event_group_failed", group=group, partition=row["partition_key"], error=text)
+        if outcome.failed:
+            self._log.error("event_group_failed", group=group, partition=outcome.partition_key, error=text)
         else:
             self._log.warning(
-                "event_partition_retry", group=group, partition=row["partition_key"], attempts=row["attempts"]
+                "event_partition_retry",
+                group=group,
+                partition=outcome.partition_key,
+                attempts=outcome.attempts,
             )
-        return failed
+        return outcome.failed
 
     async def heartbeat(self, worker_id: str) -> int:
         """Keep every claim of this worker in this store alive; returns how many it holds."""
         worker = _worker(worker_id)
         with db.translate_errors():
-            status = await self._pool.execute(sql.HEARTBEAT, self.name, worker)
-        return int(status.split()[-1])
+            return await es_storage.heartbeat(self._pool, self.name, worker)
 
     async def release_stale_claims(self, ttl: float | None = None) -> int:
         """Release claims not heartbeaten for `ttl` seconds (default config `claim_ttl`); returns how many."""
         seconds = float(self._bus.config.claim_ttl) if ttl is None else _seconds(ttl, "ttl")
         with db.translate_errors():
-            status = await self._pool.execute(sql.RELEASE_STALE, self.name, seconds)
-        released = int(status.split()[-1])
+            released = await es_storage.release_stale(self._pool, self.name, seconds)
         if released:
             self._log.info("event_stale_claims_released", count=released, ttl=seconds)
         return released
 
     async def _explain_missing(self, group: str, offset_id: int, worker: str | None) -> None:
         with db.translate_errors():
-            exists = await self._pool.fetchrow(sql.OFFSET_EXISTS, self.name, group, offset_id)
-            status = (
-                None if exists is not None else await self._pool.fetchrow(sql.GROUP_ROW, self.name, group)
-            )
-        if exists is not None:
+            state = await es_storage.offset_state(self._pool, self.name, group, offset_id)
+        if state.exists:
             raise LeaseLostError(
                 f"worker {worker!r} no longer holds partition {offset_id} of group {group!r} "
-                f"(now held by {exists['claimed_by']!r}: its claim expired); claim again"
+                f"(now held by {state.claimed_by!r}: its claim expired); claim again"
             )
-        if status is None:
+        if not state.group_exists:
             raise _group_not_found(self.name, group)
         raise ValidationError(
             f"group {group!r} of store {self.name!r} has no partition cursor {offset_id} "
@@ -926,8 +843,8 @@ class EventStore:
         )
 
 
-def _positioned(row: asyncpg.Record) -> PositionedEvent:
-    return PositionedEvent(row["position"], decode_event(row["tag"], row["payload"]), row["created_at"])
+def _positioned(row: es_storage.StoredEvent) -> PositionedEvent:
+    return PositionedEvent(row.position, decode_event(row.tag, row.payload), row.created_at)
 
 
 def _group_not_found(store: str, group: str) -> GroupNotFoundError:

@@ -19,12 +19,15 @@ moves on.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any
 
 import asyncpg
+import msgspec
 
-Executor: TypeAlias = "asyncpg.Connection | asyncpg.Pool"
+from storage.db import Conn, Connection
 
 # -- appending -------------------------------------------------------------------
 
@@ -423,18 +426,132 @@ SELECT (SELECT count(*) FROM es_groups WHERE store = $1) AS groups,
 """
 
 
-# -- thin wrappers (typed entry points; the statements above are the substance) ---
+# -- entry points: every statement above runs through one of these, and every
+# transaction of the event store opens here. What they hand back to bus/ is
+# typed (the structs below), never a raw record.
+
+# Claims whose hint turned out too low are skipped in a loop; this bounds it.
+_MAX_EMPTY_CLAIMS = 1000
+# How many times one claim puts back a partition whose hint was too low (to
+# hand out the truly earliest one) before it settles for what it holds.
+_MAX_REFINEMENTS = 8
+
+_json = msgspec.json.Encoder()
 
 
-async def claim_state(conn: Executor, store: str, group: str, names: list[str]) -> asyncpg.Record:
-    """CLAIM_STATE's one row: status (None: no such group), scanned, handled_tags, upto."""
-    row = await conn.fetchrow(CLAIM_STATE, store, group, names)
-    assert row is not None  # a SELECT without FROM filters always returns its row
-    return row
+class StoredEvent(msgspec.Struct, frozen=True, gc=False):
+    """One event as stored: its position, type tag, JSON payload (text) and append time."""
+
+    position: int
+    tag: str
+    payload: str
+    created_at: datetime
+
+
+class GroupRow(msgspec.Struct, frozen=True, gc=False):
+    """A consumer group's settings and state; `error_context` is JSON text (None unless failed)."""
+
+    status: str
+    error_context: str | None
+    max_attempts: int
+    retry_backoff: float
+
+
+class ClaimState(msgspec.Struct, frozen=True, gc=False):
+    """What a claim needs to know first: the group's status (None: no such group), how far discovery
+    scanned for the partition_by and with which handled types (None: never), and the last position."""
+
+    status: str | None
+    scanned: int
+    handled_tags: list[str] | None
+    upto: int
+
+
+class DiscoveryStep(msgspec.Struct, frozen=True, gc=False):
+    """One discovery step: it scanned positions (scanned, upto] of a log ending at `last`
+    and created `created` partition cursors."""
+
+    scanned: int
+    upto: int
+    last: int
+    created: int
+
+
+class ClaimedPartition(msgspec.Struct, frozen=True, gc=False):
+    """A claimed partition cursor and its pending events of the handled types.
+
+    `last_read` and `more` bound what the claim read (not only what it hands
+    out): the position of the last event fetched, and whether the fetch was
+    cut short by its limit. The ack passes them back.
+    """
+
+    offset_id: int
+    partition_key: str
+    vals: list[str]
+    attempts: int
+    events: list[StoredEvent]
+    last_read: int
+    more: bool
+
+
+class OffsetRow(msgspec.Struct, frozen=True, gc=False):
+    """One partition cursor of a group (inspection)."""
+
+    offset_id: int
+    partition_key: str
+    names: list[str]
+    vals: list[str]
+    position: int
+    claimed_by: str | None
+    claimed_at: datetime | None
+    attempts: int
+    retry_at: datetime | None
+    last_error: str | None
+
+
+class OffsetState(msgspec.Struct, frozen=True, gc=False):
+    """Why an ack, release or nack matched no cursor: whether the cursor exists
+    (then who holds it now) and whether the group exists."""
+
+    exists: bool
+    claimed_by: str | None
+    group_exists: bool
+
+
+class NackOutcome(msgspec.Struct, frozen=True, gc=False):
+    """A recorded failed attempt: the partition's attempts, the group's limit, and whether
+    this attempt failed the group."""
+
+    partition_key: str
+    attempts: int
+    max_attempts: int
+    failed: bool
+
+
+@asynccontextmanager
+async def _connection(conn: Conn) -> AsyncIterator[Connection]:
+    """One connection for a transaction: `conn` itself, or one acquired from it if it is a pool."""
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as acquired:
+            yield acquired
+    else:
+        yield conn
+
+
+def _stored(row: asyncpg.Record) -> StoredEvent:
+    return StoredEvent(row[0], row[1], row[2], row[3])
+
+
+def _affected(status: str) -> int:
+    """The row count of a command status such as 'UPDATE 3'."""
+    return int(status.split()[-1])
+
+
+# -- appending and reading
 
 
 async def append(
-    conn: Executor,
+    conn: Conn,
     store: str,
     tags: list[str],
     payloads: list[str],
@@ -446,7 +563,7 @@ async def append(
 
 
 async def append_guarded(
-    conn: Executor,
+    conn: Conn,
     store: str,
     tags: list[str],
     payloads: list[str],
@@ -463,3 +580,296 @@ async def append_guarded(
         conflict: dict[str, Any] = json.loads(getattr(exc, "detail", None) or "{}")
         return [], conflict
     return [(r[0], r[1]) for r in rows], None
+
+
+async def last_position(conn: Conn, store: str) -> int:
+    """The position of the store's last committed event (0 when empty or unknown)."""
+    return int(await conn.fetchval(LAST_POSITION, store))
+
+
+async def read_all(conn: Conn, store: str, after: int, limit: int | None) -> list[StoredEvent]:
+    """Every event after position `after`, in order (at most `limit`; None: all)."""
+    return [_stored(r) for r in await conn.fetch(READ_ALL, store, after, limit)]
+
+
+async def read_matching(
+    conn: Conn, store: str, after: int, conditions: tuple[list[str], list[str], list[str]], limit: int | None
+) -> list[StoredEvent]:
+    """The events after `after` matching any (tag, name, value) condition, in order."""
+    return [_stored(r) for r in await conn.fetch(READ_MATCHING, store, after, *conditions, limit)]
+
+
+async def clear(conn: Conn, store: str) -> None:
+    """Delete the store: events, attribute index, groups and their cursors."""
+    await conn.execute(CLEAR_STORE, store)
+
+
+# -- groups
+
+
+async def register_group(conn: Conn, store: str, group: str, max_attempts: int, retry_backoff: float) -> None:
+    """Create the group (active) unless it exists."""
+    await conn.execute(REGISTER_GROUP, store, group, max_attempts, retry_backoff)
+
+
+async def group_row(conn: Conn, store: str, group: str) -> GroupRow | None:
+    """The group's state and settings; None if it does not exist."""
+    row = await conn.fetchrow(GROUP_ROW, store, group)
+    if row is None:
+        return None
+    return GroupRow(
+        status=str(row["status"]),
+        error_context=row["error_context"],
+        max_attempts=int(row["max_attempts"]),
+        retry_backoff=float(row["retry_backoff"]),
+    )
+
+
+async def _group_update(conn: Conn, statement: str, store: str, group: str) -> bool:
+    async with _connection(conn) as c, c.transaction():
+        return await c.fetchval(statement, store, group) is not None
+
+
+async def stop_group(conn: Conn, store: str, group: str) -> bool:
+    """Mark the group stopped; False if it does not exist."""
+    return await _group_update(conn, STOP_GROUP, store, group)
+
+
+async def start_group(conn: Conn, store: str, group: str) -> bool:
+    """Mark the group active, clearing a failure and its partitions' attempts; False if it does not exist."""
+    return await _group_update(conn, START_GROUP, store, group)
+
+
+async def reset_group(conn: Conn, store: str, group: str) -> bool:
+    """Delete the group's cursors and discovery progress; False if it does not exist."""
+    return await _group_update(conn, RESET_GROUP, store, group)
+
+
+async def delete_group(conn: Conn, store: str, group: str) -> bool:
+    """Delete the group and its cursors; False if it does not exist."""
+    return await _group_update(conn, DELETE_GROUP, store, group)
+
+
+async def group_offsets(conn: Conn, store: str, group: str) -> list[OffsetRow]:
+    """The group's partition cursors, in creation order."""
+    return [
+        OffsetRow(
+            offset_id=r["id"],
+            partition_key=r["partition_key"],
+            names=list(r["names"]),
+            vals=list(r["vals"]),
+            position=r["position"],
+            claimed_by=r["claimed_by"],
+            claimed_at=r["claimed_at"],
+            attempts=r["attempts"],
+            retry_at=r["retry_at"],
+            last_error=r["last_error"],
+        )
+        for r in await conn.fetch(GROUP_OFFSETS, store, group)
+    ]
+
+
+# -- discovery
+
+
+async def claim_state(conn: Conn, store: str, group: str, names: list[str]) -> ClaimState:
+    """The group's status, its discovery progress for `names` and the store's last position, in one round trip."""
+    row = await conn.fetchrow(CLAIM_STATE, store, group, names)
+    assert row is not None  # a SELECT without FROM filters always returns its row
+    tags = row["handled_tags"]
+    return ClaimState(
+        status=row["status"],
+        scanned=int(row["scanned"]),
+        handled_tags=None if tags is None else list(tags),
+        upto=int(row["upto"]),
+    )
+
+
+async def add_handled_tags(
+    conn: Conn, store: str, group: str, names: list[str], tags: list[str]
+) -> list[str] | None:
+    """Add `tags` to the group's union of handled types for `names`; the union (None: no such group).
+
+    A type the union lacked makes discovery start over from position 0.
+    """
+    try:
+        union = await conn.fetchval(ADD_HANDLED_TAGS, store, group, names, tags)
+    except asyncpg.ForeignKeyViolationError:
+        return None
+    return list(union)
+
+
+async def discover_step(
+    conn: Conn, store: str, group: str, names: list[str], window: int
+) -> DiscoveryStep | None:
+    """Scan up to `window` positions of the log not yet scanned for (group, names), in one transaction.
+
+    Creates the cursors of the new partitions found there and lowers the
+    hints of those its handled events touch. None when there is nothing to
+    scan: the log is scanned to its end, or the group was reset or deleted.
+    """
+    async with _connection(conn) as c, c.transaction():
+        scan = await c.fetchrow(LOCK_SCAN, store, group, names)
+        if scan is None:  # the group was reset or deleted meanwhile
+            return None
+        scanned, union = int(scan["scanned"]), scan["handled_tags"]
+        last = int(await c.fetchval(LAST_POSITION, store))
+        if last <= scanned:
+            return None
+        upto = min(last, scanned + window)
+        discover = DISCOVER_PARTITIONS if len(names) > 1 else DISCOVER_PARTITIONS_ONE
+        created = await c.fetchval(discover, store, group, names, scanned, upto, union)
+        await c.execute(BUMP_HINTS, store, group, names, scanned, upto, union)
+        if created and len(names) > 1:
+            await c.execute(LOOKBACK_HINTS, store, created, union, scanned)
+        await c.execute(SET_SCANNED, store, group, names, upto)
+    return DiscoveryStep(scanned=scanned, upto=upto, last=last, created=len(created))
+
+
+# -- claiming
+
+
+async def claim(
+    conn: Conn,
+    store: str,
+    group: str,
+    names: list[str],
+    worker: str,
+    ttl: float,
+    handled: set[str],
+    union: list[str],
+    max_messages: int,
+) -> ClaimedPartition | None:
+    """Take the partition with the earliest pending event; it and its events of the `handled` types.
+
+    Hints count the events of every type the group handles (`union`), so
+    the fetch reads those too: that is what tells "nothing pending for the
+    group" (clear the hint) from "pending only for other workers of the
+    group, which handle more types" (leave it to them: skipped this call).
+    None when nothing is claimable (or the group is not active).
+    """
+    narrow = not handled.issuperset(union)
+    skipped: list[int] = []
+    refinements = 0
+    async with _connection(conn) as c:
+        for _ in range(_MAX_EMPTY_CLAIMS):
+            # The claim and the fetch commit together: a claim whose events never
+            # reached the worker (a lost connection, any error) rolls back, instead
+            # of staying held by a worker whose heartbeats would keep it forever.
+            async with c.transaction():
+                row = await c.fetchrow(CLAIM_PARTITION, store, group, names, worker, ttl, skipped)
+                if row is None:
+                    return None
+                offset_id = int(row["id"])
+                rows = await c.fetch(
+                    FETCH_PARTITION, store, names, row["vals"], row["position"], union, max_messages + 1
+                )
+                if not rows:
+                    await c.execute(RELEASE_EMPTY, offset_id, worker)
+                    continue
+                first = int(rows[0]["position"])
+                if first > row["next_position"] and refinements < _MAX_REFINEMENTS:
+                    # Another partition may have an earlier pending event: put this
+                    # one back under its exact position and pick again.
+                    refinements += 1
+                    await c.execute(REQUEUE_EXACT, offset_id, worker, first)
+                    continue
+                more = len(rows) > max_messages
+                rows = rows[:max_messages]
+                mine = [r for r in rows if r["tag"] in handled] if narrow else rows
+                if not mine:
+                    # Pending, but only events other workers of the group handle.
+                    await c.execute(REQUEUE_EXACT, offset_id, worker, first)
+                    skipped.append(offset_id)
+                    continue
+            return ClaimedPartition(
+                offset_id=offset_id,
+                partition_key=row["partition_key"],
+                vals=list(row["vals"]),
+                attempts=int(row["attempts"]),
+                events=[_stored(r) for r in mine],
+                # The bounds of what was read, not of what is handed out: the ack
+                # must not clear a hint that still covers other workers' events.
+                last_read=int(rows[-1]["position"]),
+                more=more,
+            )
+    return None
+
+
+async def ack(
+    conn: Conn,
+    store: str,
+    group: str,
+    offset_id: int,
+    position: int,
+    worker: str | None,
+    last_read: int | None,
+    more: bool | None,
+) -> bool:
+    """Advance the cursor to `position` (never back) and release it; False if no cursor matched.
+
+    `last_read`/`more`: the claim's bounds when known (ClaimedPartition), else None.
+    With `worker`, only that worker's claim matches.
+    """
+    return await conn.fetchval(ACK, store, group, offset_id, position, worker, last_read, more) is not None
+
+
+async def release(conn: Conn, store: str, group: str, offset_id: int, worker: str | None) -> bool:
+    """Release the claim without advancing; False if no cursor matched (with `worker`: held by it)."""
+    return await conn.fetchval(RELEASE, store, group, offset_id, worker) is not None
+
+
+async def nack(
+    conn: Conn,
+    store: str,
+    group: str,
+    offset_id: int,
+    error: str,
+    delay: float | None,
+    worker: str | None,
+) -> NackOutcome | None:
+    """Record a failed attempt and release the claim for a retry after `delay` (None: the group's backoff).
+
+    The attempt that reaches the group's max_attempts marks the group failed,
+    with the partition, position, attempts, error and worker as its error
+    context, in the same transaction. None if no cursor matched.
+    """
+    async with _connection(conn) as c, c.transaction():
+        row = await c.fetchrow(NACK, store, group, offset_id, error, delay, worker)
+        if row is None:
+            return None
+        attempts, max_attempts = int(row["attempts"]), int(row["max_attempts"])
+        failed = attempts >= max_attempts
+        if failed:
+            context = {
+                "offset_id": offset_id,
+                "partition_key": row["partition_key"],
+                "partition_value": dict(zip(row["names"], row["vals"], strict=True)),
+                "position": row["position"],
+                "attempts": attempts,
+                "error": error,
+                "worker_id": worker,
+            }
+            await c.execute(FAIL_GROUP, store, group, _json.encode(context).decode())
+    return NackOutcome(
+        partition_key=row["partition_key"], attempts=attempts, max_attempts=max_attempts, failed=failed
+    )
+
+
+async def offset_state(conn: Conn, store: str, group: str, offset_id: int) -> OffsetState:
+    """Whether the group's cursor `offset_id` exists (and who holds it), and whether the group does."""
+    row = await conn.fetchrow(OFFSET_EXISTS, store, group, offset_id)
+    if row is not None:
+        return OffsetState(exists=True, claimed_by=row["claimed_by"], group_exists=True)
+    group_exists = await conn.fetchrow(GROUP_ROW, store, group) is not None
+    return OffsetState(exists=False, claimed_by=None, group_exists=group_exists)
+
+
+async def heartbeat(conn: Conn, store: str, worker: str) -> int:
+    """Refresh every claim `worker` holds in the store; how many it holds."""
+    return _affected(await conn.execute(HEARTBEAT, store, worker))
+
+
+async def release_stale(conn: Conn, store: str, ttl: float) -> int:
+    """Release the store's claims not heartbeaten for `ttl` seconds; how many."""
+    return _affected(await conn.execute(RELEASE_STALE, store, ttl))

@@ -8,6 +8,7 @@ import pytest
 
 import bus
 from bus.eventstore import EventStore
+from storage import eventstore as es_sql
 from tests.conftest import Connect
 from tests.eventstore.es_events import (
     COURSE_TYPES,
@@ -394,7 +395,7 @@ async def test_clear_removes_groups_offsets_and_offset_keys(es_bus: bus.Bus, sto
     other = es_bus.event_store(store.name + "-other")
     await other.register_group("kept")
     await store.clear()
-    counts = await es_bus.pool.fetchrow(bus.eventstore.sql.COUNT_GROUP_ROWS, store.name)
+    counts = await es_bus.pool.fetchrow(es_sql.COUNT_GROUP_ROWS, store.name)
     assert dict(counts) == {"groups": 0, "offsets": 0, "offset_keys": 0, "events": 0}
     assert await store.group_status(group) is None
     assert await other.group_status("kept") == "active"
