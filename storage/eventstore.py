@@ -14,6 +14,12 @@ group's last scan are looked at, a bounded window per step), so finding the
 next partition to claim is one index probe however long the log is. A hint
 that is too low is harmless: the claimer fetches, finds nothing, clears it and
 moves on.
+
+This module runs every statement of the event store and opens every one of
+its transactions (a claim and its fetch, a discovery step, a nack that fails
+its group, a group's state change), as `storage/leases.py` does for
+partition leases: `bus/eventstore.py` calls the functions at the end of this
+file with the pool (or one connection) and gets typed structs back.
 """
 
 from __future__ import annotations
