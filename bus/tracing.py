@@ -18,9 +18,12 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Link, TracerProvider
+    from opentelemetry.util.types import AttributeValue
+
     from bus.types import Message
 
 
@@ -31,26 +34,17 @@ def _installed() -> bool:
         return False
 
 
-#: True when OpenTelemetry's API is installed (the `otel` extra); it is imported on first use.
+#: True when OpenTelemetry's API is installed (the `otel` extra); it is imported on first use
+#: (each function imports it after checking ENABLED: after the first time, a dict lookup).
 ENABLED = _installed()
-_trace: Any = None
-_propagate: Any = None
-_provider: Any = None  # None: OpenTelemetry's global tracer provider
+_provider: TracerProvider | None = None  # None: OpenTelemetry's global tracer provider
 SYSTEM = "pgactorbus"
 _MAX_LINKS = 128  # a batch links at most this many publishers
 _TRACE_HEADERS = ("traceparent", "tracestate")
+Attributes = dict[str, "AttributeValue"]
 
 
-def _tracer() -> Any:
-    global _trace, _propagate
-    if _trace is None:
-        from opentelemetry import propagate, trace
-
-        _trace, _propagate = trace, propagate
-    return _trace.get_tracer("pgactorbus", tracer_provider=_provider)
-
-
-def use_tracer_provider(provider: Any) -> None:
+def use_tracer_provider(provider: TracerProvider | None) -> None:
     """Trace through `provider` instead of OpenTelemetry's global one (None: back to the global one)."""
     global _provider
     _provider = provider
@@ -67,7 +61,9 @@ def publishing(topic: str, count: int) -> Iterator[dict[str, str] | None]:
     if not ENABLED:
         yield None
         return
-    attributes: dict[str, Any] = {
+    from opentelemetry import propagate, trace
+
+    attributes: Attributes = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "send",
         "messaging.operation.name": "publish",
@@ -75,34 +71,39 @@ def publishing(topic: str, count: int) -> Iterator[dict[str, str] | None]:
     }
     if count != 1:
         attributes["messaging.batch.message_count"] = count
-    with _tracer().start_as_current_span(
-        f"publish {topic}", kind=_trace.SpanKind.PRODUCER, attributes=attributes
+    tracer = trace.get_tracer("pgactorbus", tracer_provider=_provider)
+    with tracer.start_as_current_span(
+        f"publish {topic}", kind=trace.SpanKind.PRODUCER, attributes=attributes
     ) as span:
         carrier: dict[str, str] = {}
         if span.get_span_context().is_valid:
-            _propagate.inject(carrier)
+            propagate.inject(carrier)
         yield carrier or None
 
 
-def with_trace_headers(headers: Mapping[str, str] | None, trace: Mapping[str, str] | None) -> Any:
+def with_trace_headers(
+    headers: Mapping[str, str] | None, trace: Mapping[str, str] | None
+) -> dict[str, str] | None:
     """The message's headers with the publisher's trace context added (the caller's own keys win)."""
     if not trace:
-        return headers
+        return None if headers is None else dict(headers)
     merged = dict(trace)
     if headers:
         merged.update(headers)
     return merged
 
 
-def _link(headers: Mapping[str, str]) -> Any:
+def _link(headers: Mapping[str, str]) -> Link | None:
+    from opentelemetry import propagate, trace
+
     if "traceparent" not in headers:
         return None
-    ctx = _propagate.extract({k: headers[k] for k in _TRACE_HEADERS if k in headers})
-    span_context = _trace.get_current_span(ctx).get_span_context()
-    return _trace.Link(span_context) if span_context.is_valid else None
+    ctx = propagate.extract({k: headers[k] for k in _TRACE_HEADERS if k in headers})
+    span_context = trace.get_current_span(ctx).get_span_context()
+    return trace.Link(span_context) if span_context.is_valid else None
 
 
-def _links(messages: Sequence[Message]) -> list[Any]:
+def _links(messages: Sequence[Message]) -> list[Link]:
     links = []
     for m in messages:
         link = _link(m.headers)
@@ -117,8 +118,10 @@ def received(operation: str, messages: Sequence[Message], *, group: str | None =
     """Record one CONSUMER span for a batch handed to the user (poll, claim, take), linked to its publishers."""
     if not ENABLED or not messages:
         return
+    from opentelemetry import trace
+
     first = messages[0]
-    attributes: dict[str, Any] = {
+    attributes: Attributes = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "receive",
         "messaging.operation.name": operation,
@@ -130,9 +133,10 @@ def received(operation: str, messages: Sequence[Message], *, group: str | None =
         attributes["messaging.consumer.group.name"] = group
     if len(messages) == 1:
         attributes["messaging.message.id"] = message_id(first.topic, first.partition, first.offset)
-    span = _tracer().start_span(
+    tracer = trace.get_tracer("pgactorbus", tracer_provider=_provider)
+    span = tracer.start_span(
         f"{operation} {first.topic}",
-        kind=_trace.SpanKind.CONSUMER,
+        kind=trace.SpanKind.CONSUMER,
         attributes=attributes,
         links=_links(messages),
     )
@@ -143,20 +147,19 @@ def claimed_events(store: str, group: str, partition_key: str, count: int) -> No
     """Record one CONSUMER span for an event-store claim (events carry no publisher context to link)."""
     if not ENABLED or not count:
         return
-    span = _tracer().start_span(
-        f"claim {store}",
-        kind=_trace.SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "receive",
-            "messaging.operation.name": "claim_next",
-            "messaging.destination.name": store,
-            "messaging.destination.partition.id": partition_key,
-            "messaging.consumer.group.name": group,
-            "messaging.batch.message_count": count,
-        },
-    )
-    span.end()
+    from opentelemetry import trace
+
+    attributes: Attributes = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "receive",
+        "messaging.operation.name": "claim_next",
+        "messaging.destination.name": store,
+        "messaging.destination.partition.id": partition_key,
+        "messaging.consumer.group.name": group,
+        "messaging.batch.message_count": count,
+    }
+    tracer = trace.get_tracer("pgactorbus", tracer_provider=_provider)
+    tracer.start_span(f"claim {store}", kind=trace.SpanKind.CONSUMER, attributes=attributes).end()
 
 
 @contextmanager
@@ -165,15 +168,16 @@ def processing(message: Message, group: str) -> Iterator[None]:
     if not ENABLED:
         yield
         return
-    tracer = _tracer()
+    from opentelemetry import propagate, trace
+
     parent = None
     links = []
     if "traceparent" in message.headers:
-        parent = _propagate.extract({k: message.headers[k] for k in _TRACE_HEADERS if k in message.headers})
+        parent = propagate.extract({k: message.headers[k] for k in _TRACE_HEADERS if k in message.headers})
         link = _link(message.headers)
         if link is not None:
             links.append(link)
-    attributes = {
+    attributes: Attributes = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "process",
         "messaging.operation.name": "process",
@@ -183,10 +187,11 @@ def processing(message: Message, group: str) -> Iterator[None]:
         "messaging.message.id": message_id(message.topic, message.partition, message.offset),
         "messaging.message.delivery_attempt": message.attempt,
     }
+    tracer = trace.get_tracer("pgactorbus", tracer_provider=_provider)
     with tracer.start_as_current_span(
         f"process {message.topic}",
         context=parent,
-        kind=_trace.SpanKind.CONSUMER,
+        kind=trace.SpanKind.CONSUMER,
         attributes=attributes,
         links=links,
     ):
