@@ -540,7 +540,7 @@ class Bus:
                 payload,
                 key,
                 partition,  # type: ignore[arg-type]
-                tracing.with_trace_headers(headers, trace),
+                tracing.with_trace_headers(_plain_headers(headers), trace),
                 idempotency_key,
             )
             for attempt in range(2):
@@ -684,11 +684,19 @@ def _window(info: TopicInfo) -> float | None:
     return None if info.dedupe_window is None else info.dedupe_window.total_seconds()
 
 
+def _plain_headers(headers: Any) -> Any:
+    """`headers` unchanged if None or a dict; anything else is refused before the trace context is merged
+    in (merging would turn a list of pairs into a dict and accept it)."""
+    if headers is not None and not isinstance(headers, dict):
+        encode_headers(headers)  # raises the ValidationError that says what to pass
+    return headers
+
+
 def _traced(message: Outgoing | Any, trace: dict[str, str]) -> Outgoing:
     """`message` (an Outgoing or a bare payload) carrying the publisher's trace context in its headers."""
     if isinstance(message, Outgoing):
         traced: Outgoing = msgspec.structs.replace(
-            message, headers=tracing.with_trace_headers(message.headers, trace)
+            message, headers=tracing.with_trace_headers(_plain_headers(message.headers), trace)
         )
         return traced
     return Outgoing(message, headers=dict(trace))
