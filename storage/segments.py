@@ -198,7 +198,8 @@ async def maintain(conn: asyncpg.Connection, *, interval: float) -> Maintenance:
     if not await conn.fetchval(TRY_LOCK, _MAINTAIN_LOCK):
         return Maintenance(skipped=True)
     try:
-        shortest, longest = await conn.fetchrow(RETENTIONS)
+        row = await conn.fetchrow(RETENTIONS)  # an aggregate: always one row
+        shortest, longest = (None, None) if row is None else (row[0], row[1])
         width = width_for(shortest, longest)
         done = await retire_and_drop(conn, grace=GRACE_WIDTHS * width)
         if shortest is not None:  # nothing would ever retire a segment: rows stay in the DEFAULT partition
