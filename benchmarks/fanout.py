@@ -46,7 +46,8 @@ async def _round(dsn: str, messages: int, groups: int) -> tuple[float, int, int]
         elapsed = time.perf_counter() - started
         assert counts == [messages] * groups, counts
         sizes = await b.pool.fetchrow(
-            "SELECT pg_total_relation_size('offsets') AS o, pg_total_relation_size('messages') AS m"
+            "SELECT pg_total_relation_size('offsets') AS o,"
+            " (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('messages')) AS m"
         )
         return sum(counts) / elapsed, int(sizes["o"]), int(sizes["m"])
     finally:
