@@ -10,6 +10,7 @@ exactly where this one ended.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol
 
 import asyncpg
@@ -32,6 +33,7 @@ from actors.runtime import Actor, ActorRef, Timer
 from storage import leases
 from storage.db import TRANSIENT_ERRORS, internal
 from storage.logs import get_logger
+from storage.names import validate_int, validate_seconds
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,17 @@ class RetryPolicy:
     max_attempts: int = 3
     backoff: float = 0.5
     max_backoff: float = 30.0
+
+    @classmethod
+    def checked(
+        cls, max_attempts: int, backoff: timedelta | float, max_backoff: timedelta | float
+    ) -> RetryPolicy:
+        """A policy from user input: ValidationError (saying what to pass) for anything out of range."""
+        return cls(
+            validate_int(max_attempts, "retry max_attempts", 1),
+            validate_seconds(backoff, "retry backoff", allow_zero=True),
+            validate_seconds(max_backoff, "retry max_backoff", allow_zero=True),
+        )
 
     def delay(self, attempt: int) -> float:
         return float(min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))

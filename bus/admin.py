@@ -12,7 +12,7 @@ from storage import db
 from storage import groups as group_sql
 from storage import topics as topic_sql
 from storage.errors import GroupHasMembersError, GroupNotFoundError, TopicNotFoundError, ValidationError
-from storage.names import MAX_OFFSET, MAX_SECONDS, validate_name
+from storage.names import MAX_OFFSET, validate_int, validate_name, validate_seconds
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -213,16 +213,7 @@ class Admin:
         """Remove messages of `topic` older than `older_than` that only dead or cancelled groups still hold back."""
         validate_name(topic, "topic name")
         await self._bus.topic(topic)
-        if isinstance(older_than, timedelta):
-            seconds = older_than.total_seconds()
-        elif isinstance(older_than, (int, float)) and not isinstance(older_than, bool):
-            seconds = float(older_than)
-        else:
-            raise ValidationError(
-                f"older_than must be a timedelta or a number of seconds, got {older_than!r}"
-            )
-        if not 0 <= seconds <= MAX_SECONDS:  # also refuses NaN and infinity
-            raise ValidationError("older_than must be from 0 seconds to about 31 years")
+        seconds = validate_seconds(older_than, "older_than", allow_zero=True)
         from storage import retention
 
         with db.translate_errors():
@@ -253,9 +244,7 @@ def _reset_target(to: Any) -> tuple[str, datetime | None, int | None]:
     if isinstance(to, datetime):
         return "timestamp", (to if to.tzinfo else to.astimezone()), None
     if isinstance(to, int) and not isinstance(to, bool):
-        if not 0 <= to <= MAX_OFFSET:
-            raise ValidationError("a reset offset must be an integer from 0 to 2**63 - 1")
-        return "offset", None, to
+        return "offset", None, validate_int(to, "a reset offset", 0, MAX_OFFSET)
     raise ValidationError(
         f"reset target {to!r} not understood: use 'earliest', 'latest', a datetime or an offset"
     )

@@ -41,7 +41,7 @@ from storage import db
 from storage import groups as groups_sql
 from storage.errors import GroupStoppedError, LeaseLostError, TopicNotFoundError, ValidationError
 from storage.logs import get_logger
-from storage.names import MAX_SECONDS, validate_name, validate_offset
+from storage.names import validate_int, validate_name, validate_offset, validate_seconds, validate_worker_id
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -168,7 +168,7 @@ class Claim:
 
     async def extend(self, seconds: float) -> None:
         """Keep the lease `seconds` more from now; LeaseLostError if someone else took it meanwhile."""
-        seconds = _positive(seconds, "extend seconds")
+        seconds = validate_seconds(seconds, "extend seconds")
         self._raise_if_lost("extend")
         if self._finished:
             raise LeaseLostError(
@@ -206,14 +206,6 @@ class Claim:
         )
 
 
-def _positive(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
-        raise ValidationError(
-            f"{what} must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}"
-        )
-    return float(value)
-
-
 async def claim(
     bus: Bus,
     group: str,
@@ -233,7 +225,7 @@ async def claim(
     its first claim (`start`, else the Bus's `default_start`) and never changes.
     """
     validate_name(group, "group name")
-    validate_name(worker_id, "worker id")
+    validate_worker_id(worker_id)
     if topic is None and namespace is None and task is None:
         raise ValidationError("claim needs a topic, or a namespace and/or task to match topics by label")
     if topic is not None and (namespace is not None or task is not None):
@@ -242,13 +234,8 @@ async def claim(
         validate_name(namespace, "namespace")
     if task is not None:
         validate_name(task, "task")
-    if (
-        isinstance(max_messages, bool)
-        or not isinstance(max_messages, int)
-        or not 1 <= max_messages <= 100_000
-    ):
-        raise ValidationError(f"max_messages must be an integer from 1 to 100000, got {max_messages!r}")
-    seconds = bus.config.lease_time if lease_time is None else _positive(lease_time, "lease_time")
+    validate_int(max_messages, "max_messages", 1, 100_000)
+    seconds = bus.config.lease_time if lease_time is None else validate_seconds(lease_time, "lease_time")
     spec = parse_start(start, bus.config.default_start)
     if topic is not None:
         await bus.topic(topic)  # TopicNotFoundError before anything is written

@@ -35,7 +35,7 @@ from storage.errors import (
     ValidationError,
 )
 from storage.logs import get_logger
-from storage.names import validate_name, validate_offset
+from storage.names import validate_int, validate_name, validate_offset
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -52,9 +52,8 @@ class Retry:
     max_backoff: float = 30.0
 
     def policy(self) -> RetryPolicy:
-        if self.max_attempts < 1 or self.backoff < 0:
-            raise ValidationError("Retry needs max_attempts >= 1 and backoff >= 0")
-        return RetryPolicy(self.max_attempts, self.backoff, self.max_backoff)
+        """The worker's policy; ValidationError if a field is out of range."""
+        return RetryPolicy.checked(self.max_attempts, self.backoff, self.max_backoff)
 
 
 def _validate_topics(topics: Any, namespace: str | None, task: str | None) -> tuple[str, ...]:
@@ -221,12 +220,7 @@ class Consumer(_MemberBase):
         on_revoke: Callback | None = None,
         buffer_size: int | None = None,
     ) -> None:
-        if (
-            isinstance(max_poll_records, bool)
-            or not isinstance(max_poll_records, int)
-            or not 1 <= max_poll_records <= 100_000
-        ):
-            raise ValidationError("max_poll_records must be an integer from 1 to 100000")
+        validate_int(max_poll_records, "max_poll_records", 1, 100_000)
         topic_list = _validate_topics(topics, namespace, task)
         if namespace is not None:
             validate_name(namespace, "namespace")

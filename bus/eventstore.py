@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import asyncpg
@@ -64,14 +64,13 @@ from storage.errors import (
     ValidationError,
 )
 from storage.logs import get_logger
-from storage.names import validate_name, validate_offset
+from storage.names import validate_int, validate_name, validate_offset, validate_seconds, validate_worker_id
 
 if TYPE_CHECKING:
     from bus.client import Bus
 
 log = get_logger(__name__)
 
-_WORKER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@=-]{0,199}")
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@=-]{0,199}")
 _MAX_INDEXED_CHARS = 1000
 _MAX_REMEMBERED_CLAIMS = 10_000
@@ -376,29 +375,11 @@ def _handled_classes(handled_types: Sequence[type[Event] | str]) -> list[type[Ev
 
 
 def _positive_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError(f"{what} must be an integer >= 1, got {value!r}")
-    return value
+    return validate_int(value, what, 1)
 
 
-def _seconds(value: object, what: str, *, allow_zero: bool = True) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or value < 0
-        or (value == 0 and not allow_zero)
-    ):
-        raise ValidationError(f"{what} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
-def _worker(worker_id: object) -> str:
-    if not isinstance(worker_id, str) or _WORKER.fullmatch(worker_id) is None:
-        raise ValidationError(
-            f"invalid worker id {worker_id!r}: use 1 to 200 ASCII letters, digits or '._:@=-', "
-            "starting with a letter or digit (e.g. 'host-1:pid-42')"
-        )
-    return worker_id
+def _seconds(value: timedelta | float, what: str) -> float:
+    return validate_seconds(value, what, allow_zero=True)
 
 
 class EventStore:
@@ -603,7 +584,7 @@ class EventStore:
         GroupNotFoundError for an unregistered group.
         """
         validate_name(group, "group name")
-        worker = _worker(worker_id)
+        worker = validate_worker_id(worker_id)
         names = _validate_attribute_names(partition_by)
         classes = _handled_classes(handled_types)
         _positive_int(max_messages, "max_messages")
@@ -755,7 +736,7 @@ class EventStore:
         validate_name(group, "group name")
         _positive_int(offset_id, "offset_id")
         validate_offset(position, "position")
-        worker = None if worker_id is None else _worker(worker_id)
+        worker = None if worker_id is None else validate_worker_id(worker_id)
         last, more = self._claims.pop(offset_id, (None, None))
         with db.translate_errors():
             done = await es_storage.ack(self._pool, self.name, group, offset_id, position, worker, last, more)
@@ -766,7 +747,7 @@ class EventStore:
         """Release the claim without advancing: the same events come back on the next claim."""
         validate_name(group, "group name")
         _positive_int(offset_id, "offset_id")
-        worker = None if worker_id is None else _worker(worker_id)
+        worker = None if worker_id is None else validate_worker_id(worker_id)
         self._claims.pop(offset_id, None)
         with db.translate_errors():
             done = await es_storage.release(self._pool, self.name, group, offset_id, worker)
@@ -792,7 +773,7 @@ class EventStore:
         validate_name(group, "group name")
         _positive_int(offset_id, "offset_id")
         delay = None if retry_delay is None else _seconds(retry_delay, "retry_delay")
-        worker = None if worker_id is None else _worker(worker_id)
+        worker = None if worker_id is None else validate_worker_id(worker_id)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         text = text.replace("\x00", "")
         self._claims.pop(offset_id, None)
@@ -814,7 +795,7 @@ class EventStore:
 
     async def heartbeat(self, worker_id: str) -> int:
         """Keep every claim of this worker in this store alive; returns how many it holds."""
-        worker = _worker(worker_id)
+        worker = validate_worker_id(worker_id)
         with db.translate_errors():
             return await es_storage.heartbeat(self._pool, self.name, worker)
 

@@ -73,7 +73,7 @@ from actors.metrics import update_lag as _update_lag_pool
 from actors.runtime import ActorRef
 from storage import db
 from storage.errors import BusError, ValidationError
-from storage.names import validate_name
+from storage.names import validate_int, validate_name, validate_seconds
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -131,8 +131,7 @@ def generate_latest() -> bytes:
 
 def start_http_server(port: int, addr: str = "0.0.0.0") -> Any:
     """Serve the bus's registry on http://addr:port/metrics in a daemon thread; returns (server, thread)."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValidationError(f"port must be an integer from 0 to 65535, got {port!r}")
+    validate_int(port, "port", 0, 65535)
     return _require().start_http_server(port, addr=addr, registry=registry)
 
 
@@ -188,14 +187,13 @@ _updaters = itertools.count()
 
 def start_lag_updater(b: Bus, interval: float = 15.0, groups: Sequence[str] | None = None) -> ActorRef[Any]:
     """Start an actor that calls update_lag every `interval` seconds; `await ref.stop()` before closing `b`."""
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-        raise ValidationError(f"interval must be a positive number of seconds, got {interval!r}")
+    seconds = validate_seconds(interval, "interval")
     names = None if groups is None else [validate_name(g, "group name") for g in _as_list(groups)]
     system = b._system
     if system is None:
         raise BusError("the Bus is not connected: start the lag updater after `bus.connect()`")
     return system.root.spawn(
-        lambda: LagUpdater(b.pool, float(interval), names, b.config.schema), f"lag-updater-{next(_updaters)}"
+        lambda: LagUpdater(b.pool, seconds, names, b.config.schema), f"lag-updater-{next(_updaters)}"
     )
 
 

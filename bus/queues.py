@@ -60,7 +60,7 @@ from storage import db
 from storage import queues as sql
 from storage.errors import LeaseLostError, TopicNotFoundError, ValidationError
 from storage.logs import get_logger
-from storage.names import MAX_SECONDS, validate_name
+from storage.names import validate_int, validate_name, validate_seconds
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -86,18 +86,6 @@ _PARALLEL = 2
 _names = itertools.count()
 
 _Job = tuple[int, int, int]  # (partition_id, offset, lease_epoch)
-
-
-def _seconds(value: Any, what: str, *, allow_zero: bool = False) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0 <= value <= MAX_SECONDS
-        or (value == 0 and not allow_zero)
-    ):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValidationError(f"{what} must be a number of seconds {bound}, got {value!r}")
-    return float(value)
 
 
 class _Doorbell:
@@ -287,11 +275,9 @@ class QueueConsumer:
         ordered_by_key: bool = False,
     ) -> None:
         validate_name(topic, "topic name")
-        self.visibility_timeout = _seconds(visibility_timeout, "visibility_timeout")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValidationError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        self.visibility_timeout = validate_seconds(visibility_timeout, "visibility_timeout")
         self.topic = topic
-        self.max_attempts = max_attempts
+        self.max_attempts = validate_int(max_attempts, "max_attempts", 1)
         self.dead_letter = validate_name(
             dead_letter if dead_letter is not None else f"{topic}.dlq", "dead_letter topic"
         )
@@ -387,13 +373,8 @@ class QueueConsumer:
         the Bus's `max_poll_interval` (in case a notification was lost).
         """
         self._check_open()
-        if (
-            isinstance(max_messages, bool)
-            or not isinstance(max_messages, int)
-            or not 1 <= max_messages <= 10_000
-        ):
-            raise ValidationError(f"max_messages must be an integer from 1 to 10000, got {max_messages!r}")
-        deadline = time.monotonic() + _seconds(timeout, "timeout", allow_zero=True)
+        validate_int(max_messages, "max_messages", 1, 10_000)
+        deadline = time.monotonic() + validate_seconds(timeout, "timeout", allow_zero=True)
         while True:
             seen = self._doorbell.rings
             got = await self._take_once(max_messages)
@@ -559,7 +540,7 @@ class QueueConsumer:
         On its last attempt (`msg.attempt >= max_attempts`) the message goes to
         the dead-letter topic instead.
         """
-        delay = _seconds(delay, "delay", allow_zero=True)
+        delay = validate_seconds(delay, "delay", allow_zero=True)
         reason = error if error is not None else "nacked"
         if not isinstance(reason, str):
             raise ValidationError("error must be a str (a short description of what went wrong)")
