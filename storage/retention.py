@@ -90,9 +90,7 @@ RETURNING g.name
 """
 
 
-async def clean_partition(
-    conn: Connection, partition_id: int, retention_seconds: float, batch: int
-) -> int:
+async def clean_partition(conn: Connection, partition_id: int, retention_seconds: float, batch: int) -> int:
     """Retire up to `batch` offsets of the partition that are below its watermark and past retention.
 
     Moves the partition's log start past them (the rows go with their
@@ -137,9 +135,7 @@ async def clean_some(
     return int(next_after), deleted
 
 
-async def force_complete(
-    conn: Connection, topic: str, older_than: float, *, batch: int = 10_000
-) -> int:
+async def force_complete(conn: Connection, topic: str, older_than: float, *, batch: int = 10_000) -> int:
     """Remove the topic's messages older than `older_than` seconds that no live group still needs.
 
     Dead and cancelled groups do not count (that is what this is for: orphans
