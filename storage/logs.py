@@ -10,7 +10,29 @@ context (group, member, generation, topic, partition). The CLI configures both.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol, cast
+
+
+class Logger(Protocol):
+    """What the library's code calls on a logger (a structlog BoundLogger over a stdlib logger)."""
+
+    def bind(self, **context: Any) -> Logger:
+        """A logger that adds `context` to every event."""
+
+    def debug(self, event: str, *args: Any, **kw: Any) -> None:
+        """Log `event` at DEBUG level with `kw` as key/value context."""
+
+    def info(self, event: str, *args: Any, **kw: Any) -> None:
+        """Log `event` at INFO level with `kw` as key/value context."""
+
+    def warning(self, event: str, *args: Any, **kw: Any) -> None:
+        """Log `event` at WARNING level with `kw` as key/value context."""
+
+    def error(self, event: str, *args: Any, **kw: Any) -> None:
+        """Log `event` at ERROR level with `kw` as key/value context."""
+
+    def exception(self, event: str, *args: Any, **kw: Any) -> None:
+        """Log `event` at ERROR level with the current exception's traceback."""
 
 
 class _Logger:
@@ -58,11 +80,12 @@ class _Logger:
         return getattr(self._logger, attribute)
 
 
-def get_logger(name: str, **context: Any) -> Any:
+def get_logger(name: str, **context: Any) -> Logger:
     """A structlog logger for module `name`, bound to `context`.
 
     Lazy on purpose: module-level loggers are made at import time, before the
     service configures structlog; the configuration is looked up when an event
     is logged, so the service's processors apply to our events too.
     """
-    return _Logger(name, context)
+    # _Logger forwards every attribute to the structlog logger it makes on first use.
+    return cast(Logger, _Logger(name, context))
