@@ -36,10 +36,14 @@ async def test_groups_benchmark_reports_throughput_latency_failover_and_rebalanc
         assert r.extra["messages"] == 2_000
     assert "consume throughput scaling, 2 vs 1 process" in by_name
 
-    p50 = next(r for r in rows if "latency p50" in r.name)
+    p50 = next(r for r in rows if r.name.startswith("publish→handler latency p50,"))
     assert p50.unit == "ms" and not p50.higher_is_better
     assert 0 < p50.extra["p50"] <= p50.extra["p99"]
-    assert 0 < p50.extra["baseline_p50"] <= p50.extra["baseline_p99"]
+    # Against the raw pipeline doing the same work, with the bare NOTIFY kept as the floor row.
+    assert p50.baseline_name is not None and p50.baseline_name.startswith("raw pipeline")
+    assert 0 < p50.extra["pipeline_p50"] <= p50.extra["pipeline_p99"]
+    floor = next(r for r in rows if "bare NOTIFY (floor)" in r.name)
+    assert 0 < floor.extra["floor_p99"] and floor.baseline == p50.extra["notify_floor_p50"]
 
     failover = next(r for r in rows if r.name.startswith("failover"))
     assert failover.unit == "s" and 0 < failover.value < 60
