@@ -16,22 +16,22 @@ from typing import Any, Protocol, cast
 class Logger(Protocol):
     """What the library's code calls on a logger (a structlog BoundLogger over a stdlib logger)."""
 
-    def bind(self, **context: Any) -> Logger:
+    def bind(self, **context: object) -> Logger:
         """A logger that adds `context` to every event."""
 
-    def debug(self, event: str, *args: Any, **kw: Any) -> None:
+    def debug(self, event: str, *args: object, **kw: object) -> None:
         """Log `event` at DEBUG level with `kw` as key/value context."""
 
-    def info(self, event: str, *args: Any, **kw: Any) -> None:
+    def info(self, event: str, *args: object, **kw: object) -> None:
         """Log `event` at INFO level with `kw` as key/value context."""
 
-    def warning(self, event: str, *args: Any, **kw: Any) -> None:
+    def warning(self, event: str, *args: object, **kw: object) -> None:
         """Log `event` at WARNING level with `kw` as key/value context."""
 
-    def error(self, event: str, *args: Any, **kw: Any) -> None:
+    def error(self, event: str, *args: object, **kw: object) -> None:
         """Log `event` at ERROR level with `kw` as key/value context."""
 
-    def exception(self, event: str, *args: Any, **kw: Any) -> None:
+    def exception(self, event: str, *args: object, **kw: object) -> None:
         """Log `event` at ERROR level with the current exception's traceback."""
 
 
