@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -164,7 +164,12 @@ class Admin:
         )
 
     async def reset_offsets(
-        self, group: str, to: Any = "earliest", topic: str | None = None, *, dry_run: bool = False
+        self,
+        group: str,
+        to: str | datetime | int = "earliest",
+        topic: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> list[ResetRow]:
         """Move the group's committed offsets to `to` ("earliest" | "latest" | datetime | int).
 
@@ -238,7 +243,7 @@ class Admin:
         ]
 
 
-def _reset_target(to: Any) -> tuple[str, datetime | None, int | None]:
+def _reset_target(to: object) -> tuple[str, datetime | None, int | None]:
     if to in ("earliest", "latest"):
         return str(to), None, None
     if isinstance(to, datetime):
@@ -250,7 +255,7 @@ def _reset_target(to: Any) -> tuple[str, datetime | None, int | None]:
     )
 
 
-def parse_reset_target(text: str) -> Any:
+def parse_reset_target(text: str) -> str | datetime | int:
     """The CLI's --to: earliest | latest | an integer offset | an ISO datetime."""
     if text in ("earliest", "latest"):
         return text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -15,7 +15,7 @@ _encoder = msgspec.json.Encoder()
 _headers_decoder = msgspec.json.Decoder(dict[str, str])
 
 
-def encode_payload(payload: Any, *, allow_tombstone: bool, limit: int) -> bytes | None:
+def encode_payload(payload: object, *, allow_tombstone: bool, limit: int) -> bytes | None:
     """bytes stay bytes; anything msgspec can encode becomes JSON; None is a tombstone where allowed."""
     if payload is None:
         if allow_tombstone:
@@ -50,7 +50,7 @@ def encode_payload(payload: Any, *, allow_tombstone: bool, limit: int) -> bytes 
     return data
 
 
-def _holds_a_set(value: Any) -> bool:
+def _holds_a_set(value: object) -> bool:
     """True when a set hides in `value` or its plain containers (Structs declare their own field types).
 
     Iterative and dispatching on exact types: it runs on every structured payload.
@@ -58,10 +58,11 @@ def _holds_a_set(value: Any) -> bool:
     kind = type(value)
     if kind is set or kind is frozenset:
         return True
+    stack: list[object]
     if kind is dict:
-        stack = list(value.values())
+        stack = list(cast("dict[object, object]", value).values())
     elif kind is list or kind is tuple:
-        stack = list(value)
+        stack = list(cast("list[object]", value))
     else:
         return False
     while stack:
@@ -72,20 +73,20 @@ def _holds_a_set(value: Any) -> bool:
         if kind is set or kind is frozenset or isinstance(item, (set, frozenset)):
             return True
         if isinstance(item, dict):
-            stack.extend(item.values())
+            stack.extend(cast("dict[object, object]", item).values())
         elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+            stack.extend(cast("list[object]", item))
     return False
 
 
-def encode_headers(headers: Any) -> str | None:
+def encode_headers(headers: object) -> str | None:
     if headers is None:
         return None
     if not isinstance(headers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        isinstance(k, str) and isinstance(v, str) for k, v in cast("dict[object, object]", headers).items()
     ):
         raise ValidationError("headers must be a dict of str to str")
-    for k, v in headers.items():
+    for k, v in cast("dict[str, str]", headers).items():
         utf8_text(k, "header names")
         utf8_text(v, "header values")
     return _encoder.encode(headers).decode()
@@ -97,7 +98,7 @@ def decode_headers(text: str | None) -> dict[str, str]:
     return _headers_decoder.decode(text)
 
 
-def validate_key(key: Any) -> str | None:
+def validate_key(key: object) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str):

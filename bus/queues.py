@@ -45,8 +45,9 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+import asyncpg
 import msgspec
 
 from actors import metrics as _metrics
@@ -54,10 +55,11 @@ from actors.messages import Subscribe, Unsubscribe
 from actors.runtime import Actor, ActorRef
 from actors.runtime import Message as ActorMessage
 from bus import tracing
-from bus.codec import to_message
+from bus.codec import decode_headers
 from bus.types import Message, Outgoing
 from storage import db
 from storage import queues as sql
+from storage.db import Connection
 from storage.errors import LeaseLostError, TopicNotFoundError, ValidationError
 from storage.logs import get_logger
 from storage.names import validate_int, validate_name, validate_seconds
@@ -117,18 +119,36 @@ class _Doorbell:
             self._waiters.discard(waiter)
 
 
-class _Lane:
+_AckRequest = tuple[list[_Job], "asyncio.Future[set[tuple[int, int]]]"]
+_TakeRequest = tuple[str, int, "asyncio.Future[list[sql.TakenJob]]"]
+_Request = TypeVar("_Request", _AckRequest, _TakeRequest)
+
+
+class _DeadRow(msgspec.Struct, frozen=True, gc=False):
+    """A job on its way to the dead-letter topic: its lease, message and attempts so far."""
+
+    partition_id: int
+    offset: int
+    lease_epoch: int
+    attempts: int
+    partition: str
+    key: str | None
+    payload: bytes | None
+    headers: dict[str, str]
+
+
+class _Lane(Generic[_Request]):
     """Requests of one kind, coalesced: up to `parallel` writes out at once, and what arrives
     while they all are out waits and joins the next one."""
 
-    def __init__(self, write: Callable[[list[Any]], Awaitable[None]], cap: int, parallel: int) -> None:
-        self._write = write
+    def __init__(self, write: Callable[[list[_Request]], Awaitable[None]], cap: int, parallel: int) -> None:
+        self._write: Callable[[list[_Request]], Awaitable[None]] = write
         self._cap = cap
         self._parallel = parallel
         self._running: set[asyncio.Task[None]] = set()  # held, so no running write is collected
-        self._pending: list[Any] = []
+        self._pending: list[_Request] = []
 
-    def add(self, request: Any) -> None:
+    def add(self, request: _Request) -> None:
         """Queue `request` (a tuple whose last item is its future); written at once when a write slot is free."""
         self._pending.append(request)
         if len(self._running) < self._parallel:
@@ -162,10 +182,10 @@ class _QueueWriter:
     the write's exception) once it committed.
     """
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._acks = _Lane(self._write_acks, _MAX_ACK_BATCH, _PARALLEL)
-        self._takes: dict[tuple[str, float, bool], _Lane] = {}
+        self._acks: _Lane[_AckRequest] = _Lane(self._write_acks, _MAX_ACK_BATCH, _PARALLEL)
+        self._takes: dict[tuple[str, float, bool], _Lane[_TakeRequest]] = {}
 
     def ack(self, jobs: list[_Job]) -> asyncio.Future[set[tuple[int, int]]]:
         """Delete the jobs whose leases still hold; the future holds the (partition_id, offset) deleted."""
@@ -175,41 +195,39 @@ class _QueueWriter:
 
     def take(
         self, topic: str, limit: int, visibility_timeout: float, consumer: str, ordered: bool
-    ) -> asyncio.Future[list[Any]]:
+    ) -> asyncio.Future[list[sql.TakenJob]]:
         """Lease up to `limit` jobs of `topic` to `consumer`; the future holds the rows."""
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[list[sql.TakenJob]] = asyncio.get_running_loop().create_future()
         key = (topic, visibility_timeout, ordered)
         lane = self._takes.get(key)
         if lane is None:
-            lane = self._takes[key] = _Lane(
+            lane = self._takes[key] = _Lane[_TakeRequest](
                 lambda batch: self._write_takes(key, batch), _MAX_TAKERS, _PARALLEL
             )
         lane.add((consumer, limit, future))
         return future
 
-    async def _write_acks(self, batch: list[tuple[list[_Job], asyncio.Future[set[tuple[int, int]]]]]) -> None:
+    async def _write_acks(self, batch: list[_AckRequest]) -> None:
         with db.translate_errors(), db.internal():
             done = await sql.ack_many(self._pool, [job for jobs, _ in batch for job in jobs])
         for _, future in batch:
             if not future.done():
                 future.set_result(done)
 
-    async def _write_takes(
-        self, key: tuple[str, float, bool], batch: list[tuple[str, int, asyncio.Future[list[Any]]]]
-    ) -> None:
+    async def _write_takes(self, key: tuple[str, float, bool], batch: list[_TakeRequest]) -> None:
         topic, timeout, ordered = key
         consumers, limits = [c for c, _, _ in batch], [n for _, n, _ in batch]
         with db.translate_errors(), db.internal():
             rows = await sql.take_for(self._pool, topic, consumers, limits, timeout, ordered=ordered)
-        dealt: list[list[Any]] = [[] for _ in batch]
+        dealt: list[list[sql.TakenJob]] = [[] for _ in batch]
         for row in rows:
-            dealt[row["request"] - 1].append(row)
+            dealt[row.request - 1].append(row)
         for (_, _, future), mine in zip(batch, dealt, strict=True):
             if not future.done():
                 future.set_result(mine)
 
 
-_writers: weakref.WeakKeyDictionary[Any, _QueueWriter] = weakref.WeakKeyDictionary()
+_writers: weakref.WeakKeyDictionary[Bus, _QueueWriter] = weakref.WeakKeyDictionary()
 
 
 def _writer_of(bus: Bus) -> _QueueWriter:
@@ -415,17 +433,33 @@ class QueueConsumer:
                     # Whatever it leases to us now nobody will see: give it back at once.
                     pending.add_done_callback(self._give_back)
                     raise
-                exhausted: list[dict[str, Any]] = []
+                exhausted: list[_DeadRow] = []
                 for r in rows:
-                    pid = r["partition_id"]
+                    pid = r.partition_id
                     name = self._partitions.get(pid)
                     if name is None:
                         name = await self._refresh_partitions(pid)
-                    if r["attempts"] > self.max_attempts:
-                        exhausted.append({**dict(r.items()), "partition": name})
+                    headers = decode_headers(r.headers)
+                    if r.attempts > self.max_attempts:
+                        exhausted.append(
+                            _DeadRow(
+                                pid, r.offset, r.lease_epoch, r.attempts, name, r.key, r.payload, headers
+                            )
+                        )
                         continue
-                    self._in_flight[(name, r["offset"])] = (pid, r["lease_epoch"])
-                    out.append(to_message(self.topic, name, r, attempt=r["attempts"]))
+                    self._in_flight[(name, r.offset)] = (pid, r.lease_epoch)
+                    out.append(
+                        Message(
+                            topic=self.topic,
+                            partition=name,
+                            offset=r.offset,
+                            key=r.key,
+                            headers=headers,
+                            payload=r.payload,
+                            created_at=r.created_at,
+                            attempt=r.attempts,
+                        )
+                    )
                 if exhausted:
                     async with pool.acquire() as conn, conn.transaction():
                         await self._dead_letter_rows(conn, exhausted, None)
@@ -434,11 +468,11 @@ class QueueConsumer:
         _metrics.queue_taken(self.topic, len(out))
         return out
 
-    def _give_back(self, taken: asyncio.Future[list[Any]]) -> None:
+    def _give_back(self, taken: asyncio.Future[list[sql.TakenJob]]) -> None:
         """Return the jobs of a take whose caller was cancelled before it answered."""
         if taken.cancelled() or taken.exception() is not None or not taken.result():
             return
-        jobs = [(r["partition_id"], r["offset"], r["lease_epoch"]) for r in taken.result()]
+        jobs = [(r.partition_id, r.offset, r.lease_epoch) for r in taken.result()]
 
         async def give_back() -> None:
             try:
@@ -554,16 +588,9 @@ class QueueConsumer:
         with db.translate_errors():
             if msg.attempt >= self.max_attempts:
                 async with self._bus.pool.acquire() as conn, conn.transaction():
-                    row = {
-                        "partition_id": pid,
-                        "offset": msg.offset,
-                        "lease_epoch": epoch,
-                        "attempts": msg.attempt,
-                        "partition": msg.partition,
-                        "key": msg.key,
-                        "payload": msg.payload,
-                        "headers": msg.headers,
-                    }
+                    row = _DeadRow(
+                        pid, msg.offset, epoch, msg.attempt, msg.partition, msg.key, msg.payload, msg.headers
+                    )
                     moved = await self._dead_letter_rows(conn, [row], reason)
                 if not moved:
                     raise self._lost(msg, "nack")
@@ -579,7 +606,7 @@ class QueueConsumer:
             # found by the waiters' sleep until the next visible job instead.
             self._announce({pid})
 
-    async def _dead_letter_rows(self, conn: Any, rows: list[dict[str, Any]], error: str | None) -> int:
+    async def _dead_letter_rows(self, conn: Connection, rows: list[_DeadRow], error: str | None) -> int:
         """Move jobs to the dead-letter topic (caller's transaction); how many were still ours.
 
         `error` is this attempt's failure (a nack); None when the rows come from
@@ -587,30 +614,30 @@ class QueueConsumer:
         """
         outgoing = []
         for r in rows:
-            removed = await sql.delete_job(conn, r["partition_id"], r["offset"], r["lease_epoch"])
+            removed = await sql.delete_job(conn, r.partition_id, r.offset, r.lease_epoch)
             if removed is None:
                 continue
-            errors = _errors_decoder.decode(removed["errors"]) if removed["errors"] else []
+            errors = _errors_decoder.decode(removed.errors) if removed.errors else []
             if error is not None:
-                errors.append({"attempt": r["attempts"], "error": error})
+                errors.append({"attempt": r.attempts, "error": error})
             last_error = str(errors[-1].get("error", "")) if errors else "unknown"
-            raw = r["headers"]
-            headers = dict(raw) if isinstance(raw, dict) else (msgspec.json.decode(raw) if raw else {})
+            headers = dict(r.headers)
             headers.update(
                 {
                     "dead_letter.topic": self.topic,
-                    "dead_letter.partition": r["partition"],
-                    "dead_letter.offset": str(r["offset"]),
-                    "dead_letter.attempts": str(min(r["attempts"], self.max_attempts)),
+                    "dead_letter.partition": r.partition,
+                    "dead_letter.offset": str(r.offset),
+                    "dead_letter.attempts": str(min(r.attempts, self.max_attempts)),
                     "dead_letter.last_error": last_error,
                     "dead_letter.errors": _encoder.encode(errors).decode(),
                 }
             )
-            outgoing.append(
-                Outgoing(r["payload"] if r["payload"] is not None else b"", key=r["key"], headers=headers)
-            )
+            outgoing.append(Outgoing(r.payload if r.payload is not None else b"", key=r.key, headers=headers))
         if outgoing:
-            await self._bus.publish_many(self.dead_letter, outgoing, connection=conn)
+            # publish_many's annotation names a plain Connection; a pool's proxy behaves as one.
+            await self._bus.publish_many(
+                self.dead_letter, outgoing, connection=cast("asyncpg.Connection", conn)
+            )
             self._log.warning("dead_lettered", count=len(outgoing), dead_letter=self.dead_letter)
             _metrics.dead_lettered("", self.topic, len(outgoing))
         return len(outgoing)

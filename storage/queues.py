@@ -13,7 +13,11 @@ own (a crash between a take and its ack is what the visibility timeout is for).
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import cast
+
 import asyncpg
+import msgspec
 
 from storage.db import Conn
 
@@ -185,9 +189,29 @@ JOB_STATE = 'SELECT lease_epoch, leased_by FROM queue_jobs WHERE partition_id = 
 PENDING_JOBS = "SELECT count(*) FROM queue_jobs WHERE topic = $1"
 
 
+class TakenJob(msgspec.Struct, frozen=True, gc=False):
+    """One job a take leased: the message, its lease and which request of the take it went to (from 1)."""
+
+    request: int
+    partition_id: int
+    offset: int
+    attempts: int
+    lease_epoch: int
+    key: str | None
+    headers: str | None  # the message's header object as JSON text
+    payload: bytes | None
+    created_at: datetime
+
+
+class RemovedJob(msgspec.Struct, frozen=True, gc=False):
+    """A job `delete_job` removed: its error history as JSON text (None: no errors recorded)."""
+
+    errors: str | None
+
+
 async def take(
     conn: Conn, topic: str, limit: int, visibility_timeout: float, consumer: str, *, ordered: bool
-) -> list[asyncpg.Record]:
+) -> list[TakenJob]:
     """Lease up to `limit` free jobs of `topic` to `consumer` (one statement; autocommit on a pool)."""
     return await take_for(conn, topic, [consumer], [limit], visibility_timeout, ordered=ordered)
 
@@ -200,10 +224,11 @@ async def take_for(
     visibility_timeout: float,
     *,
     ordered: bool,
-) -> list[asyncpg.Record]:
+) -> list[TakenJob]:
     """Lease free jobs of `topic` to several takers at once, each up to its limit; `request` numbers them from 1."""
     statement = TAKE_ORDERED if ordered else TAKE
-    return list(await conn.fetch(statement, topic, limits, visibility_timeout, consumers, sum(limits)))
+    rows = await conn.fetch(statement, topic, limits, visibility_timeout, consumers, sum(limits))
+    return [TakenJob(*row) for row in rows]
 
 
 async def partitions(conn: Conn, topic: str) -> dict[int, str]:
@@ -238,9 +263,10 @@ async def return_unacked(conn: Conn, jobs: list[tuple[int, int, int]]) -> None:
     await conn.execute(RETURN_UNACKED, [j[0] for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs])
 
 
-async def delete_job(conn: Conn, partition_id: int, offset: int, epoch: int) -> asyncpg.Record | None:
+async def delete_job(conn: Conn, partition_id: int, offset: int, epoch: int) -> RemovedJob | None:
     """Remove the job for dead-lettering; None if the lease was lost."""
-    return await conn.fetchrow(DELETE_JOB, partition_id, offset, epoch)
+    row = await conn.fetchrow(DELETE_JOB, partition_id, offset, epoch)
+    return None if row is None else RemovedJob(cast("str | None", row["errors"]))
 
 
 async def job_state(conn: Conn, partition_id: int, offset: int) -> asyncpg.Record | None:
