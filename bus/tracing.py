@@ -82,11 +82,14 @@ def publishing(topic: str, count: int) -> Iterator[dict[str, str] | None]:
 
 
 def with_trace_headers(
-    headers: Mapping[str, str] | None, trace: Mapping[str, str] | None
+    headers: dict[str, str] | None, trace: Mapping[str, str] | None
 ) -> dict[str, str] | None:
-    """The message's headers with the publisher's trace context added (the caller's own keys win)."""
-    if not trace:
-        return None if headers is None else dict(headers)
+    """The message's headers with the publisher's trace context added (the caller's own keys win).
+
+    Anything but a dict of headers is returned untouched, for publish's validation to refuse.
+    """
+    if not trace or not (headers is None or isinstance(headers, dict)):
+        return headers
     merged = dict(trace)
     if headers:
         merged.update(headers)
