@@ -354,7 +354,7 @@ async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> l
             "msg/s",
             rates[("raw", n)],
             "raw asyncpg cursor consumer",
-            target="≥ 0.6×",
+            target="≥ 0.7×",
             extra={
                 "messages": total,
                 "partitions": THROUGHPUT_PARTITIONS,
