@@ -29,16 +29,17 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from actors import metrics as _metrics
 from bus import tracing
-from bus.codec import to_message
-from bus.start import StartSpec, parse_start
+from bus.codec import messages_from_rows
+from bus.start import StartInput, StartSpec, parse_start
 from bus.types import Message
 from storage import claims as sql
 from storage import db
 from storage import groups as groups_sql
+from storage.db import Conn, Connection
 from storage.errors import GroupStoppedError, LeaseLostError, TopicNotFoundError, ValidationError
 from storage.logs import get_logger
 from storage.names import validate_int, validate_name, validate_offset, validate_seconds, validate_worker_id
@@ -190,9 +191,9 @@ class Claim:
         if self._lost_to is not None:
             raise self._lease_lost_error(what, self._lost_to)
 
-    async def _lost(self, conn: Any, what: str) -> None:
+    async def _lost(self, conn: Conn, what: str) -> None:
         state = await sql.lease_state(conn, self.group, self._partition_id)
-        holder = "nobody" if state is None or state["owner"] is None else repr(state["owner"])
+        holder = "nobody" if state is None or state.owner is None else repr(state.owner)
         self._lost_to = holder
         self._log.warning("claim_lease_lost", action=what, holder=holder)
         _metrics.lease_lost(self.group, self.topic)
@@ -216,7 +217,7 @@ async def claim(
     worker_id: str,
     max_messages: int = 100,
     lease_time: float | None = None,
-    start: Any = None,
+    start: StartInput = None,
 ) -> Claim | None:
     """Lease the free partition with the earliest pending message of `topic` (or of the
     topics labelled `namespace`/`task`, including ones created later) for `group`.
@@ -250,25 +251,25 @@ async def claim(
                     cand = await sql.pick_candidate(conn, group, topics)
                     if cand is None:
                         return None
-                    pid = cand["partition_id"]
-                    log_start = cand["log_start"]
-                    rows = await sql.read_from(conn, pid, max(cand["committed"], log_start), max_messages)
+                    pid = cand.partition_id
+                    log_start = cand.log_start
+                    rows = await sql.read_from(conn, pid, max(cand.committed, log_start), max_messages)
                     if not rows:
                         # pending_since was stale (e.g. another reader advanced the cursor).
                         await sql.refresh_pending(conn, group, pid)
                         continue
                     lease = await sql.take_lease(conn, group, pid, worker_id, seconds, log_start)
                 await sql.touch_group(conn, group)
-                messages = [to_message(cand["topic"], cand["partition"], r) for r in rows]
-                _metrics.claimed(group, cand["topic"], len(messages))
+                messages = messages_from_rows(cand.topic, cand.partition, rows)
+                _metrics.claimed(group, cand.topic, len(messages))
                 tracing.received("claim", messages, group=group)
                 log.debug(
                     "claimed",
                     group=group,
-                    topic=cand["topic"],
-                    partition=cand["partition"],
+                    topic=cand.topic,
+                    partition=cand.partition,
                     worker=worker_id,
-                    epoch=lease["lease_epoch"],
+                    epoch=lease.lease_epoch,
                     count=len(messages),
                 )
                 return Claim(
@@ -276,18 +277,18 @@ async def claim(
                     group,
                     worker_id,
                     pid,
-                    lease["lease_epoch"],
-                    cand["topic"],
-                    cand["partition"],
+                    lease.lease_epoch,
+                    cand.topic,
+                    cand.partition,
                     messages,
-                    lease["lease_expires_at"],
+                    lease.lease_expires_at,
                 )
     return None
 
 
 async def _discover(
     bus: Bus,
-    conn: Any,
+    conn: Connection,
     group: str,
     topic: str | None,
     namespace: str | None,
@@ -337,7 +338,7 @@ async def _discover(
     return found.topics
 
 
-async def _materialize(conn: Any, group: str, partition_ids: list[int]) -> None:
+async def _materialize(conn: Connection, group: str, partition_ids: list[int]) -> None:
     if not partition_ids:
         return
     async with conn.transaction():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -29,12 +29,23 @@ from bus.types import TopicPartition
 from storage.errors import ValidationError
 from storage.names import validate_name, validate_offset, validate_partition
 
-__all__ = ["START_MODES", "StartSpec", "parse_start"]
+__all__ = ["START_MODES", "StartInput", "StartSpec", "parse_start"]
 
 #: The modes `groups.start_mode` can hold.
 START_MODES = ("earliest", "latest", "timestamp", "offsets")
 
 _encoder = msgspec.json.Encoder()
+
+#: What `start=` accepts: None (the Bus's default_start), "earliest", "latest", a datetime,
+#: or committed offsets keyed by TopicPartition or (topic, partition) tuples.
+StartInput: TypeAlias = (
+    str
+    | datetime
+    | Mapping[TopicPartition, int]
+    | Mapping[tuple[str, str], int]
+    | Mapping[tuple[str, int], int]
+    | None
+)
 
 
 class StartSpec(msgspec.Struct, frozen=True):
@@ -59,7 +70,7 @@ class StartSpec(msgspec.Struct, frozen=True):
         return self.start_mode
 
 
-def parse_start(start: Any, default: str) -> StartSpec:
+def parse_start(start: object, default: str) -> StartSpec:
     """Turn a `start=` argument into a :class:`StartSpec`; ``None`` means ``default``.
 
     Raises ValidationError (nothing written) for anything else than the forms

@@ -21,6 +21,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import asyncpg
+import msgspec
 
 from storage.db import Conn, Connection
 
@@ -169,9 +170,36 @@ async def mark_new_cursors_pending(conn: Connection, group: str, partition_ids: 
     await conn.execute(SET_PENDING_FOR_NEW, group, partition_ids)
 
 
-async def pick_candidate(conn: Connection, group: str, topics: list[str]) -> asyncpg.Record | None:
+class Candidate(msgspec.Struct, frozen=True, gc=False):
+    """A free cursor with a pending message: the partition and where the group stands in it."""
+
+    partition_id: int
+    committed: int
+    topic: str
+    partition: str
+    log_start: int
+    next_offset: int
+
+
+class Lease(msgspec.Struct, frozen=True, gc=False):
+    """A lease just taken: its fencing epoch and when it runs out."""
+
+    lease_epoch: int
+    lease_expires_at: datetime
+
+
+class LeaseState(msgspec.Struct, frozen=True, gc=False):
+    """Who holds a cursor now (owner None: nobody)."""
+
+    owner: str | None
+    lease_epoch: int
+    lease_expires_at: datetime | None
+
+
+async def pick_candidate(conn: Connection, group: str, topics: list[str]) -> Candidate | None:
     """The free cursor with the earliest pending message, row-locked; None if there is none."""
-    return await conn.fetchrow(PICK_CANDIDATE, group, topics)
+    row = await conn.fetchrow(PICK_CANDIDATE, group, topics)
+    return None if row is None else Candidate(*row)
 
 
 async def read_from(conn: Connection, partition_id: int, offset: int, limit: int) -> list[asyncpg.Record]:
@@ -186,11 +214,11 @@ async def refresh_pending(conn: Connection, group: str, partition_id: int) -> No
 
 async def take_lease(
     conn: Connection, group: str, partition_id: int, worker: str, seconds: float, log_start: int
-) -> asyncpg.Record:
+) -> Lease:
     """Lease the (locked) cursor to `worker` with a new epoch."""
     row = await conn.fetchrow(TAKE_LEASE, group, partition_id, worker, seconds, log_start)
     assert row is not None
-    return row
+    return Lease(*row)
 
 
 async def touch_group(conn: Conn, group: str) -> None:
@@ -219,6 +247,7 @@ async def extend(
     return expires
 
 
-async def lease_state(conn: Conn, group: str, partition_id: int) -> asyncpg.Record | None:
+async def lease_state(conn: Conn, group: str, partition_id: int) -> LeaseState | None:
     """Who holds the cursor now (for error messages)."""
-    return await conn.fetchrow(LEASE_STATE, group, partition_id)
+    row = await conn.fetchrow(LEASE_STATE, group, partition_id)
+    return None if row is None else LeaseState(*row)
