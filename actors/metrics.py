@@ -313,15 +313,15 @@ async def read_lag(
     what its start skipped.
     """
     if groups is None:
-        names = [r["name"] for r in await group_sql.list_groups(pool)]
+        names = [r.name for r in await group_sql.list_groups(pool)]
     else:
         names = list(groups)
     out: dict[tuple[str, str, str], tuple[int, float]] = {}
     for name in names:
         for r in await group_sql.describe_partitions(pool, name):
-            lag = int(r["lag"])
-            seconds = 0.0 if lag == 0 or r["lag_seconds"] is None else float(r["lag_seconds"])
-            out[(name, r["topic"], r["partition"])] = (lag, seconds)
+            lag = int(r.lag)
+            seconds = 0.0 if lag == 0 or r.lag_seconds is None else float(r.lag_seconds)
+            out[(name, r.topic, r.partition)] = (lag, seconds)
     return out
 
 

@@ -97,12 +97,12 @@ class Admin:
             rows = await group_sql.list_groups(self._bus.pool)
         return [
             GroupSummary(
-                name=r["name"],
-                state=r["state"],
-                status=r["status"],
-                members=r["members"],
-                total_lag=r["total_lag"],
-                generation=r["generation"],
+                name=r.name,
+                state=r.state,
+                status=r.status,
+                members=r.members,
+                total_lag=r.total_lag,
+                generation=r.generation,
             )
             for r in rows
         ]
@@ -118,7 +118,7 @@ class Admin:
             rows = await group_sql.describe_partitions(pool, group)
             members = await group_sql.members(pool, group)
             topics = await group_sql.group_topics(pool, group)
-        tp_of = {r["partition_id"]: TopicPartition(r["topic"], r["partition"]) for r in rows}
+        tp_of = {r.partition_id: TopicPartition(r.topic, r.partition) for r in rows}
         start_offsets = msgspec.json.decode(g["start_offsets"]) if g["start_offsets"] else None
         return GroupDescription(
             name=g["name"],
@@ -136,28 +136,26 @@ class Admin:
             ),
             members=[
                 MemberInfo(
-                    member_id=m["member_id"],
-                    instance_id=m["instance_id"],
-                    host=m["host"],
-                    pid=m["pid"],
-                    last_heartbeat=m["last_heartbeat"],
-                    live=m["live"],
-                    partitions=sorted(tp_of[p] for p in m["assignment"] if p in tp_of),
+                    member_id=m.member_id,
+                    instance_id=m.instance_id,
+                    host=m.host,
+                    pid=m.pid,
+                    last_heartbeat=m.last_heartbeat,
+                    live=m.live,
+                    partitions=sorted(tp_of[p] for p in m.assignment if p in tp_of),
                 )
                 for m in members
             ],
             partitions=[
                 PartitionLag(
-                    topic=r["topic"],
-                    partition=r["partition"],
-                    committed=r["committed"],
-                    end_offset=r["next_offset"],
-                    log_start=r["log_start"],
-                    lag=int(r["lag"]),
-                    lag_seconds=None
-                    if r["lag_seconds"] is None or r["lag"] == 0
-                    else float(r["lag_seconds"]),
-                    owner=r["owner"] if r["lease_live"] else None,
+                    topic=r.topic,
+                    partition=r.partition,
+                    committed=r.committed,
+                    end_offset=r.next_offset,
+                    log_start=r.log_start,
+                    lag=int(r.lag),
+                    lag_seconds=None if r.lag_seconds is None or r.lag == 0 else float(r.lag_seconds),
+                    owner=r.owner if r.lease_live else None,
                 )
                 for r in rows
             ],
@@ -194,8 +192,8 @@ class Admin:
                 if topic is not None and not plan:
                     raise TopicNotFoundError(f"group {group!r} does not read topic {topic!r}")
                 if not dry_run:
-                    await group_sql.apply_reset(conn, group, [(r["partition_id"], r["new"]) for r in plan])
-        return [ResetRow(r["topic"], r["partition"], r["current"], r["new"]) for r in plan]
+                    await group_sql.apply_reset(conn, group, [(r.partition_id, r.new) for r in plan])
+        return [ResetRow(r.topic, r.partition, r.current, r.new) for r in plan]
 
     async def delete_group(self, group: str) -> None:
         """Delete the group, its members and cursors (refused while members are live)."""

@@ -8,8 +8,10 @@ is computed from that record, never from "now".
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 
 import asyncpg
+import msgspec
 
 from storage.db import Conn, Connection
 
@@ -245,16 +247,70 @@ SELECT count(*) FROM members WHERE group_name = $1
 DELETE_GROUP = "DELETE FROM groups WHERE name = $1 RETURNING name"
 
 
-async def list_groups(conn: Conn) -> list[asyncpg.Record]:
-    return list(await conn.fetch(LIST_GROUPS))
+class GroupRow(msgspec.Struct, frozen=True, gc=False):
+    """One group as `list_groups` sees it: state, status, generation, live members, total lag."""
+
+    name: str
+    state: str
+    status: str
+    generation: int
+    members: int
+    total_lag: int
 
 
-async def members(conn: Conn, name: str) -> list[asyncpg.Record]:
-    return list(await conn.fetch(SELECT_MEMBERS, name))
+class MemberRow(msgspec.Struct, frozen=True, gc=False):
+    """One member of a group: identity, heartbeat, generation, assigned partition ids, liveness."""
+
+    member_id: str
+    instance_id: str | None
+    host: str
+    pid: int
+    last_heartbeat: datetime
+    joined_at: datetime
+    generation: int
+    assignment: list[int]
+    live: bool
 
 
-async def describe_partitions(conn: Conn, name: str) -> list[asyncpg.Record]:
-    return list(await conn.fetch(DESCRIBE_PARTITIONS, name))
+class PartitionLagRow(msgspec.Struct, frozen=True, gc=False):
+    """One partition a group reads: bounds, committed offset, owner, lag in messages and seconds."""
+
+    partition_id: int
+    topic: str
+    partition: str
+    log_start: int
+    next_offset: int
+    committed: int | None
+    owner: str | None
+    lease_live: bool | None
+    position: int
+    lag: int
+    lag_seconds: Decimal | float | None
+
+
+class ResetPlanRow(msgspec.Struct, frozen=True, gc=False):
+    """One partition of an offset reset: its committed offset now (None: none yet) and the new one."""
+
+    partition_id: int
+    topic: str
+    partition: str
+    current: int | None
+    new: int
+
+
+async def list_groups(conn: Conn) -> list[GroupRow]:
+    """Every group, by name."""
+    return [GroupRow(**dict(r.items())) for r in await conn.fetch(LIST_GROUPS)]
+
+
+async def members(conn: Conn, name: str) -> list[MemberRow]:
+    """The group's members, by member id."""
+    return [MemberRow(**dict(r.items())) for r in await conn.fetch(SELECT_MEMBERS, name)]
+
+
+async def describe_partitions(conn: Conn, name: str) -> list[PartitionLagRow]:
+    """Every partition the group reads, by topic and partition id, with its lag."""
+    return [PartitionLagRow(**dict(r.items())) for r in await conn.fetch(DESCRIBE_PARTITIONS, name)]
 
 
 async def live_member_count(conn: Conn, name: str) -> int:
@@ -267,8 +323,9 @@ async def lock_group(conn: Connection, name: str) -> bool:
 
 async def reset_plan(
     conn: Conn, name: str, mode: str, at: datetime | None, offset: int | None, topic: str | None
-) -> list[asyncpg.Record]:
-    return list(await conn.fetch(RESET_PLAN, name, mode, at, offset, topic))
+) -> list[ResetPlanRow]:
+    """Where an offset reset would move each partition's committed offset."""
+    return [ResetPlanRow(*r) for r in await conn.fetch(RESET_PLAN, name, mode, at, offset, topic)]
 
 
 async def apply_reset(conn: Connection, name: str, plan: list[tuple[int, int]]) -> None:
