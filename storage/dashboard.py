@@ -10,7 +10,10 @@ starting a claims group.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
+import msgspec
 
 from storage.db import Conn, Connection
 
@@ -144,26 +147,69 @@ LIMIT $3
 """
 
 
-async def topic_partitions(conn: Conn) -> list[asyncpg.Record]:
+class PartitionBounds(msgspec.Struct, frozen=True, gc=False):
+    """A partition's log start and end offset."""
+
+    topic: str
+    partition: str
+    log_start: int
+    end_offset: int
+    created_at: datetime
+
+
+class QueueCounts(msgspec.Struct, frozen=True, gc=False):
+    """A queue topic's job counts and when its next delayed job becomes visible."""
+
+    topic: str
+    ready: int
+    in_flight: int
+    delayed: int
+    next_delayed: datetime | None
+
+
+class DeadLetter(msgspec.Struct, frozen=True, gc=False):
+    """A job waiting in a dead-letter topic; `payload` cut to a preview, `payload_bytes` its full size."""
+
+    partition: str
+    offset: int
+    key: str | None
+    headers: str | None  # JSON text
+    payload: bytes | None
+    payload_bytes: int | None
+    created_at: datetime
+    leased: bool
+
+
+class TakenDeadLetter(msgspec.Struct, frozen=True, gc=False):
+    """A dead letter taken out for replay: where it was and the message to publish again."""
+
+    partition: str
+    offset: int
+    key: str | None
+    headers: str | None  # JSON text
+    payload: bytes | None
+
+
+async def topic_partitions(conn: Conn) -> list[PartitionBounds]:
     """Every partition of every topic with its log start and end offset."""
-    return list(await conn.fetch(TOPIC_PARTITIONS))
+    return [PartitionBounds(*r) for r in await conn.fetch(TOPIC_PARTITIONS)]
 
 
-async def queue_counts(conn: Conn) -> list[asyncpg.Record]:
+async def queue_counts(conn: Conn) -> list[QueueCounts]:
     """Per queue topic: ready, in-flight and delayed job counts."""
-    return list(await conn.fetch(QUEUE_COUNTS))
+    return [QueueCounts(*r) for r in await conn.fetch(QUEUE_COUNTS)]
 
 
-async def dead_letters(conn: Conn, topic: str, limit: int, payload_bytes: int) -> list[asyncpg.Record]:
+async def dead_letters(conn: Conn, topic: str, limit: int, payload_bytes: int) -> list[DeadLetter]:
     """The jobs still waiting in a dead-letter topic, payloads cut to `payload_bytes`."""
-    return list(await conn.fetch(DEAD_LETTERS, topic, limit, payload_bytes))
+    return [DeadLetter(*r) for r in await conn.fetch(DEAD_LETTERS, topic, limit, payload_bytes)]
 
 
 async def take_dead_letters(
     conn: Connection, topic: str, partition: str | None, offset: int | None, limit: int
-) -> list[asyncpg.Record]:
+) -> list[TakenDeadLetter]:
     """Delete dead-letter jobs (all, or the one at partition/offset) and return their messages (caller's transaction)."""
-    return list(await conn.fetch(TAKE_DEAD_LETTERS, topic, partition, offset, limit))
+    return [TakenDeadLetter(*r) for r in await conn.fetch(TAKE_DEAD_LETTERS, topic, partition, offset, limit)]
 
 
 async def claim_groups(conn: Conn) -> list[asyncpg.Record]:

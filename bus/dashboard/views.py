@@ -88,7 +88,7 @@ class History:
             self.lag.setdefault(g.name, deque(maxlen=self.maxlen)).append((now, g.total_lag))
         ends: dict[str, int] = {}
         for p in parts:
-            ends[p["topic"]] = ends.get(p["topic"], 0) + p["end_offset"]
+            ends[p.topic] = ends.get(p.topic, 0) + p.end_offset
         for topic, end in ends.items():
             self.ends.setdefault(topic, deque(maxlen=self.maxlen)).append((now, end))
 
@@ -152,9 +152,9 @@ async def topics_page(b: Bus, history: History) -> dict[str, Any]:
     topics = await b.list_topics()
     with db.translate_errors():
         parts = await sql.topic_partitions(b.pool)
-    by_topic: dict[str, list[Any]] = {}
+    by_topic: dict[str, list[sql.PartitionBounds]] = {}
     for p in parts:
-        by_topic.setdefault(p["topic"], []).append(p)
+        by_topic.setdefault(p.topic, []).append(p)
     rows = []
     for t in topics:
         ps = by_topic.get(t.name, [])
@@ -169,9 +169,9 @@ async def topics_page(b: Bus, history: History) -> dict[str, Any]:
                 "retention": _seconds(t.retention),
                 "namespace": t.namespace or "",
                 "task": t.task or "",
-                "size": sum(p["end_offset"] - p["log_start"] for p in ps),
-                "end_offset": sum(p["end_offset"] for p in ps),
-                "log_start": min((p["log_start"] for p in ps), default=0),
+                "size": sum(p.end_offset - p.log_start for p in ps),
+                "end_offset": sum(p.end_offset for p in ps),
+                "log_start": min((p.log_start for p in ps), default=0),
                 "rate": "-" if rate is None else f"{rate:.1f}",
             }
         )
@@ -252,21 +252,21 @@ async def queues_page(b: Bus) -> dict[str, Any]:
     """Every queue topic: ready, in flight, delayed, and dead (jobs waiting in its dead-letter topic)."""
     with db.translate_errors():
         rows = await sql.queue_counts(b.pool)
-    counts = {r["topic"]: r for r in rows}
+    counts = {r.topic: r for r in rows}
     queues = []
     for r in rows:
-        dlq = f"{r['topic']}.dlq"
+        dlq = f"{r.topic}.dlq"
         dead = counts.get(dlq)
         queues.append(
             {
-                "topic": r["topic"],
-                "ready": r["ready"],
-                "in_flight": r["in_flight"],
-                "delayed": r["delayed"],
-                "next_delayed": r["next_delayed"],
+                "topic": r.topic,
+                "ready": r.ready,
+                "in_flight": r.in_flight,
+                "delayed": r.delayed,
+                "next_delayed": r.next_delayed,
                 "dead_letter": dlq if dead is not None else None,
-                "dead": None if dead is None else dead["ready"] + dead["in_flight"] + dead["delayed"],
-                "is_dead_letter": r["topic"].endswith(".dlq") and r["topic"][: -len(".dlq")] in counts,
+                "dead": None if dead is None else dead.ready + dead.in_flight + dead.delayed,
+                "is_dead_letter": r.topic.endswith(".dlq") and r.topic[: -len(".dlq")] in counts,
             }
         )
     return {"queues": queues}
@@ -279,24 +279,24 @@ async def queue_page(b: Bus, name: str) -> dict[str, Any]:
     if info.semantics != "queue":
         raise ValidationError(f"topic {name!r} is not a queue topic (semantics={info.semantics!r})")
     with db.translate_errors():
-        counts = {r["topic"]: r for r in await sql.queue_counts(b.pool)}
+        counts = {r.topic: r for r in await sql.queue_counts(b.pool)}
         letters = await sql.dead_letters(b.pool, name, DEAD_LETTER_LIMIT, PAYLOAD_PREVIEW)
     messages = []
     for m in letters:
-        headers = _headers(m["headers"])
+        headers = _headers(m.headers)
         messages.append(
             {
-                "partition": m["partition"],
-                "offset": m["offset"],
-                "key": m["key"],
-                "created_at": m["created_at"],
-                "leased": m["leased"],
+                "partition": m.partition,
+                "offset": m.offset,
+                "key": m.key,
+                "created_at": m.created_at,
+                "leased": m.leased,
                 "source": headers.get("dead_letter.topic"),
                 "source_at": f"{headers.get('dead_letter.partition', '?')}@{headers.get('dead_letter.offset', '?')}",
                 "attempts": headers.get("dead_letter.attempts", ""),
                 "last_error": headers.get("dead_letter.last_error", ""),
                 "errors": _errors(headers),
-                "payload": _preview(m["payload"], m["payload_bytes"]),
+                "payload": _preview(m.payload, m.payload_bytes),
             }
         )
     dlq = f"{name}.dlq"
@@ -335,17 +335,17 @@ async def replay(
             rows = await sql.take_dead_letters(conn, dead_letter_topic, partition, offset, REPLAY_LIMIT)
             by_topic: dict[str, list[Outgoing]] = {}
             for r in rows:
-                headers = _headers(r["headers"])
+                headers = _headers(r.headers)
                 source = headers.get("dead_letter.topic")
                 if not source:
                     raise ValidationError(
-                        f"{dead_letter_topic}/{r['partition']}@{r['offset']} has no dead_letter.topic header: "
+                        f"{dead_letter_topic}/{r.partition}@{r.offset} has no dead_letter.topic header: "
                         "it was not dead-lettered by a queue consumer, so there is nowhere to replay it"
                     )
                 kept = {k: v for k, v in headers.items() if not k.startswith(_DEAD_LETTER_PREFIXES)}
-                kept["replayed_from"] = f"{dead_letter_topic}/{r['partition']}@{r['offset']}"
-                payload = r["payload"] if r["payload"] is not None else b""
-                by_topic.setdefault(source, []).append(Outgoing(payload, key=r["key"], headers=kept))
+                kept["replayed_from"] = f"{dead_letter_topic}/{r.partition}@{r.offset}"
+                payload = r.payload if r.payload is not None else b""
+                by_topic.setdefault(source, []).append(Outgoing(payload, key=r.key, headers=kept))
             for topic, outgoing in by_topic.items():
                 try:
                     await b.topic(topic)
