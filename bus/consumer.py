@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from actors.assignors import ASSIGNORS
 from actors.coordinator import MemberSpec
@@ -24,7 +24,7 @@ from actors.runtime import ActorRef, ActorStoppedError
 from actors.worker import RetryPolicy
 from bus import tracing
 from bus.handoff import Callback, HandlerHandoff, PollHandoff
-from bus.start import parse_start
+from bus.start import StartInput, parse_start
 from bus.types import Message, TopicPartition
 from storage import db, leases
 from storage import groups as group_sql
@@ -56,14 +56,16 @@ class Retry:
         return RetryPolicy.checked(self.max_attempts, self.backoff, self.max_backoff)
 
 
-def _validate_topics(topics: Any, namespace: str | None, task: str | None) -> tuple[str, ...]:
+def _validate_topics(topics: object, namespace: str | None, task: str | None) -> tuple[str, ...]:
     if topics is None:
         if namespace is None and task is None:
             raise ValidationError(
                 "name the topics to read (topics=[...]) or a label (namespace=... / task=...)"
             )
         return ()
-    if not isinstance(topics, (list, tuple)) or not all(isinstance(t, str) for t in topics):
+    if not isinstance(topics, (list, tuple)) or not all(
+        isinstance(t, str) for t in cast("list[object]", topics)
+    ):
         raise ValidationError("topics must be a list of topic names")
     if not topics:
         raise ValidationError("topics is empty: name at least one topic")
@@ -78,7 +80,7 @@ class _Member:
     topics: tuple[str, ...]
     namespace: str | None
     task: str | None
-    start: Any
+    start: StartInput
     assignor: str
     instance_id: str | None
     fetch_size: int
@@ -211,7 +213,7 @@ class Consumer(_MemberBase):
         topics: list[str] | None = None,
         namespace: str | None = None,
         task: str | None = None,
-        start: Any = None,
+        start: StartInput = None,
         auto_commit: bool = True,
         max_poll_records: int = 500,
         assignor: str = "range",
@@ -493,7 +495,7 @@ class Subscription(_MemberBase):
         topics: list[str] | None = None,
         namespace: str | None = None,
         task: str | None = None,
-        start: Any = None,
+        start: StartInput = None,
         retry: Retry | None = None,
         dead_letter: str | None = None,
         assignor: str = "range",

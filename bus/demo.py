@@ -89,7 +89,7 @@ def _deliveries(files: list[Path]) -> set[tuple[str, int]]:
     return got
 
 
-def _lag_table(d: Any, title: str) -> Table:
+def _lag_table(d: bus.GroupDescription, title: str) -> Table:
     t = table(
         "partition", "committed", "end", "lag", "owner", numeric=("committed", "end", "lag"), title=title
     )

@@ -150,7 +150,7 @@ class Event(msgspec.Struct, metaclass=_EventMeta):
         return cls.__payload_attributes__
 
     @classmethod
-    def to_conditions(cls, **values: Any) -> list[QueryCondition]:
+    def to_conditions(cls, **values: object) -> list[QueryCondition]:
         """Conditions for the given attribute values, only for attributes this class declares.
 
         `CourseCreated.to_conditions(course_name="Algebra", user_id="joe")` is
@@ -231,7 +231,7 @@ class PartitionCursor(msgspec.Struct):
     last_error: str | None
 
 
-def attribute_text(value: Any) -> str | None:
+def attribute_text(value: object) -> str | None:
     """The text under which a scalar attribute is indexed; None for values that are not indexed."""
     if value is None:
         return None

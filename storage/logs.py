@@ -19,19 +19,19 @@ class Logger(Protocol):
     def bind(self, **context: object) -> Logger:
         """A logger that adds `context` to every event."""
 
-    def debug(self, event: str, *args: object, **kw: object) -> None:
+    def debug(self, event: str, **kw: object) -> None:
         """Log `event` at DEBUG level with `kw` as key/value context."""
 
-    def info(self, event: str, *args: object, **kw: object) -> None:
+    def info(self, event: str, **kw: object) -> None:
         """Log `event` at INFO level with `kw` as key/value context."""
 
-    def warning(self, event: str, *args: object, **kw: object) -> None:
+    def warning(self, event: str, **kw: object) -> None:
         """Log `event` at WARNING level with `kw` as key/value context."""
 
-    def error(self, event: str, *args: object, **kw: object) -> None:
+    def error(self, event: str, **kw: object) -> None:
         """Log `event` at ERROR level with `kw` as key/value context."""
 
-    def exception(self, event: str, *args: object, **kw: object) -> None:
+    def exception(self, event: str, **kw: object) -> None:
         """Log `event` at ERROR level with the current exception's traceback."""
 
 
