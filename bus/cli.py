@@ -124,10 +124,10 @@ def fit(t: Table, rows: list[list[str]], names: tuple[int, ...] = (0,), width: i
     return t
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     """`data` as indented JSON on stdout (datetimes ISO 8601, durations in seconds)."""
 
-    def enc_hook(obj: Any) -> Any:
+    def enc_hook(obj: object) -> float:
         from datetime import timedelta
 
         if isinstance(obj, timedelta):
@@ -347,7 +347,7 @@ def compact(
         raise typer.Exit(code)
 
 
-def _benchmarks_main() -> Any:
+def _benchmarks_main() -> Callable[..., int]:
     """The harness of the checkout in the working directory (benchmarks/ is not part of the wheel)."""
     import importlib
     import sys
@@ -359,7 +359,8 @@ def _benchmarks_main() -> Any:
         )
         raise typer.Exit(2)
     sys.path.insert(0, str(Path.cwd()))
-    return importlib.import_module("benchmarks.harness").main
+    main: Callable[..., int] = importlib.import_module("benchmarks.harness").main
+    return main
 
 
 @app.command()

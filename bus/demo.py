@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -87,6 +87,15 @@ def _deliveries(files: list[Path]) -> set[tuple[str, int]]:
             if len(parts) == 3:
                 got.add((parts[0], int(parts[1])))
     return got
+
+
+class _Killed(TypedDict, total=False):
+    """The member the demo killed, and how long its partitions took to find a new owner."""
+
+    at: float
+    member: str
+    partitions: list[str]
+    took_over: float
 
 
 def _lag_table(d: bus.GroupDescription, title: str) -> Table:
@@ -177,7 +186,7 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
             acked = list(records)
             rest = messages - first
             published = 0
-            killed: dict[str, Any] = {}
+            killed: _Killed = {}
             done_at: float | None = None
             deadline = time.monotonic() + 120
             with Live(console=console, refresh_per_second=4) as live:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from starlette.applications import Starlette
 
     from bus.client import Bus
@@ -98,7 +99,7 @@ async def serve(
 
 
 def command(
-    console: Any,
+    console: Console,
     *,
     host: str,
     port: int,
