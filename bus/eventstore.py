@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import asyncpg
@@ -374,14 +374,6 @@ def _handled_classes(handled_types: Sequence[type[Event] | str]) -> list[type[Ev
     return classes
 
 
-def _positive_int(value: object, what: str) -> int:
-    return validate_int(value, what, 1)
-
-
-def _seconds(value: timedelta | float, what: str) -> float:
-    return validate_seconds(value, what, allow_zero=True)
-
-
 class EventStore:
     """One store: an ordered log of events with attribute partitions and consumer groups.
 
@@ -457,7 +449,7 @@ class EventStore:
         """Events after position `after`, in order: all of them (conditions None), or those matching any condition."""
         validate_offset(after, "after")
         if limit is not None:
-            _positive_int(limit, "limit")
+            validate_int(limit, "limit", 1)
         with db.translate_errors():
             if conditions is None:
                 rows = await es_storage.read_all(self._pool, self.name, after, limit)
@@ -488,8 +480,8 @@ class EventStore:
         marked failed; `retry_backoff`: seconds before the first retry, doubled each time.
         """
         validate_name(group, "group name")
-        _positive_int(max_attempts, "max_attempts")
-        backoff = _seconds(retry_backoff, "retry_backoff")
+        validate_int(max_attempts, "max_attempts", 1)
+        backoff = validate_seconds(retry_backoff, "retry_backoff", allow_zero=True)
         with db.translate_errors():
             await es_storage.register_group(self._pool, self.name, group, max_attempts, backoff)
 
@@ -587,7 +579,7 @@ class EventStore:
         worker = validate_worker_id(worker_id)
         names = _validate_attribute_names(partition_by)
         classes = _handled_classes(handled_types)
-        _positive_int(max_messages, "max_messages")
+        validate_int(max_messages, "max_messages", 1)
         tags = [str(c.__event_tag__) for c in classes]
         ttl = float(self._bus.config.claim_ttl)
         started = time.monotonic()
@@ -680,7 +672,7 @@ class EventStore:
         validate_name(group, "group name")
         names = _validate_attribute_names(partition_by)
         tags = [str(c.__event_tag__) for c in _handled_classes(handled_types)]
-        seconds = None if budget is None else _seconds(budget, "budget")
+        seconds = None if budget is None else validate_seconds(budget, "budget", allow_zero=True)
         with db.translate_errors():
             state = await es_storage.claim_state(self._pool, self.name, group, names)
             if state.status is None:
@@ -734,7 +726,7 @@ class EventStore:
         With `worker_id`, refused with LeaseLostError if that worker no longer holds the claim.
         """
         validate_name(group, "group name")
-        _positive_int(offset_id, "offset_id")
+        validate_int(offset_id, "offset_id", 1)
         validate_offset(position, "position")
         worker = None if worker_id is None else validate_worker_id(worker_id)
         last, more = self._claims.pop(offset_id, (None, None))
@@ -746,7 +738,7 @@ class EventStore:
     async def release(self, group: str, offset_id: int, *, worker_id: str | None = None) -> None:
         """Release the claim without advancing: the same events come back on the next claim."""
         validate_name(group, "group name")
-        _positive_int(offset_id, "offset_id")
+        validate_int(offset_id, "offset_id", 1)
         worker = None if worker_id is None else validate_worker_id(worker_id)
         self._claims.pop(offset_id, None)
         with db.translate_errors():
@@ -771,8 +763,8 @@ class EventStore:
         `group_error` says why) and True is returned; `start_group` resumes it.
         """
         validate_name(group, "group name")
-        _positive_int(offset_id, "offset_id")
-        delay = None if retry_delay is None else _seconds(retry_delay, "retry_delay")
+        validate_int(offset_id, "offset_id", 1)
+        delay = None if retry_delay is None else validate_seconds(retry_delay, "retry_delay", allow_zero=True)
         worker = None if worker_id is None else validate_worker_id(worker_id)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         text = text.replace("\x00", "")
@@ -801,7 +793,11 @@ class EventStore:
 
     async def release_stale_claims(self, ttl: float | None = None) -> int:
         """Release claims not heartbeaten for `ttl` seconds (default config `claim_ttl`); returns how many."""
-        seconds = float(self._bus.config.claim_ttl) if ttl is None else _seconds(ttl, "ttl")
+        seconds = (
+            float(self._bus.config.claim_ttl)
+            if ttl is None
+            else validate_seconds(ttl, "ttl", allow_zero=True)
+        )
         with db.translate_errors():
             released = await es_storage.release_stale(self._pool, self.name, seconds)
         if released:
