@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 import weakref
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from actors import metrics as _metrics
@@ -167,7 +167,7 @@ class Claim:
         self._finished = True
         return True
 
-    async def extend(self, seconds: float) -> None:
+    async def extend(self, seconds: float | timedelta) -> None:
         """Keep the lease `seconds` more from now; LeaseLostError if someone else took it meanwhile."""
         seconds = validate_seconds(seconds, "extend seconds")
         self._raise_if_lost("extend")
@@ -216,7 +216,7 @@ async def claim(
     task: str | None = None,
     worker_id: str,
     max_messages: int = 100,
-    lease_time: float | None = None,
+    lease_time: float | timedelta | None = None,
     start: StartInput = None,
 ) -> Claim | None:
     """Lease the free partition with the earliest pending message of `topic` (or of the

@@ -45,6 +45,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import asyncpg
@@ -287,7 +288,7 @@ class QueueConsumer:
         bus: Bus,
         topic: str,
         *,
-        visibility_timeout: float = 30.0,
+        visibility_timeout: float | timedelta = 30.0,
         max_attempts: int = 5,
         dead_letter: str | None = None,
         ordered_by_key: bool = False,
@@ -383,7 +384,7 @@ class QueueConsumer:
             for pid in partition_ids:
                 self._system.announce(pid)
 
-    async def take(self, max_messages: int = 10, timeout: float = 1.0) -> list[Message]:  # noqa: ASYNC109 - the public API's shape
+    async def take(self, max_messages: int = 10, timeout: float | timedelta = 1.0) -> list[Message]:  # noqa: ASYNC109 - the public API's shape
         """Lease up to `max_messages` jobs to this consumer, waiting up to `timeout` seconds for the first.
 
         While there is nothing to take it waits for a NOTIFY of the topic's
@@ -568,7 +569,7 @@ class QueueConsumer:
         await asyncio.shield(asyncio.gather(*futures.values()))
         return [m for m, pid, f in waits if (pid, m.offset) not in f.result()]
 
-    async def nack(self, msg: Message, delay: float = 0.0, error: str | None = None) -> None:
+    async def nack(self, msg: Message, delay: float | timedelta = 0.0, error: str | None = None) -> None:
         """Not done: back to the queue after `delay` seconds, `error` kept in its history.
 
         On its last attempt (`msg.attempt >= max_attempts`) the message goes to
