@@ -41,7 +41,7 @@ from storage.errors import (
 from storage.idempotency import validate_idempotency_key
 from storage.logs import get_logger
 from storage.messages import Placed
-from storage.names import MAX_SECONDS, validate_name, validate_offset, validate_partition
+from storage.names import validate_int, validate_name, validate_offset, validate_partition, validate_seconds
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -53,25 +53,6 @@ T = TypeVar("T")
 _SEMANTICS = ("pubsub", "queue")
 _DEDUPE_WINDOW = timedelta(hours=24)
 _CLEANUP = ("delete", "compact")
-
-
-def _seconds(value: timedelta | float | int | None, what: str, *, allow_zero: bool = False) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise ValidationError(f"{what} must be a timedelta, a number of seconds, or None")
-    if allow_zero and seconds == 0:
-        return 0.0
-    if not 0 < seconds <= MAX_SECONDS:  # also refuses NaN and infinity
-        least = "0 or more" if allow_zero else "a positive number of"
-        raise ValidationError(
-            f"{what} must be {least} seconds up to {MAX_SECONDS:.0e} (or None to keep forever)"
-        )
-    return seconds
 
 
 def _topic_info(row: asyncpg.Record) -> TopicInfo:
@@ -288,12 +269,11 @@ class Bus:
         past it; `dedupe_window` is how long a publish's `idempotency_key` is remembered (None: for ever).
         """
         validate_name(name, "topic name")
-        if partitions is not None and (
-            isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 100_000
-        ):
-            raise ValidationError(
-                f"partitions must be an integer from 1 to 100000, or None for dynamic named partitions; got {partitions!r}"
-            )
+        if partitions is not None:
+            try:
+                validate_int(partitions, "partitions", 1, 100_000)
+            except ValidationError as exc:
+                raise ValidationError(f"{exc}; or None for dynamic named partitions") from None
         if semantics not in _SEMANTICS:
             raise ValidationError(f"semantics must be one of {_SEMANTICS}, not {semantics!r}")
         if cleanup not in _CLEANUP:
@@ -303,39 +283,38 @@ class Bus:
         if task is not None:
             validate_name(task, "task")
         limit = self.config.max_message_bytes if max_message_bytes is None else max_message_bytes
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 1 << 30:
-            raise ValidationError(
-                "max_message_bytes must be a positive integer up to 1 GiB (PostgreSQL's limit)"
-            )
+        validate_int(limit, "max_message_bytes (a positive size up to 1 GiB, PostgreSQL's limit)", 1, 1 << 30)
+        # Each duration converted once; None keeps messages (or keys) for ever.
+        retention_s = validate_seconds(
+            retention, "retention (None: keep for ever)", allow_zero=True, allow_none=True
+        )
+        tombstone_s = validate_seconds(
+            tombstone_retention, "tombstone_retention (None: keep)", allow_none=True
+        )
+        dedupe_s = validate_seconds(dedupe_window, "dedupe_window (None: for ever)", allow_none=True)
         wanted = TopicInfo(
             name=name,
             partitions=partitions,
             semantics=semantics,
             cleanup=cleanup,
-            retention=None
-            if retention is None
-            else timedelta(seconds=_seconds(retention, "retention", allow_zero=True) or 0),
-            tombstone_retention=None
-            if tombstone_retention is None
-            else timedelta(seconds=_seconds(tombstone_retention, "tombstone_retention") or 0),
+            retention=None if retention_s is None else timedelta(seconds=retention_s),
+            tombstone_retention=None if tombstone_s is None else timedelta(seconds=tombstone_s),
             namespace=namespace,
             task=task,
             max_message_bytes=limit,
-            dedupe_window=None
-            if dedupe_window is None
-            else timedelta(seconds=_seconds(dedupe_window, "dedupe_window") or 0),
+            dedupe_window=None if dedupe_s is None else timedelta(seconds=dedupe_s),
         )
         values = (
             name,
             partitions,
             semantics,
             cleanup,
-            _seconds(retention, "retention", allow_zero=True),
-            _seconds(tombstone_retention, "tombstone_retention"),
+            retention_s,
+            tombstone_s,
             namespace,
             task,
             limit,
-            _seconds(dedupe_window, "dedupe_window"),
+            dedupe_s,
         )
         with db.translate_errors():
             async with self.pool.acquire() as conn:
