@@ -624,12 +624,7 @@ class Bus:
         """Read a partition from `offset` (the reader mode: no group, no position kept)."""
         info = await self.topic(topic)
         validate_offset(offset)
-        if (
-            isinstance(max_messages, bool)
-            or not isinstance(max_messages, int)
-            or not 1 <= max_messages <= 100_000
-        ):
-            raise ValidationError("max_messages must be an integer from 1 to 100000")
+        validate_int(max_messages, "max_messages", 1, 100_000)
         name = validate_partition(str(partition) if isinstance(partition, int) else partition)
         pid = await self.partition_id(info, name, create=False)
         if pid is None:
