@@ -258,7 +258,11 @@ class Consumer(_MemberBase):
     async def __aenter__(self) -> Consumer:
         return await self.start()
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc is not None:
+            # The block failed while handling what it polled last: with auto_commit, leaving
+            # must not commit that batch (it comes again), only what earlier polls committed.
+            self._h.auto_commit = False
         await self.close()
 
     async def close(self, cancel: bool = False) -> None:

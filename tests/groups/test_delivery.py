@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import bus
 from tests.groups.helpers import drain, eventually
 
@@ -93,3 +95,20 @@ async def test_describe_reset_and_delete_group(connect, fast) -> None:
     assert [g.name for g in await b.admin.list_groups()] == ["g"]
     await b.admin.delete_group("g")
     assert await b.admin.list_groups() == []
+
+
+async def test_leaving_an_auto_commit_block_on_an_error_does_not_commit_the_batch_being_handled(connect, fast) -> None:
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=1)
+    await b.publish_many("t", [bus.Outgoing({"i": i}) for i in range(6)])
+    with pytest.raises(RuntimeError, match="handler failed"):
+        async with b.consumer("g", topics=["t"], max_poll_records=3) as c:
+            first = await drain([c], 3)
+            assert [m.offset for m in first] == [0, 1, 2]
+            second = await c.poll(timeout=5.0)  # commits 0..2 first (auto_commit)
+            assert [m.offset for m in second] == [3, 4, 5]
+            raise RuntimeError("handler failed")
+    # 0..2 were committed by the second poll; 3..5 were being handled when the block failed.
+    assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name = 'g'") == 3
+    async with b.consumer("g", topics=["t"]) as again:
+        assert [m.offset for m in await drain([again], 3)] == [3, 4, 5]
