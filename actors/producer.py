@@ -5,7 +5,8 @@ is batching, and so is this one's. Callers validate and encode their
 messages themselves (a message that fails validation fails alone and never
 reaches the Producer), then hand the call over as a :class:`Publish` and
 wait on its reply future. The Producer keeps the calls in arrival order and
-writes them with one flusher task, one flush at a time:
+writes them in flushes, up to `max_in_flight` (4) at once but never two that
+share a partition, so each partition still commits in call order:
 
 * nothing in flight: the next flush starts at once (no added latency; with
   `linger` > 0 it first waits that long for companions);
