@@ -33,13 +33,20 @@ async def app(dsn: str) -> AsyncIterator[tuple[asyncpg.Connection, str]]:
         await conn.close()
 
 
+async def _insert(conn: Any, table: str, batch: list[bus.Message]) -> None:
+    """The user's own write: one row per message."""
+    await conn.executemany(
+        f"INSERT INTO {table} VALUES ($1, $2, $3)", [(m.topic, m.partition, m.offset) for m in batch]
+    )
+
+
 async def _publish(b: bus.Bus, per_partition: int, start: int = 0) -> None:
     for i in range(start, start + per_partition):
         for p in ("0", "1"):
             await b.publish("t", {"i": i}, partition=p)
 
 
-async def _poll_until(c: bus.Consumer, n: int, timeout: float = 20.0) -> list[bus.Message]:
+async def _poll_until(c: bus.Consumer, n: int, timeout: float = 20.0) -> list[bus.Message]:  # noqa: ASYNC109
     got: list[bus.Message] = []
 
     async def more() -> bool:
@@ -56,9 +63,7 @@ async def _low_level_unit(
     """The README's low-level loop: writes + commit(connection=) in one transaction; rewind on failure."""
     try:
         async with conn.transaction():
-            await conn.executemany(
-                f"INSERT INTO {table} VALUES ($1, $2, $3)", [(m.topic, m.partition, m.offset) for m in batch]
-            )
+            await _insert(conn, table, batch)
             await c.commit(connection=conn)
     except bus.StaleGenerationError:
         await c.rewind()
@@ -71,9 +76,7 @@ async def _tx_unit(c: bus.Consumer, table: str, n: int) -> bool:
     try:
         async with c.transaction() as tx:
             batch = await c.poll(timeout=0.2, max_records=n)
-            await tx.connection.executemany(
-                f"INSERT INTO {table} VALUES ($1, $2, $3)", [(m.topic, m.partition, m.offset) for m in batch]
-            )
+            await _insert(tx.connection, table, batch)
     except bus.StaleGenerationError:
         return False
     return True
@@ -172,9 +175,7 @@ async def test_transaction_commits_writes_and_offsets_together_across_a_rebalanc
     with pytest.raises(bus.StaleGenerationError):
         async with a.transaction() as tx:
             batch = await _poll_until(a, 8)
-            await tx.connection.executemany(
-                f"INSERT INTO {table} VALUES ($1, $2, $3)", [(m.topic, m.partition, m.offset) for m in batch]
-            )
+            await _insert(tx.connection, table, batch)
             b2 = await b.consumer("g", topics=["t"], auto_commit=False).start()
             await eventually(lambda: len(a.assignment()) == 1 and len(b2.assignment()) == 1)
         refused = True
@@ -212,9 +213,7 @@ async def test_transaction_rolls_back_and_rewinds_on_the_users_own_error(connect
     with pytest.raises(RuntimeError, match="handler failed"):
         async with c.transaction() as tx:
             first = await _poll_until(c, 6)
-            await tx.connection.executemany(
-                f"INSERT INTO {table} VALUES ($1, $2, $3)", [(m.topic, m.partition, m.offset) for m in first]
-            )
+            await _insert(tx.connection, table, first)
             raise RuntimeError("handler failed")
     assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
     async with c.transaction() as tx:
@@ -222,9 +221,7 @@ async def test_transaction_rolls_back_and_rewinds_on_the_users_own_error(connect
         assert sorted((m.partition, m.offset) for m in again) == sorted(
             (m.partition, m.offset) for m in first
         )
-        await tx.connection.executemany(
-            f"INSERT INTO {table} VALUES ($1, $2, $3)", [(m.topic, m.partition, m.offset) for m in again]
-        )
+        await _insert(tx.connection, table, again)
     await _exactly_once(conn, table, 3)
     committed = await b.pool.fetch("SELECT committed FROM offsets WHERE group_name = 'g'")
     assert sorted(r["committed"] for r in committed) == [3, 3]
