@@ -231,13 +231,11 @@ class PollHandoff(MemberState):
                 worker.signal(Wake())
         return out
 
-    def drop_buffered(self, partition_id: int | None, epoch: int | None) -> None:
-        """Drop buffered batches of a partition (of one lease epoch, or any when None; every partition when None)."""
+    def drop_buffered(self, partition_id: int, epoch: int | None) -> None:
+        """Drop buffered batches of a partition (of one lease epoch, or of any when None)."""
         kept: deque[tuple[Batch, int]] = deque()
         for batch, index in self.buffer:
-            if (partition_id is None or batch.partition_id == partition_id) and (
-                epoch is None or batch.epoch == epoch
-            ):
+            if batch.partition_id == partition_id and (epoch is None or batch.epoch == epoch):
                 self.buffered -= len(batch.rows) - index
             else:
                 kept.append((batch, index))

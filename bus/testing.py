@@ -46,8 +46,8 @@ import pytest
 
 import bus
 from bus.admin import GroupDescription
+from storage.db import drop_schema
 from storage.errors import GroupNotFoundError
-from storage.testing import drop_schema
 
 try:
     import pytest_asyncio

@@ -158,6 +158,14 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
         ) from exc
 
 
+async def drop_schema(conn: Connection, schema: str) -> None:
+    """Drop `schema` and everything in it (a test's private schema)."""
+    # Like CREATE SCHEMA in _migrate: an identifier cannot be a bind parameter, so it is
+    # validated (a plain identifier) and quoted instead.
+    validate_schema(schema)
+    await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
     applied_now: list[int] = []
     async with conn.transaction():

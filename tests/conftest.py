@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 import bus
+from storage import db
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +38,7 @@ async def drop_schema(dsn: str, schema: str) -> AsyncIterator[None]:
     yield
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await db.drop_schema(conn, schema)
     finally:
         await conn.close()
 

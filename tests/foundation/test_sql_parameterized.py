@@ -30,7 +30,7 @@ SQL_WORDS = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|WITH
 # (file, snippet of the interpolated statement): the validated-schema identifier spots.
 ALLOWED = {
     ("storage/db.py", 'CREATE SCHEMA IF NOT EXISTS "{schema}"'),
-    ("storage/testing.py", 'DROP SCHEMA IF EXISTS "{schema}" CASCADE'),  # validate_schema() just before
+    ("storage/db.py", 'DROP SCHEMA IF EXISTS "{schema}" CASCADE'),  # validate_schema() just before
 }
 
 
