@@ -154,13 +154,3 @@ async def fetch(
 async def state(conn: Conn, group: str, partition_id: int) -> asyncpg.Record | None:
     return await conn.fetchrow(LEASE_STATE, group, partition_id)
 
-
-COMMITTED_OFFSETS = """
-SELECT partition_id, committed FROM offsets WHERE group_name = $1 AND partition_id = ANY($2::bigint[])
-"""
-
-
-async def committed_offsets(conn: Conn, group: str, partition_ids: list[int]) -> dict[int, int]:
-    """The committed offset of each of a group's partitions (those with a cursor row)."""
-    rows = await conn.fetch(COMMITTED_OFFSETS, group, partition_ids)
-    return {int(r[0]): int(r[1]) for r in rows}
