@@ -153,4 +153,3 @@ async def fetch(
 
 async def state(conn: Conn, group: str, partition_id: int) -> asyncpg.Record | None:
     return await conn.fetchrow(LEASE_STATE, group, partition_id)
-
