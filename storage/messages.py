@@ -19,69 +19,6 @@ from storage import idempotency
 #: What `append` runs on: the pool (one autocommit statement) or one connection.
 Target = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
 
-PUBLISH_ONE = """
-WITH p AS (
-    UPDATE partitions SET next_offset = next_offset + 1 WHERE id = $1
-    RETURNING next_offset - 1 AS off
-), m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload)
-    SELECT $1, p.off, $2, $3::jsonb, $4 FROM p
-    RETURNING "offset", created_at
-)
-SELECT m."offset", m.created_at, pg_notify($5, $1::text) FROM m
-"""
-
-# The same, without the NOTIFY: for publishes whose wake-up is sent after
-# commit (actors/announcer.py explains why that is faster).
-PUBLISH_ONE_QUIET = """
-WITH p AS (
-    UPDATE partitions SET next_offset = next_offset + 1 WHERE id = $1
-    RETURNING next_offset - 1 AS off
-)
-INSERT INTO messages (partition_id, "offset", key, headers, payload)
-SELECT $1, p.off, $2, $3::jsonb, $4 FROM p
-RETURNING "offset", created_at
-"""
-
-PUBLISH_BATCH = """
-WITH p AS (
-    UPDATE partitions SET next_offset = next_offset + cardinality($4::bytea[]) WHERE id = $1
-    RETURNING next_offset - cardinality($4::bytea[]) AS base
-), m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload)
-    SELECT $1, p.base + u.ord - 1, u.k, u.h::jsonb, u.p
-    FROM p, unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, ord)
-    RETURNING "offset", created_at
-)
-SELECT m."offset", m.created_at, n.ok
-FROM m, (SELECT pg_notify($5, $1::text) IS NULL AS ok) AS n
-ORDER BY m."offset"
-"""
-
-# Many partitions in one statement (atomic without an explicit transaction):
-# partition rows are locked in id order (no deadlock between two such
-# statements), each counter moves once, offsets follow input order within a
-# partition. $1..$4 are parallel arrays (partition id, key, headers, payload).
-PUBLISH_MULTI_QUIET = """
-WITH input AS (
-    SELECT u.pid, u.k, u.h, u.p, u.ord
-    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(pid, k, h, p, ord)
-), counts AS (
-    SELECT pid, count(*) AS n FROM input GROUP BY pid
-), locked AS (
-    SELECT id FROM partitions WHERE id IN (SELECT pid FROM counts) ORDER BY id FOR NO KEY UPDATE
-), bumped AS (
-    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
-    FROM counts c JOIN locked l ON l.id = c.pid
-    WHERE pt.id = c.pid
-    RETURNING pt.id, pt.next_offset - c.n AS base
-)
-INSERT INTO messages (partition_id, "offset", key, headers, payload)
-SELECT i.pid, b.base + row_number() OVER (PARTITION BY i.pid ORDER BY i.ord) - 1, i.k, i.h::jsonb, i.p
-FROM input i JOIN bumped b ON b.id = i.pid
-RETURNING partition_id, "offset", created_at
-"""
-
 # What `append` runs: any partitions, one statement (atomic without an explicit
 # transaction). $1..$4 are parallel arrays (partition id, key, headers,
 # payload); $5 is each message's index among the input's messages of its
@@ -166,54 +103,6 @@ LIMIT $3
 """
 
 BOUNDS = "SELECT log_start, next_offset FROM partitions WHERE id = $1"
-
-
-async def publish_one(
-    conn: asyncpg.Connection | asyncpg.Pool,
-    partition_id: int,
-    key: str | None,
-    headers: str | None,
-    payload: bytes | None,
-    channel: str | None,
-    statement: str = PUBLISH_ONE,
-) -> tuple[int, datetime] | None:
-    """Append one message; None if the partition no longer exists.
-
-    `statement` is PUBLISH_ONE, or a variant with the same parameters and
-    result (queue topics: storage.queues.PUBLISH_ONE also inserts the job).
-    With `channel=None` it is PUBLISH_ONE_QUIET: the caller announces after commit.
-    """
-    if channel is None:
-        row = await conn.fetchrow(PUBLISH_ONE_QUIET, partition_id, key, headers, payload)
-    else:
-        row = await conn.fetchrow(statement, partition_id, key, headers, payload, channel)
-    return None if row is None else (row[0], row[1])
-
-
-async def publish_batch(
-    conn: asyncpg.Connection,
-    partition_id: int,
-    keys: list[str | None],
-    headers: list[str | None],
-    payloads: list[bytes | None],
-    channel: str,
-    statement: str = PUBLISH_BATCH,
-) -> list[tuple[int, datetime]]:
-    """Append messages to one partition in one statement; [] if the partition no longer exists."""
-    rows = await conn.fetch(statement, partition_id, keys, headers, payloads, channel)
-    return [(r[0], r[1]) for r in rows]
-
-
-async def publish_multi(
-    conn: asyncpg.Connection | asyncpg.Pool,
-    partition_ids: list[int],
-    keys: list[str | None],
-    headers: list[str | None],
-    payloads: list[bytes | None],
-) -> list[tuple[int, int, datetime]]:
-    """Append messages to several partitions in one statement; (partition_id, offset, created_at) rows."""
-    rows = await conn.fetch(PUBLISH_MULTI_QUIET, partition_ids, keys, headers, payloads)
-    return [(r[0], r[1], r[2]) for r in rows]
 
 
 #: Where one message of `append` landed: (partition id, offset, created_at, partition name). The

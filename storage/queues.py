@@ -16,43 +16,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import cast
 
-import asyncpg
 import msgspec
 
 from storage.db import Conn
-
-PUBLISH_ONE = """
-WITH p AS (
-    UPDATE partitions SET next_offset = next_offset + 1 WHERE id = $1
-    RETURNING next_offset - 1 AS off, topic
-), m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload)
-    SELECT $1, p.off, $2, $3::jsonb, $4 FROM p
-    RETURNING "offset", created_at
-), j AS (
-    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
-    SELECT $1, p.off, p.topic, $2 FROM p
-)
-SELECT m."offset", m.created_at, pg_notify($5, $1::text) FROM m
-"""
-
-PUBLISH_BATCH = """
-WITH p AS (
-    UPDATE partitions SET next_offset = next_offset + cardinality($4::bytea[]) WHERE id = $1
-    RETURNING next_offset - cardinality($4::bytea[]) AS base, topic
-), m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload)
-    SELECT $1, p.base + u.ord - 1, u.k, u.h::jsonb, u.p
-    FROM p, unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, ord)
-    RETURNING "offset", created_at, key
-), j AS (
-    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
-    SELECT $1, m."offset", p.topic, m.key FROM m, p
-)
-SELECT m."offset", m.created_at, n.ok
-FROM m, (SELECT pg_notify($5, $1::text) IS NULL AS ok) AS n
-ORDER BY m."offset"
-"""
 
 # One take statement serves every consumer of a Bus asking at the same time
 # (the Bus coalesces them, see bus/queues.py): $4 lists the consumers, $2 how
@@ -184,10 +150,6 @@ SECONDS_UNTIL_VISIBLE = """
 SELECT EXTRACT(EPOCH FROM min(visible_at) - clock_timestamp())::float8 FROM queue_jobs WHERE topic = $1
 """
 
-JOB_STATE = 'SELECT lease_epoch, leased_by FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2'
-
-PENDING_JOBS = "SELECT count(*) FROM queue_jobs WHERE topic = $1"
-
 
 class TakenJob(msgspec.Struct, frozen=True, gc=False):
     """One job a take leased: the message, its lease and which request of the take it went to (from 1)."""
@@ -267,13 +229,3 @@ async def delete_job(conn: Conn, partition_id: int, offset: int, epoch: int) -> 
     """Remove the job for dead-lettering; None if the lease was lost."""
     row = await conn.fetchrow(DELETE_JOB, partition_id, offset, epoch)
     return None if row is None else RemovedJob(cast("str | None", row["errors"]))
-
-
-async def job_state(conn: Conn, partition_id: int, offset: int) -> asyncpg.Record | None:
-    """The job's current lease (for error messages)."""
-    return await conn.fetchrow(JOB_STATE, partition_id, offset)
-
-
-async def pending_jobs(conn: Conn, topic: str) -> int:
-    """Jobs not yet acked (taken or not)."""
-    return int(await conn.fetchval(PENDING_JOBS, topic))
