@@ -14,12 +14,18 @@ from actors.runtime import Message
 
 
 class Subscribe(Message, frozen=True):
-    """Tell `ref` `message` whenever `channel` is notified with `key` (None: any payload)."""
+    """Tell `ref` `message` whenever `channel` is notified with `key` (None: any payload).
+
+    `catch_up`: when this subscription starts the LISTEN, tell `ref` once right
+    away (what was notified before it). A subscriber that asks instead of
+    telling has the LISTEN in place when the answer comes, and needs none.
+    """
 
     channel: str
     key: str | None
     ref: Any
     message: Any
+    catch_up: bool = True
 
 
 class Unsubscribe(Message, frozen=True):

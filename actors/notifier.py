@@ -4,6 +4,14 @@ Notifications are hints, never the only path: every subscriber also polls
 on a timer, so a notification lost while the connection was down (or
 dropped because a mailbox was full) only delays work by one poll interval.
 After a reconnect every subscriber is woken once to catch up.
+
+A `lazy` channel (the busy messages channel) is LISTENed to only while some
+actor subscribes to it: a process that only publishes receives no
+notifications (every NOTIFY costs each listening connection a message to
+parse). A subscriber whose subscription started the LISTEN is woken once
+right after it (`Subscribe.catch_up`), so nothing notified between its first
+read and the LISTEN waits for the poll; one that asks (`ask(Subscribe(...))`)
+knows the LISTEN is in place when the answer comes.
 """
 
 from __future__ import annotations
@@ -25,11 +33,19 @@ class Notifier(Actor[NotifierMessage]):
 
     mailbox_size = 10_000
 
-    def __init__(self, connect: Connect, channels: list[str], check_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        connect: Connect,
+        channels: list[str],
+        check_interval: float = 1.0,
+        lazy: frozenset[str] = frozenset(),
+    ) -> None:
         self._connect = connect
         self._channels = channels
+        self._lazy = lazy
         self._check_interval = check_interval
         self._conn: asyncpg.Connection | None = None
+        self._listening: set[str] = set()  # channels LISTENed to on `_conn`
         # channel -> key (None: any) -> [(ref, message)]
         self._subs: dict[str, dict[str | None, list[tuple[Any, Any]]]] = {c: {} for c in channels}
         self._log = get_logger(__name__, actor="notifier")
@@ -48,6 +64,7 @@ class Notifier(Actor[NotifierMessage]):
             except Exception:  # closing a broken connection must not fail the stop
                 self._conn.terminate()
         self._conn = None
+        self._listening.clear()
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: object) -> None:
         # Runs in asyncpg's protocol callback: never block, never raise.
@@ -59,16 +76,19 @@ class Notifier(Actor[NotifierMessage]):
     async def _ensure_connected(self, wake_all: bool) -> None:
         if self._conn is not None and not self._conn.is_closed():
             return
+        self._listening.clear()
+        wanted = [c for c in self._channels if c not in self._lazy or self._subs.get(c)]
         try:
             conn = await self._connect()
-            for channel in self._channels:
+            for channel in wanted:
                 await conn.add_listener(channel, self._on_notify)
             conn.add_termination_listener(self._on_lost)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             self._log.warning("listen_connect_failed", error=str(exc))
             return
         self._conn = conn
-        self._log.debug("listening", channels=self._channels)
+        self._listening.update(wanted)
+        self._log.debug("listening", channels=wanted)
         if wake_all:
             for by_key in self._subs.values():
                 for subs in by_key.values():
@@ -83,13 +103,42 @@ class Notifier(Actor[NotifierMessage]):
                     ref.signal(msg)
                 for ref, msg in by_key.get(None, ()):
                     ref.signal(msg)
-            case Subscribe(channel=channel, key=key, ref=ref, message=msg):
+            case Subscribe(channel=channel, key=key, ref=ref, message=msg, catch_up=catch_up):
                 self._subs.setdefault(channel, {}).setdefault(key, []).append((ref, msg))
+                if await self._listen(channel) and catch_up:
+                    ref.signal(msg)  # what was notified before the LISTEN: look once
             case Unsubscribe(ref=ref):
                 for by_key in self._subs.values():
                     for key in list(by_key):
                         by_key[key] = [(r, m) for r, m in by_key[key] if r is not ref]
                         if not by_key[key]:
                             del by_key[key]
+                for channel in [c for c in self._listening & self._lazy if not self._subs.get(c)]:
+                    await self._unlisten(channel)
             case CheckConnection():
                 await self._ensure_connected(wake_all=True)
+
+    async def _listen(self, channel: str) -> bool:
+        """LISTEN to `channel` if not yet; True when this call started it."""
+        conn = self._conn
+        if channel in self._listening or conn is None or conn.is_closed():
+            return False  # listening already, or the reconnect listens (and wakes everyone)
+        try:
+            await conn.add_listener(channel, self._on_notify)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            self._log.warning("listen_failed", channel=channel, error=str(exc))
+            conn.terminate()  # the periodic check reconnects and listens to every wanted channel
+            return False
+        self._listening.add(channel)
+        return True
+
+    async def _unlisten(self, channel: str) -> None:
+        """Stop listening to `channel` (nobody subscribes to it any more)."""
+        self._listening.discard(channel)
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            return
+        try:
+            await conn.remove_listener(channel, self._on_notify)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            self._log.info("unlisten_failed", channel=channel, error=str(exc))

@@ -19,7 +19,9 @@ share a partition, so each partition still commits in call order:
 * each caller gets its own places, or its own exception: when a flush fails
   for any reason but a lost connection, its calls are written again one by
   one, so one bad call cannot fail its companions;
-* one wake-up per partition per flush, after commit, through the Announcer;
+* one wake-up per partition per flush: sent by the flush's own commit when
+  it runs alone, else after commit through the Announcer (notifying commits
+  serialize, so flushes side by side must not notify);
 * back-pressure: `receive` stops taking calls while `max_pending` messages
   wait, so the bounded mailbox fills and callers wait in `tell`; memory stays
   flat under a flood of callers.
@@ -95,14 +97,6 @@ class Prepared:
         self.payloads.append(payload)
         self.nbytes += len(payload or b"") + len(headers or "") + len(key or "")
 
-    def measure(self) -> None:
-        """Set `nbytes` after the lists were filled directly (what `add` does one message at a time)."""
-        self.nbytes = (
-            sum(len(p) for p in self.payloads if p is not None)
-            + sum(len(h) for h in self.headers if h is not None)
-            + sum(len(k) for k in self.keys if k is not None)
-        )
-
     def keyed(self) -> log_sql.Keyed | None:
         """The idempotency side of this call alone, if any message has a key."""
         if self.ikeys is None:
@@ -110,10 +104,20 @@ class Prepared:
         n = len(self.ikeys)
         return log_sql.Keyed([self.topic] * n, self.ikeys, [self.window] * n, self.names)
 
-    async def append(self, conn: log_sql.Target) -> list[log_sql.Placed | None]:
-        """Write this call alone (with keys, `conn` is a connection inside a transaction)."""
+    async def append(self, conn: log_sql.Target, notify: str | None = None) -> list[log_sql.Placed | None]:
+        """Write this call alone (with keys, `conn` is a connection inside a transaction).
+
+        `notify`: the channel to wake listeners on, with the write's commit.
+        """
         return await log_sql.append(
-            conn, self.pids, self.keys, self.headers, self.payloads, queue=self.queue, keyed=self.keyed()
+            conn,
+            self.pids,
+            self.keys,
+            self.headers,
+            self.payloads,
+            queue=self.queue,
+            keyed=self.keyed(),
+            notify=notify,
         )
 
 
@@ -162,6 +166,7 @@ class Producer(Actor[Publish]):
         announce: Callable[[int], None],
         settings: ProducerSettings,
         stats: ProducerStats | None = None,
+        channel: str | None = None,
     ) -> None:
         # Connections of its own, not the pool's: a pool connection costs a reset round trip on
         # every release, which would be one more round trip per flush.
@@ -169,6 +174,7 @@ class Producer(Actor[Publish]):
         self._conns: list[asyncpg.Connection] = []  # idle ones
         self._open: set[asyncpg.Connection] = set()
         self._announce = announce
+        self._channel = channel
         self._settings = settings
         self.stats = stats if stats is not None else ProducerStats()
         self._pending: deque[Publish] = deque()
@@ -368,6 +374,10 @@ class Producer(Actor[Publish]):
                 ikeys += call.ikeys if call.ikeys is not None else [None] * n
                 windows += [call.window] * n
                 names += call.names
+        # A flush that runs alone sends its wake-ups with its commit (one statement, and the
+        # listeners hear of it one round trip sooner); flushes side by side leave them to the
+        # Announcer, because notifying commits serialize (see actors/announcer.py).
+        notify = self._channel if len(self._flushes) <= 1 else None
         try:
             if keyed:
                 async with conn.transaction():
@@ -379,9 +389,10 @@ class Producer(Actor[Publish]):
                         payloads,
                         queue=queue,
                         keyed=log_sql.Keyed(topics, ikeys, windows, names),
+                        notify=notify,
                     )
             else:
-                placed = await log_sql.append(conn, pids, keys, headers, payloads, queue=queue)
+                placed = await log_sql.append(conn, pids, keys, headers, payloads, queue=queue, notify=notify)
         except _LOST as exc:
             # Nothing to isolate: every call's outcome is equally unknown; each caller retries (with its key).
             self._fail(calls, _unavailable(exc))
@@ -404,8 +415,9 @@ class Producer(Actor[Publish]):
             if not m.reply.done():
                 m.reply.set_result(placed[start:end])
             start = end
-        for pid in set(pids):
-            self._announce(pid)
+        if notify is None:
+            for pid in set(pids):
+                self._announce(pid)
 
     def _fail(self, calls: list[Publish], exc: BaseException) -> None:
         for m in calls:

@@ -57,7 +57,11 @@ class GroupSystem:
     async def start(self) -> None:
         cfg = self.monitor_config
         self.notifier = self.root.spawn(
-            lambda: Notifier(self._listen, [self.messages_channel, cfg.groups_channel, cfg.topics_channel]),
+            lambda: Notifier(
+                self._listen,
+                [self.messages_channel, cfg.groups_channel, cfg.topics_channel],
+                lazy=frozenset({self.messages_channel}),
+            ),
             "notifier",
         )
         self.announcer = self.root.spawn(lambda: Announcer(self._listen, self.messages_channel), "announcer")

@@ -129,9 +129,9 @@ class Bus:
             max_pending=4 * c.max_batch,
         )
         self.producer_stats = stats = ProducerStats()
-        dsn, schema, announce = self.dsn, c.schema, system.announce
+        dsn, schema, announce, channel = self.dsn, c.schema, system.announce, self.channels.messages
         self._producer = system.root.spawn(
-            lambda: Producer(lambda: db.connect(dsn, schema), announce, settings, stats), "producer"
+            lambda: Producer(lambda: db.connect(dsn, schema), announce, settings, stats, channel), "producer"
         )
 
     async def _group_system(self) -> GroupSystem:
@@ -421,6 +421,7 @@ class Bus:
         # The per-message loop of publish_many: local names, no per-message method calls of our own.
         names, keys, heads, datas = out.names, out.keys, out.headers, out.payloads
         choose = self._choose_partition
+        nbytes = 0
         for item in messages:
             msg = item if type(item) is Outgoing else Outgoing(item)
             key = validate_key(msg.key)
@@ -432,6 +433,12 @@ class Bus:
             else:
                 head = last_encoded = encode_headers(msg.headers)
                 last_headers = msg.headers
+            if data is not None:
+                nbytes += len(data)
+            if head is not None:
+                nbytes += len(head)
+            if key is not None:
+                nbytes += len(key)
             if msg.idempotency_key is not None:
                 if out.ikeys is None:
                     out.ikeys = [None] * len(names)
@@ -442,7 +449,7 @@ class Bus:
             keys.append(key)
             heads.append(head)
             datas.append(data)
-        out.measure()
+        out.nbytes = nbytes
         for name in dict.fromkeys(out.names):
             pid = self._partition_ids.get((info.name, name))
             if pid is None:
@@ -485,8 +492,7 @@ class Bus:
                 if connection is not None:
                     # A savepoint inside the caller's transaction; the wake-up is sent by its commit.
                     async with db.on_schema(connection, self.config.schema):
-                        placed = await call.append(connection)
-                        await log_sql.announce(connection, self.channels.messages, sorted(set(call.pids)))
+                        placed = await call.append(connection, notify=self.channels.messages)
                 elif call.ikeys is not None:
                     async with self.pool.acquire() as conn, conn.transaction():
                         placed = await call.append(conn)

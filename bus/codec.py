@@ -50,27 +50,31 @@ def encode_payload(payload: object, *, allow_tombstone: bool, limit: int) -> byt
     return data
 
 
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+
+
 def _holds_a_set(value: object) -> bool:
     """True when a set hides in `value` or its plain containers (Structs declare their own field types).
 
-    Iterative and dispatching on exact types: it runs on every structured payload.
+    Iterative and dispatching on exact types: it runs on every structured payload, so the usual
+    flat dict of scalars costs one C-level type lookup per value.
     """
     kind = type(value)
     if kind is set or kind is frozenset:
         return True
-    stack: list[object]
+    items: Any
     if kind is dict:
-        stack = list(cast("dict[object, object]", value).values())
+        items = cast("dict[object, object]", value).values()
     elif kind is list or kind is tuple:
-        stack = list(cast("list[object]", value))
+        items = value
     else:
         return False
+    stack: list[object] = [item for item in items if type(item) not in _PLAIN]
     while stack:
         item = stack.pop()
-        kind = type(item)
-        if kind is str or kind is int or kind is float or kind is bool or item is None:
+        if type(item) in _PLAIN:
             continue
-        if kind is set or kind is frozenset or isinstance(item, (set, frozenset)):
+        if isinstance(item, (set, frozenset)):
             return True
         if isinstance(item, dict):
             stack.extend(cast("dict[object, object]", item).values())

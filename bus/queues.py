@@ -262,14 +262,14 @@ class QueueWaker(Actor[QueueWake]):
     async def subscribe(
         notifier: ActorRef[Any], ref: ActorRef[Any], channel: str, keys: tuple[str | None, ...]
     ) -> None:
-        """Put `ref`'s subscriptions in the Notifier's mailbox, ahead of any NOTIFY of a later commit.
+        """Subscribe `ref` and wait until the Notifier listens, so the NOTIFY of any later commit rings.
 
         Done by the consumer's `start` rather than `on_start`, so a publish
         right after `start` returns is sure to ring; the subscriptions belong
         to the ref and so outlive a restart of this actor.
         """
         for key in keys:
-            await notifier.tell(Subscribe(channel, key, ref, QueueWake()))
+            await notifier.ask(Subscribe(channel, key, ref, QueueWake(), catch_up=False))
 
     async def on_stop(self) -> None:
         """Leave the Notifier's subscription table."""

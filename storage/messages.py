@@ -9,6 +9,9 @@ that already moved past 7 would miss it for good.
 
 from __future__ import annotations
 
+import itertools
+from collections import defaultdict
+from collections.abc import Iterator
 from datetime import datetime
 
 import asyncpg
@@ -23,7 +26,9 @@ Target = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
 # transaction). $1..$4 are parallel arrays (partition id, key, headers,
 # payload); $5 is each message's index among the input's messages of its
 # partition (computed by the caller: no sort or window function here); $6/$7
-# the distinct partition ids and their message counts. Partition rows are
+# the distinct partition ids and their message counts; $8 a channel to NOTIFY
+# once per partition written (NULL: none; the wake-up goes with the commit,
+# see actors/announcer.py for when that is wanted). Partition rows are
 # locked in id order (no deadlock between two such statements), each counter
 # moves once, so offsets are dense and commit in order (invariant 1). Every
 # message of the statement gets one created_at, and the answer is one row per
@@ -44,12 +49,13 @@ WITH locked AS (
     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[], $5::int[]) AS u(pid, k, h, p, i)
     JOIN bumped b ON b.id = u.pid CROSS JOIN ts
 )
-SELECT b.id, b.base, ts.at FROM bumped b CROSS JOIN ts
+SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
+FROM bumped b CROSS JOIN ts
 """
 
 # APPEND for an input of one partition (the common flush): no lock-ordering
 # step (one row cannot deadlock), the offsets follow input order.
-# $1 partition id, $2..$4 key, headers, payload arrays.
+# $1 partition id, $2..$4 key, headers, payload arrays, $5 as APPEND's $8.
 APPEND_ONE = """
 WITH p AS (
     UPDATE partitions SET next_offset = next_offset + cardinality($4::bytea[]) WHERE id = $1
@@ -61,7 +67,7 @@ WITH p AS (
     SELECT $1, p.base + u.i - 1, u.k, u.h::jsonb, u.p, ts.at
     FROM p CROSS JOIN ts CROSS JOIN unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, i)
 )
-SELECT p.base, ts.at FROM p CROSS JOIN ts
+SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM p CROSS JOIN ts
 """
 
 # APPEND for inputs that include queue topics: a message of a
@@ -87,7 +93,8 @@ WITH locked AS (
     INSERT INTO queue_jobs (partition_id, "offset", topic, key)
     SELECT pid, off, topic, k FROM rows WHERE queued
 )
-SELECT b.id, b.base, ts.at FROM bumped b CROSS JOIN ts
+SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
+FROM bumped b CROSS JOIN ts
 """
 
 ANNOUNCE = "SELECT count(pg_notify($1, x::text)) FROM unnest($2::bigint[]) AS x"
@@ -134,29 +141,32 @@ async def _append(
     keys: list[str | None],
     headers: list[str | None],
     payloads: list[bytes | None],
+    notify: str | None,
 ) -> list[Placed | None]:
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
     if statement is APPEND and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
-        row = await conn.fetchrow(APPEND_ONE, pid, keys, headers, payloads)
+        row = await conn.fetchrow(APPEND_ONE, pid, keys, headers, payloads, notify)
         if row is None:  # the partition no longer exists
             return [None] * len(partition_ids)
         first, at = row[0], row[1]
         return [(pid, first + i, at, None) for i in range(len(partition_ids))]
-    index: list[int] = []
-    counts: dict[int, int] = {}
-    for pid in partition_ids:
-        n = counts.get(pid, 0)
-        index.append(n)
-        counts[pid] = n + 1
+    counters: defaultdict[int, Iterator[int]] = defaultdict(itertools.count)
+    index = [next(counters[pid]) for pid in partition_ids]
+    counts = {pid: next(c) for pid, c in counters.items()}
     rows = await conn.fetch(
-        statement, partition_ids, keys, headers, payloads, index, list(counts), list(counts.values())
+        statement, partition_ids, keys, headers, payloads, index, list(counts), list(counts.values()), notify
     )
-    base = {r[0]: (r[1], r[2]) for r in rows}
+    base = {r[0]: r[1] for r in rows}
+    if not rows:
+        return [None] * len(partition_ids)
+    at = rows[0][2]  # one created_at for the whole statement
+    if len(base) == len(counts):
+        return [(pid, base[pid] + i, at, None) for pid, i in zip(partition_ids, index, strict=True)]
     placed: list[Placed | None] = []
     for pid, i in zip(partition_ids, index, strict=True):
-        got = base.get(pid)
-        placed.append(None if got is None else (pid, got[0] + i, got[1], None))
+        first = base.get(pid)
+        placed.append(None if first is None else (pid, first + i, at, None))
     return placed
 
 
@@ -169,6 +179,7 @@ async def append(
     *,
     queue: bool,
     keyed: Keyed | None = None,
+    notify: str | None = None,
 ) -> list[Placed | None]:
     """Append messages to any partitions in one statement; per input message where it landed.
 
@@ -178,11 +189,13 @@ async def append(
     connection inside a transaction: messages whose idempotency key was
     already written within its window are not written again and get the
     original's place, and so does every later message of the same key in the
-    input. Wake-ups are the caller's (after commit; see actors/announcer.py).
+    input. Wake-ups are the caller's (after commit; see actors/announcer.py),
+    unless `notify` names the channel to NOTIFY in the same statement (its
+    commit sends them: one per partition written).
     """
     statement = APPEND_QUEUE if queue else APPEND
     if keyed is None:
-        return await _append(conn, statement, partition_ids, keys, headers, payloads)
+        return await _append(conn, statement, partition_ids, keys, headers, payloads, notify)
     assert not isinstance(conn, asyncpg.Pool), "keyed appends need one connection inside a transaction"
     first: dict[tuple[str, str], int] = {}
     for i, ikey in enumerate(keyed.keys):
@@ -206,6 +219,7 @@ async def append(
             [keys[i] for i in write],
             [headers[i] for i in write],
             [payloads[i] for i in write],
+            notify,
         )
         for i, placed in zip(write, written, strict=True):
             results[i] = placed
