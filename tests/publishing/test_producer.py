@@ -273,3 +273,35 @@ async def test_a_topic_deleted_elsewhere_fails_only_its_callers(connect: Connect
     # Created again (elsewhere): the next publish finds the new partitions.
     await other.create_topic("gone", partitions=2)
     assert (await b.publish("gone", b"again", partition=0)).offset == 0
+
+
+async def test_a_lone_flush_notifies_with_its_commit_and_side_by_side_flushes_through_the_announcer(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
+    await b.create_topic("t", partitions=2)
+    await b.publish("t", b"warm", partition="0")  # the Producer's first connection is open
+    got: list[tuple[int, str]] = []
+    listener = await asyncpg.connect(dsn)
+    try:
+        await listener.add_listener(b.channels.messages, lambda _c, pid, _ch, payload: got.append((pid, payload)))
+        rows = await b.pool.fetch("SELECT id::text, name FROM partitions WHERE topic = $1", "t")
+        ids = {r[1]: r[0] for r in rows}
+        # Alone: the NOTIFY is part of the flush's own statement (sent by the Producer's backend).
+        await b.publish("t", b"alone", partition="0")
+        await _wait_for(lambda: len(got) == 1)
+        assert got[0] == (got[0][0], ids["0"]) and got[0][0] in b.producer_stats.server_pids
+        got.clear()
+        # Partition 0's flush waits on a lock; partition 1's flush runs beside it, so its
+        # wake-up comes from the Announcer (notifying commits would serialize), after its commit.
+        async with _partitions_locked(dsn, schema, "t", only="0"):
+            first = asyncio.create_task(b.publish("t", b"held", partition="0"))
+            await asyncio.sleep(0.2)
+            await b.publish("t", b"beside", partition="1")
+            await _wait_for(lambda: len(got) == 1)
+            pid, payload = got[0]
+            assert payload == ids["1"] and pid not in b.producer_stats.server_pids
+        await first
+        await _wait_for(lambda: len(got) == 2)
+        assert got[1][1] == ids["0"] and got[1][0] in b.producer_stats.server_pids
+    finally:
+        await listener.close()
