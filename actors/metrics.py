@@ -217,10 +217,16 @@ def child(metric: Any, *labels: str) -> Any:
     return found
 
 
+_published: dict[str, tuple[Any, Any]] = {}
+
+
 def published(topic: str, count: int) -> None:
     """A publish call appended `count` messages to `topic`."""
-    child(PUBLISHED, topic).inc(count)
-    child(PUBLISH_BATCH, topic).observe(count)
+    pair = _published.get(topic)
+    if pair is None:
+        pair = _published[topic] = (child(PUBLISHED, topic), child(PUBLISH_BATCH, topic))
+    pair[0].inc(count)
+    pair[1].observe(count)
 
 
 def fetched(group: str, topic: str, count: int) -> None:

@@ -450,6 +450,11 @@ class Bus:
             heads.append(head)
             datas.append(data)
         out.nbytes = nbytes
+        if len(names) == 1:  # a single publish, its partition known: the common case
+            pid = self._partition_ids.get((info.name, names[0]))
+            if pid is not None:
+                out.pids = [pid]
+                return out
         for name in dict.fromkeys(out.names):
             pid = self._partition_ids.get((info.name, name))
             if pid is None:
@@ -519,30 +524,48 @@ class Bus:
         With `idempotency_key`, a publish repeated within the topic's `dedupe_window` writes nothing
         and returns the original Record: retry a publish whose outcome is unknown with the same key.
         """
-        with tracing.publishing(topic, 1) as trace:
-            # _choose_partition takes an int partition as well (Outgoing does not check its fields).
-            one = Outgoing(
-                payload,
-                key,
-                partition,  # type: ignore[arg-type]
-                tracing.with_trace_headers(_plain_headers(headers), trace),
-                idempotency_key,
-            )
-            for attempt in range(2):
-                info = await self._topic(topic)
-                call = await self._prepare(info, (one,), _window(info))
-                try:
-                    records = await self._write(call, connection)
-                except Vanished:
-                    # The partition vanished (topic deleted elsewhere): forget and look again once.
-                    self._forget_topic(topic)
-                    if attempt == 0 and connection is None:
-                        continue
-                    raise TopicNotFoundError(
-                        f"topic {topic!r} no longer exists (or lost the partition)"
-                    ) from None
-                _metrics.published(topic, 1)
-                return records[0]
+        if tracing.wanted():
+            with tracing.publishing(topic, 1) as trace:
+                return await self._publish(
+                    topic, payload, key, partition, headers, connection, idempotency_key, trace
+                )
+        return await self._publish(topic, payload, key, partition, headers, connection, idempotency_key, None)
+
+    async def _publish(
+        self,
+        topic: str,
+        payload: Any,
+        key: Any,
+        partition: Any,
+        headers: Any,
+        connection: asyncpg.Connection | None,
+        idempotency_key: Any,
+        trace: dict[str, str] | None,
+    ) -> Record:
+        """`publish` inside its PRODUCER span (`trace`: the headers that carry it on; None: not traced)."""
+        # _choose_partition takes an int partition as well (Outgoing does not check its fields).
+        one = Outgoing(
+            payload,
+            key,
+            partition,
+            tracing.with_trace_headers(_plain_headers(headers), trace),
+            idempotency_key,
+        )
+        for attempt in range(2):
+            info = await self._topic(topic)
+            call = await self._prepare(info, (one,), _window(info))
+            try:
+                records = await self._write(call, connection)
+            except Vanished:
+                # The partition vanished (topic deleted elsewhere): forget and look again once.
+                self._forget_topic(topic)
+                if attempt == 0 and connection is None:
+                    continue
+                raise TopicNotFoundError(
+                    f"topic {topic!r} no longer exists (or lost the partition)"
+                ) from None
+            _metrics.published(topic, 1)
+            return records[0]
         raise AssertionError("unreachable")
 
     async def publish_many(

@@ -77,6 +77,11 @@ def _recording() -> bool:
     return _seen_sdk
 
 
+def wanted() -> bool:
+    """True when a publish should open its PRODUCER span: something records, or a parent context is to go on."""
+    return ENABLED and (_recording() or _has_parent())
+
+
 def _has_parent() -> bool:
     """True when the current context holds a valid span (the common empty context is checked first)."""
     from opentelemetry import context, trace
@@ -94,7 +99,7 @@ def message_id(topic: str, partition: str, offset: int) -> str:
 @contextmanager
 def publishing(topic: str, count: int) -> Iterator[dict[str, str] | None]:
     """A PRODUCER span around a publish; yields the trace headers to add to each message (None: no tracing)."""
-    if not ENABLED or not (_recording() or _has_parent()):
+    if not wanted():
         yield None
         return
     from opentelemetry import propagate, trace
