@@ -3,9 +3,10 @@
 Four measurements, each next to a baseline from the same run on the same PostgreSQL:
 
 1. **Consume throughput** with 1, 2 and 4 member processes over a pre-filled
-   topic (16 partitions, 200,000 messages of ~100 bytes; quick: 20,000), from
+   topic (16 partitions, 1,000,000 messages of ~100 bytes; quick: 20,000), from
    "members told to go" until the group's committed offsets add up to every
-   message. Bus: `b.consumer(...)` polling 500 at a time with auto-commit (one
+   message (a million, so that joining the group, a fraction of a second that
+   has its own "first message after go" row, does not pass for throughput). Bus: `b.consumer(...)` polling 500 at a time with auto-commit (one
    commit per poll). Baseline: a raw asyncpg consumer per process that owns a
    fixed share of the partitions and, per partition, loops "read the next 500
    rows by offset + UPDATE the cursor row" in one transaction. Both sides
@@ -64,7 +65,7 @@ THROUGHPUT_PARTITIONS = 16
 BATCH = 500
 PAYLOAD_BYTES = 100
 PROCESS_COUNTS = (1, 2, 4)
-QUICK_MESSAGES, FULL_MESSAGES = 20_000, 200_000
+QUICK_MESSAGES, FULL_MESSAGES = 20_000, 1_000_000
 QUICK_LATENCY_SECONDS, FULL_LATENCY_SECONDS = 10.0, 30.0
 QUICK_DURABLE_SECONDS = 3.0  # the raw durable INSERT+NOTIFY reference (an extra, not the baseline)
 
@@ -296,17 +297,32 @@ async def _prefill(b: bus.Bus, topic: str, messages: int) -> None:
         await b.publish_many(topic, batch)
 
 
-async def _consume_round(mon: asyncpg.Pool, procs: list[MemberProcess], group: str, total: int) -> float:
-    """Tell `procs` to go; seconds until `group` has committed all `total` messages."""
+async def _consume_round(
+    mon: asyncpg.Pool, procs: list[MemberProcess], group: str, total: int
+) -> tuple[float, float]:
+    """Tell `procs` to go; seconds until `group` has committed all `total` messages, and until a first message arrived."""
     started = time.perf_counter()
     for p in procs:
         p.send("go")
+    first: list[float] = []
+
+    async def note_first() -> None:
+        await asyncio.wait([asyncio.ensure_future(p.wait_for("first", timeout=600)) for p in procs],
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        first.append(time.perf_counter() - started)
+
+    watcher = asyncio.ensure_future(note_first())
 
     async def done() -> bool:
         return int(await mon.fetchval(COMMITTED_SUM, group)) >= total
 
-    await _until(done, timeout=600, what=f"group {group} consuming {total} messages")
-    return time.perf_counter() - started
+    try:
+        await _until(done, timeout=600, what=f"group {group} consuming {total} messages")
+        elapsed = time.perf_counter() - started
+        await asyncio.wait_for(watcher, 10)
+    finally:
+        watcher.cancel()
+    return elapsed, first[0] if first else float("nan")
 
 
 async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> list[Result]:
@@ -319,6 +335,7 @@ async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> l
     pids = [int(r[0]) for r in await b.pool.fetch(PARTITION_IDS, THROUGHPUT_TOPIC)]
     config = json.dumps(THROUGHPUT_CONFIG)
     rates: dict[tuple[str, int], float] = {}
+    firsts: dict[tuple[str, int], float] = {}
     for n in PROCESS_COUNTS:
         raw_group, bus_group = f"raw-{n}", f"bus-{n}"
         # The raw group's cursors exist before it starts (the bus makes its own at its first rebalance).
@@ -340,9 +357,11 @@ async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> l
         procs = await _start_all(starts)
         try:
             raw_procs, bus_procs = procs[:n], procs[n:]
-            rates[("raw", n)] = total / await _consume_round(mon, raw_procs, raw_group, total)
+            seconds, firsts[("raw", n)] = await _consume_round(mon, raw_procs, raw_group, total)
+            rates[("raw", n)] = total / seconds
             await _stop_all(raw_procs)
-            rates[("bus", n)] = total / await _consume_round(mon, bus_procs, bus_group, total)
+            seconds, firsts[("bus", n)] = await _consume_round(mon, bus_procs, bus_group, total)
+            rates[("bus", n)] = total / seconds
         finally:
             await _stop_all(procs)
         log.info("throughput", processes=n, bus=round(rates[("bus", n)]), raw=round(rates[("raw", n)]))
@@ -362,6 +381,21 @@ async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> l
                 "per_process": rates[("bus", n)] / n,
                 "baseline_per_process": rates[("raw", n)] / n,
             },
+        )
+        for n in PROCESS_COUNTS
+    ]
+    rows += [
+        # What a member pays before its first message (joining, the rebalance delay, leases), inside
+        # the throughput rows' time; the raw consumer owns fixed partitions and only reads its cursors.
+        Result(
+            SCENARIO,
+            f"first message after go, {n} member process{'es' if n > 1 else ''}",
+            round(firsts[("bus", n)] * 1000.0, 1),
+            "ms",
+            round(firsts[("raw", n)] * 1000.0, 1),
+            "raw asyncpg cursor consumer",
+            higher_is_better=False,
+            extra={"rebalance_delay": THROUGHPUT_CONFIG["rebalance_delay"]},
         )
         for n in PROCESS_COUNTS
     ]

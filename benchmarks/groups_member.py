@@ -4,7 +4,8 @@
 
 Every mode prints ``ready`` once connected (imports and pool setup are not
 timed), waits for a ``go`` line on stdin, starts consuming, prints
-``joined``, and stops cleanly on SIGTERM, on a ``stop`` line or when stdin
+``joined`` (``poll`` and ``raw`` also ``first`` when the first messages
+arrive), and stops cleanly on SIGTERM, on a ``stop`` line or when stdin
 closes. Modes:
 
 * ``poll``: one bus Consumer, ``max_poll_records=--batch``, auto-commit (so
@@ -134,7 +135,10 @@ async def run_bus(args: argparse.Namespace, reader: asyncio.StreamReader) -> Non
             async with b.consumer(args.group, topics=[args.topic], max_poll_records=args.batch) as c:
                 _say("joined")
                 while not stop.is_set():
-                    count += len(await c.poll(timeout=0.1))
+                    got = len(await c.poll(timeout=0.1))
+                    if got and not count:
+                        _say("first")
+                    count += got
         else:
             subs = [
                 await b.subscribe(args.group, handler, topics=[args.topic], batch_size=args.batch)
@@ -177,6 +181,8 @@ async def run_raw(args: argparse.Namespace, reader: asyncio.StreamReader) -> Non
                     if rows:
                         position = rows[-1]["offset"] + 1
                         await conn.execute(RAW_COMMIT, args.group, pid, position)
+                if rows and not count:
+                    _say("first")
                 count += len(rows)
                 if not rows:
                     await asyncio.sleep(RAW_IDLE_SLEEP)
