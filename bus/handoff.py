@@ -120,9 +120,10 @@ class PollHandoff(MemberState):
         self.tp_of: dict[int, TopicPartition] = {}
         self.workers: dict[int, ActorRef[WorkerMessage]] = {}
         self._worker_epoch: dict[int, int] = {}
-        # Workers whose batch did not fit: take() wakes them once it made room,
-        # instead of leaving them idle until their next poll-fallback tick.
-        self._refused: dict[int, ActorRef[WorkerMessage]] = {}
+        # Workers whose batch did not fit, with its size: take() wakes those whose batch
+        # fits in the room it made (oldest first), instead of leaving them idle until
+        # their next poll-fallback tick or waking every one to be refused again.
+        self._refused: dict[int, tuple[ActorRef[WorkerMessage], int]] = {}
         # partition id -> the worker being revoked (on_revoke has run or is running):
         # nothing more of its batches is handed out.
         self._revoking: dict[int, ActorRef[WorkerMessage] | None] = {}
@@ -136,7 +137,7 @@ class PollHandoff(MemberState):
                 return False  # being revoked: the worker drops it when it stops
             del self._revoking[batch.partition_id]  # a new worker: the partition came back
         if self.buffered and self.buffered + len(batch.rows) > self.capacity:
-            self._refused[batch.partition_id] = batch.worker
+            self._refused[batch.partition_id] = (batch.worker, len(batch.rows))
             return False
         self.buffer.append((batch, 0))
         self.buffered += len(batch.rows)
@@ -226,10 +227,18 @@ class PollHandoff(MemberState):
             if index + len(rows) < len(batch.rows):
                 self.buffer.appendleft((batch, index + len(rows)))
         if out and self._refused:
-            refused, self._refused = self._refused, {}
-            for worker in refused.values():
-                worker.signal(Wake())
+            self._wake_refused()
         return out
+
+    def _wake_refused(self) -> None:
+        """Wake the refused workers whose batches now fit (an empty buffer takes any one batch)."""
+        room = self.capacity - self.buffered
+        for pid, (worker, size) in list(self._refused.items()):
+            if size > room and (self.buffered or room < self.capacity):
+                continue
+            del self._refused[pid]
+            worker.signal(Wake())
+            room -= size
 
     def drop_buffered(self, partition_id: int, epoch: int | None) -> None:
         """Drop buffered batches of a partition (of one lease epoch, or of any when None)."""

@@ -44,14 +44,14 @@ import socket
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import asyncpg
 import msgspec
 
 from actors import metrics as _metrics
+from actors.lane import Lane
 from actors.messages import Subscribe, Unsubscribe
 from actors.runtime import Actor, ActorRef
 from actors.runtime import Message as ActorMessage
@@ -122,7 +122,6 @@ class _Doorbell:
 
 _AckRequest = tuple[list[_Job], "asyncio.Future[set[tuple[int, int]]]"]
 _TakeRequest = tuple[str, int, "asyncio.Future[list[sql.TakenJob]]"]
-_Request = TypeVar("_Request", _AckRequest, _TakeRequest)
 
 
 class _DeadRow(msgspec.Struct, frozen=True, gc=False):
@@ -136,38 +135,6 @@ class _DeadRow(msgspec.Struct, frozen=True, gc=False):
     key: str | None
     payload: bytes | None
     headers: dict[str, str]
-
-
-class _Lane(Generic[_Request]):
-    """Requests of one kind, coalesced: up to `parallel` writes out at once, and what arrives
-    while they all are out waits and joins the next one."""
-
-    def __init__(self, write: Callable[[list[_Request]], Awaitable[None]], cap: int, parallel: int) -> None:
-        self._write: Callable[[list[_Request]], Awaitable[None]] = write
-        self._cap = cap
-        self._parallel = parallel
-        self._running: set[asyncio.Task[None]] = set()  # held, so no running write is collected
-        self._pending: list[_Request] = []
-
-    def add(self, request: _Request) -> None:
-        """Queue `request` (a tuple whose last item is its future); written at once when a write slot is free."""
-        self._pending.append(request)
-        if len(self._running) < self._parallel:
-            task = asyncio.get_running_loop().create_task(self._run(), name="queue-writer")
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-
-    async def _run(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending[: self._cap], self._pending[self._cap :]
-            try:
-                await self._write(batch)
-            except BaseException as exc:  # every request of the batch gets the error
-                for request in batch:
-                    if not request[-1].done():
-                        request[-1].set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
 
 
 class _QueueWriter:
@@ -185,8 +152,8 @@ class _QueueWriter:
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._acks: _Lane[_AckRequest] = _Lane(self._write_acks, _MAX_ACK_BATCH, _PARALLEL)
-        self._takes: dict[tuple[str, float, bool], _Lane[_TakeRequest]] = {}
+        self._acks: Lane[_AckRequest] = Lane(self._write_acks, _MAX_ACK_BATCH, _PARALLEL)
+        self._takes: dict[tuple[str, float, bool], Lane[_TakeRequest]] = {}
 
     def ack(self, jobs: list[_Job]) -> asyncio.Future[set[tuple[int, int]]]:
         """Delete the jobs whose leases still hold; the future holds the (partition_id, offset) deleted."""
@@ -202,7 +169,7 @@ class _QueueWriter:
         key = (topic, visibility_timeout, ordered)
         lane = self._takes.get(key)
         if lane is None:
-            lane = self._takes[key] = _Lane[_TakeRequest](
+            lane = self._takes[key] = Lane[_TakeRequest](
                 lambda batch: self._write_takes(key, batch), _MAX_TAKERS, _PARALLEL
             )
         lane.add((consumer, limit, future))
