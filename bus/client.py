@@ -421,35 +421,38 @@ class Bus:
         # The per-message loop of publish_many: local names, no per-message method calls of our own.
         names, keys, heads, datas = out.names, out.keys, out.headers, out.payloads
         choose = self._choose_partition
-        nbytes = 0
+        hashed = None if info.dynamic else info.partitions  # a keyed message's partition is its key's hash
         for item in messages:
             msg = item if type(item) is Outgoing else Outgoing(item)
             key = validate_key(msg.key)
             data = encode_payload(msg.payload, allow_tombstone=tombstones, limit=limit)
-            if msg.headers is None:
+            given = msg.headers
+            if given is None:
                 head = None
-            elif msg.headers is last_headers:
+            elif given is last_headers:
                 head = last_encoded
             else:
-                head = last_encoded = encode_headers(msg.headers)
-                last_headers = msg.headers
-            if data is not None:
-                nbytes += len(data)
-            if head is not None:
-                nbytes += len(head)
-            if key is not None:
-                nbytes += len(key)
+                head = last_encoded = encode_headers(given)
+                last_headers = given
             if msg.idempotency_key is not None:
                 if out.ikeys is None:
                     out.ikeys = [None] * len(names)
                 out.ikeys.append(validate_idempotency_key(msg.idempotency_key))
             elif out.ikeys is not None:
                 out.ikeys.append(None)
-            names.append(choose(info, msg.partition, key))
+            if hashed and key is not None and msg.partition is None:
+                names.append(key_partition(key, hashed))
+            else:
+                names.append(choose(info, msg.partition, key))
             keys.append(key)
             heads.append(head)
             datas.append(data)
-        out.nbytes = nbytes
+        # What the call weighs (for the Producer's max_batch_bytes), summed at C speed.
+        out.nbytes = (
+            sum(map(len, filter(None, datas)))
+            + sum(map(len, filter(None, heads)))
+            + sum(map(len, filter(None, keys)))
+        )
         if len(names) == 1:  # a single publish, its partition known: the common case
             pid = self._partition_ids.get((info.name, names[0]))
             if pid is not None:

@@ -17,37 +17,52 @@ _headers_decoder = msgspec.json.Decoder(dict[str, str])
 
 def encode_payload(payload: object, *, allow_tombstone: bool, limit: int) -> bytes | None:
     """bytes stay bytes; anything msgspec can encode becomes JSON; None is a tombstone where allowed."""
-    if payload is None:
+    kind = type(payload)
+    if kind is bytes:
+        data = cast("bytes", payload)
+    elif kind is dict:  # the usual structured payload, checked and encoded without detours
+        if not _PLAIN.issuperset(map(type, cast("dict[object, object]", payload).values())):
+            _refuse_sets(payload)
+        data = _json(payload)
+    elif payload is None:
         if allow_tombstone:
             return None
         raise ValidationError(
             "payload None is a tombstone and only allowed on cleanup='compact' topics; "
             "publish bytes or a JSON-encodable value"
         )
-    if type(payload) is bytes or isinstance(payload, bytes):
+    elif isinstance(payload, bytes):
         data = payload
     elif isinstance(payload, (bytearray, memoryview)):
         data = bytes(payload)
     else:
-        if _holds_a_set(payload):
-            raise ValidationError(
-                "payload contains a set, which has no JSON form (msgspec would write an array in arbitrary "
-                "order and value() would not give a set back); pass bytes, a msgspec.Struct, or "
-                "dict/list/str/number values (a sorted list instead of the set)"
-            )
-        try:
-            data = _encoder.encode(payload)
-        except (TypeError, msgspec.EncodeError, OverflowError, UnicodeEncodeError) as exc:
-            raise ValidationError(
-                f"payload of type {type(payload).__name__} cannot be encoded as JSON ({exc}); "
-                "pass bytes, a msgspec.Struct, or dict/list/str/number values"
-            ) from exc
+        _refuse_sets(payload)
+        data = _json(payload)
     if len(data) > limit:
         raise ValidationError(
             f"message of {len(data)} bytes is larger than max_message_bytes={limit}; "
             "split it, store it elsewhere and publish a reference, or raise the topic's limit"
         )
     return data
+
+
+def _json(payload: object) -> bytes:
+    try:
+        return _encoder.encode(payload)
+    except (TypeError, msgspec.EncodeError, OverflowError, UnicodeEncodeError) as exc:
+        raise ValidationError(
+            f"payload of type {type(payload).__name__} cannot be encoded as JSON ({exc}); "
+            "pass bytes, a msgspec.Struct, or dict/list/str/number values"
+        ) from exc
+
+
+def _refuse_sets(payload: object) -> None:
+    if _holds_a_set(payload):
+        raise ValidationError(
+            "payload contains a set, which has no JSON form (msgspec would write an array in arbitrary "
+            "order and value() would not give a set back); pass bytes, a msgspec.Struct, or "
+            "dict/list/str/number values (a sorted list instead of the set)"
+        )
 
 
 _PLAIN: frozenset[type] = frozenset({str, int, float, bool, type(None)})
@@ -57,7 +72,7 @@ def _holds_a_set(value: object) -> bool:
     """True when a set hides in `value` or its plain containers (Structs declare their own field types).
 
     Iterative and dispatching on exact types: it runs on every structured payload, so the usual
-    flat dict of scalars costs one C-level type lookup per value.
+    flat container of scalars costs one C-level pass over its values' types.
     """
     kind = type(value)
     if kind is set or kind is frozenset:
@@ -68,6 +83,8 @@ def _holds_a_set(value: object) -> bool:
     elif kind is list or kind is tuple:
         items = value
     else:
+        return False
+    if _PLAIN.issuperset(map(type, items)):
         return False
     stack: list[object] = [item for item in items if type(item) not in _PLAIN]
     while stack:
