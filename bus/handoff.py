@@ -316,7 +316,10 @@ class HandlerHandoff(MemberState):
 
     async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
         (message,) = messages_from_rows(topic, partition, [row], attempt)
-        with tracing.processing(message, self.group):
+        if tracing.processing_wanted(message):
+            with tracing.processing(message, self.group):
+                await self.handler(message)
+        else:
             await self.handler(message)
         self.processed += 1
         _metrics.consumed(self.group, topic)

@@ -82,6 +82,11 @@ def wanted() -> bool:
     return ENABLED and (_recording() or _has_parent())
 
 
+def processing_wanted(message: Message) -> bool:
+    """True when a handler should run inside a CONSUMER span (something records, or a context is to go on)."""
+    return ENABLED and (_recording() or "traceparent" in message.headers or _has_parent())
+
+
 def _has_parent() -> bool:
     """True when the current context holds a valid span (the common empty context is checked first)."""
     from opentelemetry import context, trace
@@ -209,7 +214,7 @@ def claimed_events(store: str, group: str, partition_key: str, count: int) -> No
 @contextmanager
 def processing(message: Message, group: str) -> Iterator[None]:
     """A CONSUMER span around a handler: child of the publisher's context, linked to it too."""
-    if not ENABLED or not (_recording() or "traceparent" in message.headers or _has_parent()):
+    if not processing_wanted(message):
         yield
         return
     from opentelemetry import propagate, trace

@@ -134,3 +134,21 @@ async def test_an_event_store_claim_records_a_span(connect, fast, spans: InMemor
     span = next(s for s in spans.get_finished_spans() if s.name == "claim accounts")
     assert span.attributes["messaging.consumer.group.name"] == "audit"
     assert span.attributes["messaging.batch.message_count"] == 2
+
+
+async def test_without_a_tracer_provider_nothing_is_added_but_a_parent_context_goes_on(b: bus.Bus) -> None:
+    from opentelemetry import context, propagate
+
+    await b.create_topic("t")
+    # Nothing records and no context is current: the publish carries no trace headers.
+    await b.publish("t", b"plain")
+    # A service that only passes trace context on (no SDK) still has it carried, as the API does.
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    token = context.attach(propagate.extract({"traceparent": parent}))
+    try:
+        await b.publish("t", b"carried")
+    finally:
+        context.detach(token)
+    plain, carried = await b.read("t")
+    assert "traceparent" not in plain.headers
+    assert carried.headers.get("traceparent") == parent
