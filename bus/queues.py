@@ -30,7 +30,9 @@ expired job becomes visible, or at the latest `max_poll_interval` seconds
 (the fallback for a lost notification). A take is one statement; concurrent
 acks of one consumer (`ack` and `ack_many` from many tasks) are coalesced
 into one statement per round trip, the way the Producer coalesces publishes;
-the takes of all consumers of one Bus are likewise dealt from one statement.
+the takes of all consumers of one Bus are likewise dealt from one statement
+(up to 100 jobs per statement: bigger takes of one moment use the two write
+slots side by side).
 A take does not wait for its WAL flush (a lease is soft state: if PostgreSQL
 crashes right after, those jobs are simply delivered again); an ack does.
 """
@@ -86,6 +88,10 @@ _MAX_TAKERS = 100
 # Writes of one kind out at once per Bus: two keep the database busy while the
 # next batch gathers; more would only split the batches.
 _PARALLEL = 2
+# Jobs per statement beyond which the requests of one moment are split over the free write
+# slots: a statement's fixed cost is small next to a hundred rows' work, so two consumers taking
+# 100 each are served side by side, while many small takes and acks still share one statement.
+_SPLIT_AT = 100
 _names = itertools.count()
 
 _Job = tuple[int, int, int]  # (partition_id, offset, lease_epoch)
@@ -124,6 +130,14 @@ _AckRequest = tuple[list[_Job], "asyncio.Future[set[tuple[int, int]]]"]
 _TakeRequest = tuple[str, int, "asyncio.Future[list[sql.TakenJob]]"]
 
 
+def _ack_weight(request: _AckRequest) -> int:
+    return len(request[0])
+
+
+def _take_weight(request: _TakeRequest) -> int:
+    return request[1]
+
+
 class _DeadRow(msgspec.Struct, frozen=True, gc=False):
     """A job on its way to the dead-letter topic: its lease, message and attempts so far."""
 
@@ -152,7 +166,9 @@ class _QueueWriter:
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._acks: Lane[_AckRequest] = Lane(self._write_acks, _MAX_ACK_BATCH, _PARALLEL)
+        self._acks: Lane[_AckRequest] = Lane(
+            self._write_acks, _MAX_ACK_BATCH, _PARALLEL, weight=_ack_weight, split_at=_SPLIT_AT
+        )
         self._takes: dict[tuple[str, float, bool], Lane[_TakeRequest]] = {}
 
     def ack(self, jobs: list[_Job]) -> asyncio.Future[set[tuple[int, int]]]:
@@ -170,7 +186,11 @@ class _QueueWriter:
         lane = self._takes.get(key)
         if lane is None:
             lane = self._takes[key] = Lane[_TakeRequest](
-                lambda batch: self._write_takes(key, batch), _MAX_TAKERS, _PARALLEL
+                lambda batch: self._write_takes(key, batch),
+                _MAX_TAKERS,
+                _PARALLEL,
+                weight=_take_weight,
+                split_at=_SPLIT_AT,
             )
         lane.add((consumer, limit, future))
         return future

@@ -249,6 +249,18 @@ async def test_consumers_of_one_bus_share_take_and_ack_statements(
     assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs") == 0
 
 
+async def test_big_takes_of_one_moment_go_side_by_side(b: bus.Bus, takes: Statements) -> None:
+    await b.create_topic("jobs", partitions=2, semantics="queue")
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(250)])
+    async with b.queue_consumer("jobs") as q1, b.queue_consumer("jobs") as q2:
+        got = await asyncio.gather(q1.take(max_messages=100, timeout=0), q2.take(max_messages=100, timeout=0))
+        # A hundred rows outweigh a statement's fixed cost: two statements in the two write slots.
+        assert sorted(takes) == [100, 100]
+        assert [len(g) for g in got] == [100, 100]
+        assert not {(m.partition, m.offset) for m in got[0]} & {(m.partition, m.offset) for m in got[1]}
+        await asyncio.gather(q1.ack_many(got[0]), q2.ack_many(got[1]))
+
+
 async def test_a_consumer_taking_twice_at_once_gets_distinct_jobs(b: bus.Bus) -> None:
     await b.create_topic("jobs", partitions=1, semantics="queue")
     await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(6)])
