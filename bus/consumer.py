@@ -293,7 +293,7 @@ class Consumer(_MemberBase):
         h = self._h
         if self.auto_commit and not h.in_transaction:
             try:
-                await self.commit()
+                await self._commit_pool(durable=False)
             except StaleGenerationError as exc:
                 log.info(
                     "auto_commit_skipped",
@@ -349,10 +349,14 @@ class Consumer(_MemberBase):
             # A later commit re-sends it harmlessly, and never takes it for a move.
             self._h.sent(written)
             return
+        await self._commit_pool(durable=True)
+
+    async def _commit_pool(self, *, durable: bool) -> None:
+        """Commit the pending positions on a pool connection; `durable=False` for auto-commit (soft)."""
         # One statement, all or nothing: no transaction block needed.
         with db.translate_errors(), db.internal():
             async with self._bus.pool.acquire() as conn:
-                written = await self._commit_on(conn)
+                written = await self._commit_on(conn, durable=durable)
         self._h.confirm(written)
 
     def _raise_moved(self, moved: list[str]) -> None:
@@ -362,7 +366,7 @@ class Consumer(_MemberBase):
             "owner will read those messages again; call `await c.rewind()` (transaction() does) and poll again"
         )
 
-    async def _commit_on(self, conn: db.Connection) -> list[tuple[int, int, int]]:
+    async def _commit_on(self, conn: db.Connection, *, durable: bool = True) -> list[tuple[int, int, int]]:
         """Write the pending positions on `conn`, all or nothing; what was written. Raises on a move."""
         h = self._h
         if h.moved:
@@ -372,7 +376,9 @@ class Consumer(_MemberBase):
         if self.member_id is None:
             return []
         while pending:
-            applied, gone = await leases.commit_all(conn, self.group, self.member_id, pending)
+            applied, gone = await leases.commit_all(
+                conn, self.group, self.member_id, pending, durable=durable
+            )
             if applied:
                 return pending
             # A position sent earlier inside a caller's transaction that did commit

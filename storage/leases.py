@@ -77,6 +77,18 @@ SELECT c.pid, c.pid IN (SELECT partition_id FROM fenced) AS owned,
 FROM c LEFT JOIN offsets o ON o.group_name = $1 AND o.partition_id = c.pid
 """
 
+# COMMIT_ALL_FENCED for auto-commit: the same statement, committed without
+# waiting for its WAL flush (synchronous_commit off for its own transaction, as
+# a queue take). An auto-committed position is soft state: a PostgreSQL crash
+# in the moment after may forget it, and the messages are read again
+# (at-least-once, as after a process crash between two polls); a clean
+# restart forgets nothing.
+COMMIT_ALL_SOFT = COMMIT_ALL_FENCED.replace(
+    "WITH c AS (SELECT * FROM unnest(",
+    "WITH c AS (SELECT *, set_config('synchronous_commit', 'off', true) AS soft FROM unnest(",
+    1,
+)
+
 # Fetch only while the lease is ours: a zombie reads nothing it could commit.
 FETCH_FENCED = """
 SELECT m."offset", m.key, m.headers::text AS headers, m.payload, m.created_at
@@ -125,14 +137,15 @@ async def commit(conn: Conn, group: str, member_id: str, entries: list[tuple[int
 
 
 async def commit_all(
-    conn: Conn, group: str, member_id: str, entries: list[tuple[int, int, int]]
+    conn: Conn, group: str, member_id: str, entries: list[tuple[int, int, int]], *, durable: bool = True
 ) -> tuple[bool, dict[int, int]]:
     """Apply every (partition_id, offset, epoch) commit or none.
 
     (applied, {partition_id: committed offset} of the entries no longer owned).
+    `durable=False`: the auto-commit's soft commit (COMMIT_ALL_SOFT).
     """
     rows = await conn.fetch(
-        COMMIT_ALL_FENCED,
+        COMMIT_ALL_FENCED if durable else COMMIT_ALL_SOFT,
         group,
         member_id,
         [e[0] for e in entries],
