@@ -8,8 +8,9 @@ wait on its reply future. The Producer keeps the calls in arrival order and
 writes them in flushes, up to `max_in_flight` (4) at once but never two that
 share a partition, so each partition still commits in call order:
 
-* nothing in flight: the next flush starts at once (no added latency; with
-  `linger` > 0 it first waits that long for companions);
+* nothing in flight: the calls that arrived together (until the mailbox is
+  empty again) start a flush at once, in the Producer's own turn (no added
+  latency; with `linger` > 0 the flusher first waits that long for companions);
 * a flush in flight: arriving calls gather and go together in the next one,
   at most `max_batch` messages and `max_batch_bytes` payload bytes (a single
   call larger than that goes alone: `publish_many` stays atomic);
@@ -186,6 +187,10 @@ class Producer(Actor[Publish]):
         self._idle = asyncio.Event()
         self._idle.set()
         self._flusher: asyncio.Task[None] | None = None
+        # Without linger, flushes start right where a call arrives or a flush ends (no hop through
+        # the flusher task); with linger, the flusher waits for companions first.
+        self._direct = settings.linger <= 0
+        self._failing = False
         self._log = get_logger(__name__, actor="producer")
 
     async def on_start(self) -> None:
@@ -202,7 +207,10 @@ class Producer(Actor[Publish]):
                 self._pending_messages += len(call.pids)
                 self._count()
                 self._idle.clear()
-                self._wake.set()
+                if self._direct and not self._flushes and not self.self_ref.queued:
+                    self._dispatch()  # idle, and the burst this call came in is all here: write it now
+                else:
+                    self._wake.set()
                 while self._pending_messages >= self._settings.max_pending:
                     self._room.clear()
                     await self._room.wait()
@@ -217,6 +225,7 @@ class Producer(Actor[Publish]):
 
     async def on_failure(self, exc: BaseException) -> None:
         """Nothing may hang: fail every pending call."""
+        self._failing = True
         self._cancel_flusher()
         self._fail(list(self._pending), exc)
         self._pending.clear()
@@ -298,21 +307,27 @@ class Producer(Actor[Publish]):
 
     async def _run(self) -> None:
         linger = self._settings.linger
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
             if linger > 0 and self._pending_messages < self._settings.max_batch:
                 await asyncio.sleep(linger)
-            while len(self._flushes) < self._settings.max_in_flight:
-                batch, parts = self._take()
-                if not batch:
-                    break
-                self._busy |= parts
-                task = loop.create_task(self._flush_batch(batch, parts))
-                self._flushes.add(task)
-            if not self._pending and not self._flushes:
-                self._idle.set()
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Start flushes of what is pending, while flush slots are free (none once failing)."""
+        if self._failing:
+            return
+        loop = asyncio.get_running_loop()
+        while len(self._flushes) < self._settings.max_in_flight:
+            batch, parts = self._take()
+            if not batch:
+                break
+            self._busy |= parts
+            task = loop.create_task(self._flush_batch(batch, parts))
+            self._flushes.add(task)
+        if not self._pending and not self._flushes:
+            self._idle.set()
 
     async def _flush_batch(self, batch: list[Publish], parts: set[int]) -> None:
         try:
@@ -343,7 +358,10 @@ class Producer(Actor[Publish]):
         if task is not None:
             self._flushes.discard(task)
         self._busy -= parts
-        self._wake.set()  # the next flush may go now (its partitions are free)
+        if self._direct:
+            self._dispatch()  # the next flush goes now (its partitions are free)
+        else:
+            self._wake.set()
         if not self._pending and not self._flushes:
             self._idle.set()
 

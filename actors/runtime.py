@@ -179,6 +179,9 @@ class _Mailbox:
         self._writable = asyncio.Event()
         self._writable.set()
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def put_nowait(self, envelope: _Envelope) -> bool:
         if self.closed:
             raise ActorStoppedError("mailbox closed")
@@ -408,6 +411,11 @@ class ActorRef(Generic[M]):
     def name(self) -> str:
         """The name the actor was spawned with."""
         return self._cell.name
+
+    @property
+    def queued(self) -> int:
+        """Messages waiting in the mailbox (for an actor that batches: is more of a burst still coming?)."""
+        return len(self._cell.mailbox)
 
     @property
     def is_alive(self) -> bool:
