@@ -289,13 +289,20 @@ class Producer(Actor[Publish]):
             ):
                 self._pending.appendleft(m)
                 break
-            mine = set(call.pids)
-            if not blocked.isdisjoint(mine):
-                blocked |= mine
-                kept.append(m)
-                continue
+            if n == 1:  # a single publish: no set to build
+                pid = call.pids[0]
+                if pid in blocked:
+                    kept.append(m)
+                    continue
+                parts.add(pid)
+            else:
+                mine = set(call.pids)
+                if not blocked.isdisjoint(mine):
+                    blocked |= mine
+                    kept.append(m)
+                    continue
+                parts |= mine
             batch.append(m)
-            parts |= mine
             messages += n
             nbytes += call.nbytes
         kept.extend(self._pending)

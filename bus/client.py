@@ -493,7 +493,9 @@ class Bus:
         """Append one prepared call: through the Producer, or directly (outbox, or no Producer)."""
         if connection is None and self._producer is not None:
             reply: asyncio.Future[list[Placed | None]] = asyncio.get_running_loop().create_future()
-            await self._producer.tell(Publish(call, reply))
+            message = Publish(call, reply)
+            if not self._producer.try_tell(message):  # the mailbox is full: wait for room (back-pressure)
+                await self._producer.tell(message)
             placed = await reply
         else:
             with db.translate_errors():
