@@ -55,6 +55,26 @@ def use_tracer_provider(provider: TracerProvider | None) -> None:
     _provider = provider
 
 
+class _Api:
+    """OpenTelemetry's `trace` and `context` modules, imported once (the hot paths ask per call)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+
+        self.context = context
+        self.trace = trace
+
+
+_api_modules: _Api | None = None
+
+
+def _api() -> _Api:
+    global _api_modules
+    if _api_modules is None:
+        _api_modules = _Api()
+    return _api_modules
+
+
 def _recording() -> bool:
     """True when spans would be recorded: a tracer provider was given or an SDK installed globally.
 
@@ -65,8 +85,7 @@ def _recording() -> bool:
     global _seen_sdk
     if _seen_sdk or _provider is not None:
         return True
-    from opentelemetry import trace
-
+    trace = _api().trace
     # Without a global provider set (and none named in the environment), nothing records: skip the
     # public lookup, which reads the environment on every call.
     if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not _ENV_PROVIDER:
@@ -89,10 +108,10 @@ def processing_wanted(message: Message) -> bool:
 
 def _has_parent() -> bool:
     """True when the current context holds a valid span (the common empty context is checked first)."""
-    from opentelemetry import context, trace
-
-    if not context.get_current():
+    api = _api()
+    if not api.context.get_current():
         return False
+    trace = api.trace
     return bool(trace.get_current_span().get_span_context().is_valid)
 
 
