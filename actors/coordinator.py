@@ -41,7 +41,7 @@ from actors.messages import (
     WorkerMessage,
 )
 from actors.runtime import Actor, ActorRef, RestartStrategy, Supervisor
-from actors.worker import Commits, PartitionWorker, Sink, WorkerSpec
+from actors.worker import PartitionWorker, Sink, WorkerSpec
 from storage import membership
 from storage.db import TRANSIENT_ERRORS
 from storage.logs import get_logger
@@ -93,8 +93,6 @@ class Coordinator(Actor[CoordinatorMessage]):
         self.spec = spec
         self._pool = pool
         self._sink = sink
-        # The workers' handler-mode commits, one statement for all that finish while one is out.
-        self._commits = Commits(pool)
         self._notifier = notifier
         self._monitor = monitor
         self.member_id = ""
@@ -270,9 +268,7 @@ class Coordinator(Actor[CoordinatorMessage]):
         name = f"worker-{pid}-{next(self._names)}"
         self._worker_names[name] = pid
         ref = self._supervisor.spawn(
-            lambda: PartitionWorker(
-                spec, self._pool, self._sink, self._notifier, self.self_ref, self._commits
-            ),
+            lambda: PartitionWorker(spec, self._pool, self._sink, self._notifier, self.self_ref),
             name,
         )
         self._workers[pid] = (tp, ref)

@@ -16,6 +16,7 @@ knows the LISTEN is in place when the answer comes.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,9 +24,15 @@ import asyncpg
 
 from actors.messages import CheckConnection, Notified, NotifierMessage, Subscribe, Unsubscribe
 from actors.runtime import Actor
+from storage.db import CONNECTION_ERRORS
 from storage.logs import get_logger
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
+
+# A LISTEN or UNLISTEN that takes longer than this is given up (the connection is dropped and the
+# periodic check reconnects): the Notifier must never hang behind a half-dead connection.
+_LISTEN_TIMEOUT = 5.0
+_LISTEN_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError, TimeoutError)
 
 
 class Notifier(Actor[NotifierMessage]):
@@ -124,9 +131,10 @@ class Notifier(Actor[NotifierMessage]):
         if channel in self._listening or conn is None or conn.is_closed():
             return False  # listening already, or the reconnect listens (and wakes everyone)
         try:
-            await conn.add_listener(channel, self._on_notify)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            self._log.warning("listen_failed", channel=channel, error=str(exc))
+            async with asyncio.timeout(_LISTEN_TIMEOUT):
+                await conn.add_listener(channel, self._on_notify)
+        except _LISTEN_ERRORS as exc:
+            self._log.warning("listen_failed", channel=channel, error=repr(exc))
             conn.terminate()  # the periodic check reconnects and listens to every wanted channel
             return False
         self._listening.add(channel)
@@ -139,6 +147,8 @@ class Notifier(Actor[NotifierMessage]):
         if conn is None or conn.is_closed():
             return
         try:
-            await conn.remove_listener(channel, self._on_notify)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            self._log.info("unlisten_failed", channel=channel, error=str(exc))
+            async with asyncio.timeout(_LISTEN_TIMEOUT):
+                await conn.remove_listener(channel, self._on_notify)
+        except _LISTEN_ERRORS as exc:
+            self._log.info("unlisten_failed", channel=channel, error=repr(exc))
+            conn.terminate()  # the periodic check reconnects and listens to every wanted channel

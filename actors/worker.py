@@ -9,7 +9,6 @@ exactly where this one ended.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -17,7 +16,6 @@ from typing import Any, Protocol
 import asyncpg
 
 from actors import metrics
-from actors.lane import Lane
 from actors.messages import (
     CoordinatorMessage,
     LeaseLost,
@@ -119,45 +117,6 @@ class WorkerSpec:
     messages_channel: str
 
 
-#: (group, member id, partition id, position, epoch, answer: did the commit apply)
-CommitRequest = tuple[str, str, int, int, int, "asyncio.Future[bool]"]
-
-
-class Commits:
-    """The handler-mode commits of one member's partition workers, coalesced (see actors/lane.py).
-
-    Each worker commits after its batch; while a commit statement is out, the
-    commits other workers ask for gather and go together in the next one: one
-    fenced statement (`leases.commit`) for every partition that finished a
-    batch meanwhile. Each worker learns whether its own partition applied.
-    """
-
-    def __init__(self, pool: asyncpg.Pool, parallel: int = 2, cap: int = 1000) -> None:
-        self._pool = pool
-        self._lane: Lane[CommitRequest] = Lane(self._write, cap, parallel)
-
-    def commit(
-        self, group: str, member_id: str, partition_id: int, position: int, epoch: int
-    ) -> asyncio.Future[bool]:
-        """Commit `position` for `partition_id` under lease `epoch`; the future says whether it applied."""
-        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._lane.add((group, member_id, partition_id, position, epoch, answer))
-        return answer
-
-    async def _write(self, batch: list[CommitRequest]) -> None:
-        by_member: dict[tuple[str, str], list[CommitRequest]] = {}
-        for request in batch:
-            by_member.setdefault((request[0], request[1]), []).append(request)
-        for (group, member_id), requests in by_member.items():
-            with internal():
-                applied = await leases.commit(
-                    self._pool, group, member_id, [(r[2], r[3], r[4]) for r in requests]
-                )
-            for request in requests:
-                if not request[5].done():
-                    request[5].set_result(request[2] in applied)
-
-
 class PartitionWorker(Actor[WorkerMessage]):
     """Owns one partition for one member: lease, fetch, hand on, commit, release."""
 
@@ -170,11 +129,9 @@ class PartitionWorker(Actor[WorkerMessage]):
         sink: Sink,
         notifier: ActorRef[NotifierMessage],
         coordinator: ActorRef[CoordinatorMessage],
-        commits: Commits | None = None,
     ) -> None:
         self.spec = spec
         self._pool = pool
-        self._commits = commits if commits is not None else Commits(pool)
         self._sink = sink
         self._notifier = notifier
         self._coordinator = coordinator
@@ -442,10 +399,13 @@ class PartitionWorker(Actor[WorkerMessage]):
     async def _commit(self, position: int) -> None:
         if self._epoch is None or position <= self._committed:
             return
-        spec = self.spec
-        applied = await self._commits.commit(
-            spec.group, spec.member_id, spec.partition_id, position, self._epoch
-        )
+        with internal():
+            applied = await leases.commit(
+                self._pool,
+                self.spec.group,
+                self.spec.member_id,
+                [(self.spec.partition_id, position, self._epoch)],
+            )
         if applied:
             self._committed = position
         else:
