@@ -93,6 +93,7 @@ class Coordinator(Actor[CoordinatorMessage]):
         self.spec = spec
         self._pool = pool
         self._sink = sink
+        self._sync_due = False  # a retry Sync is scheduled (after a database error)
         self._notifier = notifier
         self._monitor = monitor
         self.member_id = ""
@@ -171,11 +172,18 @@ class Coordinator(Actor[CoordinatorMessage]):
     # -- messages ------------------------------------------------------------------
 
     async def receive(self, message: CoordinatorMessage) -> None:
+        if isinstance(message, Sync):
+            self._sync_due = False
         try:
             await self._receive(message)
         except TRANSIENT_ERRORS as exc:
-            # The next heartbeat reply or NOTIFY brings another Sync.
+            # A heartbeat reply brings another Sync only when the generation moved, and a
+            # NOTIFY only when the group changes: after a lost lease in a stable group neither
+            # comes, so the retry is scheduled here (one at a time).
             self._log.warning("coordinator_retry_later", error=repr(exc))
+            if not self._sync_due:
+                self._sync_due = True
+                self.self_ref.schedule_once(self.spec.rebalance_delay + 0.5, Sync())
 
     async def on_failure(self, exc: BaseException) -> None:
         # A restart joins as a new member: let go of this one's workers and registration.

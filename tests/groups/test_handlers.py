@@ -277,3 +277,37 @@ async def test_a_database_error_in_the_middle_of_a_batch_resumes_from_the_last_c
     assert tripped
     assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name = 'g'") == 10
 
+
+
+async def test_a_database_error_after_a_lost_lease_is_retried_in_a_stable_group(connect, fast, monkeypatch) -> None:
+    from storage import membership
+    from storage.errors import StorageUnavailableError
+
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=1)
+    seen: list[bytes] = []
+
+    async def handler(m: bus.Message) -> None:
+        seen.append(m.payload or b"")
+
+    sub = await b.subscribe("g", handler, topics=["t"])
+    await b.publish("t", b"before")
+    await eventually(lambda: seen == [b"before"])
+    # The next assignment read fails once, as during a restart of PostgreSQL.
+    real = membership.assignment
+    failures: list[int] = []
+
+    async def failing_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not failures:
+            failures.append(1)
+            raise StorageUnavailableError("PostgreSQL is unavailable (test)")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(membership, "assignment", failing_once)
+    # The lease runs out under the worker (a stall, a restart): it notices, stops, and its
+    # coordinator's Sync meets the error. No generation moves and no group NOTIFY comes.
+    await b.pool.execute("UPDATE offsets SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE group_name = 'g'")
+    await eventually(lambda: failures == [1])
+    await b.publish("t", b"after")
+    await eventually(lambda: seen == [b"before", b"after"], timeout=15)
+    await sub.stop()
