@@ -1,8 +1,7 @@
 """A lane: requests of one kind from many tasks, coalesced into few writes.
 
-The queue consumers' takes and acks and the handler-mode commits of a
-member's partition workers go through lanes, the way pool publishes go
-through the Producer: with a write slot free a request is written at once
+The queue consumers' takes and acks go through lanes, the way pool
+publishes go through the Producer: with a write slot free a request is written at once
 (no added latency); while `parallel` writes are out, whatever arrives waits
 and goes in the next one (at most `cap` requests per write). Every request
 carries its own future (its last item), which its write answers, or fails
