@@ -130,12 +130,7 @@ class Notifier(Actor[NotifierMessage]):
         conn = self._conn
         if channel in self._listening or conn is None or conn.is_closed():
             return False  # listening already, or the reconnect listens (and wakes everyone)
-        try:
-            async with asyncio.timeout(_LISTEN_TIMEOUT):
-                await conn.add_listener(channel, self._on_notify)
-        except _LISTEN_ERRORS as exc:
-            self._log.warning("listen_failed", channel=channel, error=repr(exc))
-            conn.terminate()  # the periodic check reconnects and listens to every wanted channel
+        if not await self._change(conn, conn.add_listener, channel, "listen_failed"):
             return False
         self._listening.add(channel)
         return True
@@ -144,11 +139,25 @@ class Notifier(Actor[NotifierMessage]):
         """Stop listening to `channel` (nobody subscribes to it any more)."""
         self._listening.discard(channel)
         conn = self._conn
-        if conn is None or conn.is_closed():
-            return
+        if conn is not None and not conn.is_closed():
+            await self._change(conn, conn.remove_listener, channel, "unlisten_failed")
+
+    async def _change(
+        self,
+        conn: asyncpg.Connection,
+        change: Callable[[str, Any], Awaitable[None]],
+        channel: str,
+        failure: str,
+    ) -> bool:
+        """Run a LISTEN or UNLISTEN, bounded in time; on any failure drop the connection (False).
+
+        The periodic check then reconnects and listens to every wanted channel.
+        """
         try:
             async with asyncio.timeout(_LISTEN_TIMEOUT):
-                await conn.remove_listener(channel, self._on_notify)
+                await change(channel, self._on_notify)
         except _LISTEN_ERRORS as exc:
-            self._log.info("unlisten_failed", channel=channel, error=repr(exc))
-            conn.terminate()  # the periodic check reconnects and listens to every wanted channel
+            self._log.warning(failure, channel=channel, error=repr(exc))
+            conn.terminate()
+            return False
+        return True
