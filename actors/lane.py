@@ -1,9 +1,10 @@
 """A lane: requests of one kind from many tasks, coalesced into few writes.
 
 The queue consumers' takes and acks go through lanes, the way pool
-publishes go through the Producer: with a write slot free a request is written at once
-(no added latency); while `parallel` writes are out, whatever arrives waits
-and goes in the next one (at most `cap` requests per write). Every request
+publishes go through the Producer: with a write slot free a request is
+written at once (no added latency); while `parallel` writes are out,
+whatever arrives waits and goes in the next one (at most `cap` requests per
+write). Every request
 carries its own future (its last item), which its write answers, or fails
 with the write's exception. A lane is a channel between tasks of one event
 loop, nothing more: requests in, answers back through the futures.

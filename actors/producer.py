@@ -84,20 +84,6 @@ class Prepared:
         self.ikeys: list[str | None] | None = None  # None: no message of the call has an idempotency key
         self.nbytes = 0
 
-    def add(
-        self, partition: str, key: str | None, headers: str | None, payload: bytes | None, ikey: str | None
-    ) -> None:
-        """Add one message (its partition id is resolved afterwards, into `pids`)."""
-        if ikey is not None and self.ikeys is None:
-            self.ikeys = [None] * len(self.names)
-        if self.ikeys is not None:
-            self.ikeys.append(ikey)
-        self.names.append(partition)
-        self.keys.append(key)
-        self.headers.append(headers)
-        self.payloads.append(payload)
-        self.nbytes += len(payload or b"") + len(headers or "") + len(key or "")
-
     def keyed(self) -> log_sql.Keyed | None:
         """The idempotency side of this call alone, if any message has a key."""
         if self.ikeys is None:

@@ -234,7 +234,7 @@ class PollHandoff(MemberState):
         """Wake the refused workers whose batches now fit (an empty buffer takes any one batch)."""
         room = self.capacity - self.buffered
         for pid, (worker, size) in list(self._refused.items()):
-            if size > room and (self.buffered or room < self.capacity):
+            if size > room and room < self.capacity:  # does not fit, and the buffer is not empty
                 continue
             del self._refused[pid]
             worker.signal(Wake())
