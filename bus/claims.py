@@ -342,6 +342,6 @@ async def _materialize(conn: Connection, group: str, partition_ids: list[int]) -
     if not partition_ids:
         return
     async with conn.transaction():
-        await sql.lock_partitions_shared(conn, partition_ids)
+        await sql.mark_claimed(conn, partition_ids)
         await groups_sql.materialize_offsets(conn, group, partition_ids)
         await sql.mark_new_cursors_pending(conn, group, partition_ids)

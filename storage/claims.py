@@ -46,10 +46,16 @@ ORDER BY p.id
 
 MAX_PARTITION_ID = "SELECT COALESCE(MAX(id), 0) FROM partitions"
 
-LOCK_PARTITIONS_SHARED = "SELECT id FROM partitions WHERE id = ANY($1::bigint[]) ORDER BY id FOR SHARE"
+# Before a group's first cursors on partitions are made: lock the rows (in id
+# order, waiting for in-flight publishers) and mark them claimed, so that every
+# later publish wakes caught-up cursors there (migration 012). Held until commit.
+MARK_CLAIMED = """
+WITH l AS (SELECT id FROM partitions WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE)
+UPDATE partitions p SET claimed = true FROM l WHERE p.id = l.id AND NOT p.claimed
+"""
 
 # After materialize_offsets: mark the new cursors that have something to read.
-# The caller holds the partitions FOR SHARE (see the module docstring).
+# The caller holds the partitions' row locks (MARK_CLAIMED; see the module docstring).
 SET_PENDING_FOR_NEW = """
 UPDATE offsets o
 SET pending_since = (SELECT m.created_at FROM messages m JOIN partitions p ON p.id = m.partition_id
@@ -160,13 +166,13 @@ async def max_partition_id(conn: Conn) -> int:
     return int(await conn.fetchval(MAX_PARTITION_ID))
 
 
-async def lock_partitions_shared(conn: Connection, partition_ids: list[int]) -> None:
-    """Lock partition rows FOR SHARE (waits for their in-flight publishers) until the transaction ends."""
-    await conn.execute(LOCK_PARTITIONS_SHARED, partition_ids)
+async def mark_claimed(conn: Connection, partition_ids: list[int]) -> None:
+    """Lock partition rows (waits for their in-flight publishers) and mark them read by claims, until commit."""
+    await conn.execute(MARK_CLAIMED, partition_ids)
 
 
 async def mark_new_cursors_pending(conn: Connection, group: str, partition_ids: list[int]) -> None:
-    """Set pending_since on freshly materialized cursors; call under lock_partitions_shared."""
+    """Set pending_since on freshly materialized cursors; call after mark_claimed, in its transaction."""
     await conn.execute(SET_PENDING_FOR_NEW, group, partition_ids)
 
 

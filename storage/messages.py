@@ -70,6 +70,21 @@ WITH p AS (
 SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM p CROSS JOIN ts
 """
 
+# APPEND for one message (the flush of a lone publish): scalar parameters, no
+# arrays to encode and unnest. $1 partition id, $2..$4 key, headers, payload,
+# $5 as APPEND's $8.
+APPEND_SINGLE = """
+WITH p AS (
+    UPDATE partitions SET next_offset = next_offset + 1 WHERE id = $1 RETURNING next_offset - 1 AS base
+), ts AS (
+    SELECT clock_timestamp() AS at
+), m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT $1, p.base, $2::text, $3::text::jsonb, $4::bytea, ts.at FROM p CROSS JOIN ts
+)
+SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM p CROSS JOIN ts
+"""
+
 # APPEND for inputs that include queue topics: a message of a
 # `semantics='queue'` topic also gets its job row, in the same statement.
 APPEND_QUEUE = """
@@ -146,7 +161,10 @@ async def _append(
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
     if statement is APPEND and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
-        row = await conn.fetchrow(APPEND_ONE, pid, keys, headers, payloads, notify)
+        if len(partition_ids) == 1:
+            row = await conn.fetchrow(APPEND_SINGLE, pid, keys[0], headers[0], payloads[0], notify)
+        else:
+            row = await conn.fetchrow(APPEND_ONE, pid, keys, headers, payloads, notify)
         if row is None:  # the partition no longer exists
             return [None] * len(partition_ids)
         first, at = row[0], row[1]

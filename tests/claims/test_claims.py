@@ -139,6 +139,30 @@ async def test_publish_wakes_a_caught_up_partition(b: bus.Bus) -> None:
     assert c is not None and [m.payload for m in c.messages] == [b"b"]
 
 
+async def test_only_partitions_with_claim_cursors_run_the_wake_up(b: bus.Bus) -> None:
+    """The wake-up trigger is skipped where no claim reads (a consumer group's cursor is not woken)."""
+    await b.create_topic("t", partitions=None)
+    await b.create_topic("g_only", partitions=1)
+    await b.publish("t", b"a", partition="p")
+    await b.publish("g_only", b"a")
+    async with b.consumer("readers", topics=["g_only"]) as c:
+        assert len(await c.poll(timeout=5)) == 1
+        await c.commit()
+    claimed = dict(await b.pool.fetch("SELECT topic, claimed FROM partitions"))
+    assert claimed == {"t": False, "g_only": False}
+    c2 = await b.claim("g", topic="t", worker_id="w")
+    assert c2 is not None
+    await c2.ack()
+    claimed = dict(await b.pool.fetch("SELECT topic, claimed FROM partitions"))
+    assert claimed == {"t": True, "g_only": False}
+    pending = "SELECT o.pending_since FROM offsets o JOIN partitions p ON p.id = o.partition_id WHERE p.topic = $1"
+    assert await b.pool.fetchval(pending, "g_only") is None
+    await b.publish("g_only", b"b")
+    await b.publish("t", b"b", partition="p")
+    assert await b.pool.fetchval(pending, "g_only") is None  # no trigger ran there
+    assert await b.pool.fetchval(pending, "t") is not None  # the claim cursor was woken
+
+
 async def _ack_every_claim(b: bus.Bus) -> set[tuple[str, tuple[bytes | None, ...]]]:
     """Claim and ack until nothing is pending: (partition, payloads) of each claim."""
     got = set()
