@@ -43,7 +43,7 @@ from actors.messages import (
 from actors.runtime import Actor, ActorRef, RestartStrategy, Supervisor
 from actors.worker import PartitionWorker, Sink, WorkerSpec
 from storage import membership
-from storage.db import TRANSIENT_ERRORS
+from storage.db import TRANSIENT_ERRORS, Lender
 from storage.logs import get_logger
 
 
@@ -85,6 +85,7 @@ class Coordinator(Actor[CoordinatorMessage]):
         self,
         spec: MemberSpec,
         pool: asyncpg.Pool,
+        lender: Lender,
         sink: MemberSink,
         notifier: ActorRef[NotifierMessage],
         monitor: ActorRef[MonitorMessage],
@@ -92,6 +93,7 @@ class Coordinator(Actor[CoordinatorMessage]):
     ) -> None:
         self.spec = spec
         self._pool = pool
+        self._lender = lender
         self._sink = sink
         self._sync_due = False  # a retry Sync is scheduled (after a database error)
         self._notifier = notifier
@@ -276,7 +278,9 @@ class Coordinator(Actor[CoordinatorMessage]):
         name = f"worker-{pid}-{next(self._names)}"
         self._worker_names[name] = pid
         ref = self._supervisor.spawn(
-            lambda: PartitionWorker(spec, self._pool, self._sink, self._notifier, self.self_ref),
+            lambda: PartitionWorker(
+                spec, self._pool, self._lender, self._sink, self._notifier, self.self_ref
+            ),
             name,
         )
         self._workers[pid] = (tp, ref)

@@ -20,6 +20,7 @@ from actors.heartbeat import HeartbeatMonitor, MonitorConfig
 from actors.messages import CoordinatorMessage, MonitorMessage, NotifierMessage, SweepNow
 from actors.notifier import Notifier
 from actors.runtime import ActorRef, RestartStrategy, Supervisor
+from storage.db import Lender
 from storage.logs import get_logger
 
 log = get_logger(__name__)
@@ -31,11 +32,13 @@ class GroupSystem:
     def __init__(
         self,
         pool: asyncpg.Pool,
+        lender: Lender,
         listen: Callable[[], Awaitable[asyncpg.Connection]],
         monitor_config: MonitorConfig,
         messages_channel: str,
     ) -> None:
         self._pool = pool
+        self._lender = lender
         self._listen = listen
         self.monitor_config = monitor_config
         self.messages_channel = messages_channel
@@ -73,7 +76,7 @@ class GroupSystem:
         assert self.notifier is not None and self.monitor is not None
         notifier, monitor = self.notifier, self.monitor
         return self.root.spawn(
-            lambda: Coordinator(spec, self._pool, sink, notifier, monitor),
+            lambda: Coordinator(spec, self._pool, self._lender, sink, notifier, monitor),
             f"coordinator-{spec.group}-{next(self._names)}",
         )
 

@@ -31,7 +31,7 @@ from actors.messages import (
 )
 from actors.runtime import Actor, ActorRef, Timer
 from storage import leases
-from storage.db import TRANSIENT_ERRORS, internal
+from storage.db import TRANSIENT_ERRORS, Lender
 from storage.logs import get_logger
 from storage.names import validate_int, validate_seconds
 
@@ -126,12 +126,14 @@ class PartitionWorker(Actor[WorkerMessage]):
         self,
         spec: WorkerSpec,
         pool: asyncpg.Pool,
+        lender: Lender,
         sink: Sink,
         notifier: ActorRef[NotifierMessage],
         coordinator: ActorRef[CoordinatorMessage],
     ) -> None:
         self.spec = spec
         self._pool = pool
+        self._lender = lender  # the hot path's statements: fetch and commit
         self._sink = sink
         self._notifier = notifier
         self._coordinator = coordinator
@@ -274,11 +276,10 @@ class PartitionWorker(Actor[WorkerMessage]):
                 return
             self._pending = None
         limit = self._fetch_size
-        with internal():
-            rows = await leases.fetch(
-                self._pool, self.spec.group, self.spec.partition_id, self.spec.member_id,
-                self._epoch, self._position, limit,
-            )  # fmt: skip
+        rows = await leases.fetch(
+            self._lender, self.spec.group, self.spec.partition_id, self.spec.member_id,
+            self._epoch, self._position, limit,
+        )  # fmt: skip
         # Fetch sizes follow the lag: a full fetch doubles the next one (up to 4x the
         # configured size), a short one goes back to the configured size.
         if len(rows) == limit:
@@ -399,13 +400,12 @@ class PartitionWorker(Actor[WorkerMessage]):
     async def _commit(self, position: int) -> None:
         if self._epoch is None or position <= self._committed:
             return
-        with internal():
-            applied = await leases.commit(
-                self._pool,
-                self.spec.group,
-                self.spec.member_id,
-                [(self.spec.partition_id, position, self._epoch)],
-            )
+        applied = await leases.commit(
+            self._lender,
+            self.spec.group,
+            self.spec.member_id,
+            [(self.spec.partition_id, position, self._epoch)],
+        )
         if applied:
             self._committed = position
         else:

@@ -88,6 +88,9 @@ class Bus:
         self.dsn = dsn
         self.config = config
         self.pool = pool
+        # The bus's own hot-path statements (fetch, commit, queue takes and acks) run on a few pool
+        # connections kept out between uses: asyncpg's acquire and release cost a round trip's worth.
+        self.lender = db.Lender(pool, min(8, max(1, config.pool_max_size // 2)))
         self.embedded = embedded
         self.channels = Channels(config.schema)
         self._topics: dict[str, TopicInfo] = {}
@@ -110,6 +113,7 @@ class Bus:
             await self._cleaner.stop(drain=False)
         if self._system is not None:
             await self._system.stop()
+        await self.lender.close()
         await self.pool.close()
 
     async def _start(self) -> None:
@@ -139,6 +143,7 @@ class Bus:
             c = self.config
             system = GroupSystem(
                 self.pool,
+                self.lender,
                 lambda: db.connect(self.dsn, c.schema),
                 MonitorConfig(
                     heartbeat_interval=c.heartbeat_interval,

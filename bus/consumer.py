@@ -354,8 +354,8 @@ class Consumer(_MemberBase):
     async def _commit_pool(self, *, durable: bool) -> None:
         """Commit the pending positions on a pool connection; `durable=False` for auto-commit (soft)."""
         # One statement, all or nothing: no transaction block needed.
-        with db.translate_errors(), db.internal():
-            async with self._bus.pool.acquire() as conn:
+        with db.translate_errors():
+            async with self._bus.lender.lend() as conn:
                 written = await self._commit_on(conn, durable=durable)
         self._h.confirm(written)
 

@@ -164,8 +164,8 @@ class _QueueWriter:
     the write's exception) once it committed.
     """
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
+    def __init__(self, lender: db.Lender) -> None:
+        self._lender = lender
         self._acks: Lane[_AckRequest] = Lane(
             self._write_acks, _MAX_ACK_BATCH, _PARALLEL, weight=_ack_weight, split_at=_SPLIT_AT
         )
@@ -196,8 +196,8 @@ class _QueueWriter:
         return future
 
     async def _write_acks(self, batch: list[_AckRequest]) -> None:
-        with db.translate_errors(), db.internal():
-            done = await sql.ack_many(self._pool, [job for jobs, _ in batch for job in jobs])
+        with db.translate_errors():
+            done = await sql.ack_many(self._lender, [job for jobs, _ in batch for job in jobs])
         for _, future in batch:
             if not future.done():
                 future.set_result(done)
@@ -205,8 +205,8 @@ class _QueueWriter:
     async def _write_takes(self, key: tuple[str, float, bool], batch: list[_TakeRequest]) -> None:
         topic, timeout, ordered = key
         consumers, limits = [c for c, _, _ in batch], [n for _, n, _ in batch]
-        with db.translate_errors(), db.internal():
-            rows = await sql.take_for(self._pool, topic, consumers, limits, timeout, ordered=ordered)
+        with db.translate_errors():
+            rows = await sql.take_for(self._lender, topic, consumers, limits, timeout, ordered=ordered)
         dealt: list[list[sql.TakenJob]] = [[] for _ in batch]
         for row in rows:
             dealt[row.request - 1].append(row)
@@ -221,7 +221,7 @@ _writers: weakref.WeakKeyDictionary[Bus, _QueueWriter] = weakref.WeakKeyDictiona
 def _writer_of(bus: Bus) -> _QueueWriter:
     writer = _writers.get(bus)
     if writer is None:
-        writer = _writers[bus] = _QueueWriter(bus.pool)
+        writer = _writers[bus] = _QueueWriter(bus.lender)
     return writer
 
 
@@ -464,8 +464,8 @@ class QueueConsumer:
 
         async def give_back() -> None:
             try:
-                with db.translate_errors(), db.internal():
-                    await sql.return_unacked(self._bus.pool, jobs)
+                with db.translate_errors():
+                    await sql.return_unacked(self._bus.lender, jobs)
                 self._announce({j[0] for j in jobs})
             except Exception:  # the jobs come back by their visibility timeout anyway
                 self._log.warning("queue_give_back_failed", exc_info=True)

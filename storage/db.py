@@ -9,10 +9,11 @@ and recorded in `bus_migrations`.
 
 from __future__ import annotations
 
-import contextvars
+import asyncio
 import re
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any, Literal, TypeAlias
 
@@ -27,9 +28,10 @@ log = get_logger(__name__)
 
 #: One connection: a plain one, or one acquired from a pool.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
-#: Anything statements can run on: one connection, or the pool (one statement, autocommit).
+#: Anything statements can run on: one connection, or the pool or the Lender (one statement, autocommit).
 Conn: TypeAlias = (
     "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record] | asyncpg.Pool[asyncpg.Record]"
+    " | Lender"
 )
 
 _MIGRATION_FILE = re.compile(r"(\d{3})_([a-z0-9_]+)\.sql")
@@ -71,33 +73,152 @@ async def on_schema(conn: Connection, schema: str) -> AsyncIterator[None]:
         await conn.execute(SET_LOCAL_SEARCH_PATH, previous)
 
 
-# Set while the bus's own hot paths hold a pool connection (see `internal`).
-_internal_use: contextvars.ContextVar[bool] = contextvars.ContextVar("bus_internal_use", default=False)
+class Lender:
+    """Pool connections kept out between the bus's own statements on its hot paths.
 
-
-@contextmanager
-def internal() -> Iterator[None]:
-    """Mark pool use by the bus's own statements, which leave no session state behind.
-
-    Their connections go back to the pool without asyncpg's reset query
-    (`RESET ALL; UNLISTEN *; ...`: one round trip per release, as much as the
-    statement itself on the hot paths). Any other use of the pool (the
-    service's own `b.pool.acquire()`) is reset as asyncpg always does. Open
-    transactions are rolled back on release either way.
+    asyncpg's pool spends about as much Python on an acquire and a release
+    (a proxy, an inactivity timer, a shielded release task, and a reset query
+    unless skipped) as a short statement's round trip takes. The bus's own
+    statements leave no session state behind, so up to `size` connections,
+    borrowed from the pool once, stay out and are lent to them one statement
+    (or one short block, `lend`) at a time. A connection that broke, was left
+    inside a transaction, or whose user failed with anything but an error of
+    the server's goes back to the pool (which waits out a cancelled query,
+    closes or resets it), and a fresh one is borrowed when needed. The pool's
+    `max_size` still bounds every connection of the Bus; the service's own
+    `b.pool.acquire()` gets the rest and is reset on release as asyncpg always does.
     """
-    token = _internal_use.set(True)
+
+    def __init__(self, pool: asyncpg.Pool, size: int) -> None:
+        self._pool = pool
+        self._size = max(1, size)
+        self._idle: list[PoolConnectionProxy] = []
+        self._borrowed = 0  # out of the pool: idle here, or lent
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._returning: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def borrowed(self) -> int:
+        """Connections out of the pool now (idle here or lent)."""
+        return self._borrowed
+
+    @asynccontextmanager
+    async def lend(self) -> AsyncIterator[PoolConnectionProxy]:
+        """One connection for a short block of the bus's own statements (no session state left behind)."""
+        conn = await self._take()
+        try:
+            yield conn
+        except asyncpg.PostgresError as exc:
+            # The server refused a statement: the connection is fine unless it says otherwise.
+            self._give(conn, reusable=not isinstance(exc, CONNECTION_ERRORS))
+            raise
+        except BaseException:
+            self._give(conn, reusable=False)
+            raise
+        else:
+            self._give(conn, reusable=True)
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        """`Connection.fetch` on a lent connection."""
+        async with self.lend() as conn:
+            return await conn.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        """`Connection.fetchrow` on a lent connection."""
+        async with self.lend() as conn:
+            return await conn.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        """`Connection.fetchval` on a lent connection."""
+        async with self.lend() as conn:
+            return await conn.fetchval(query, *args)
+
+    async def execute(self, query: str, *args: Any) -> str:
+        """`Connection.execute` on a lent connection."""
+        async with self.lend() as conn:
+            return await conn.execute(query, *args)
+
+    async def close(self) -> None:
+        """Give every idle connection back to the pool; lent ones go back when their block ends."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            self._borrowed -= 1
+            await self._pool.release(conn)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._returning:
+            await asyncio.gather(*self._returning, return_exceptions=True)
+
+    async def _take(self) -> PoolConnectionProxy:
+        while True:
+            if self._closed:
+                raise StorageUnavailableError("the Bus is closed; its connections are gone")
+            while self._idle:
+                conn = self._idle.pop()
+                if _usable(conn):
+                    return conn
+                self._return(conn)
+            if self._borrowed < self._size:
+                self._borrowed += 1
+                try:
+                    conn = await self._pool.acquire()
+                except BaseException:
+                    self._borrowed -= 1
+                    self._wake()
+                    raise
+                return conn
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif not waiter.cancelled():
+                    self._wake()  # the wake-up it got goes to the next one
+                raise
+
+    def _give(self, conn: PoolConnectionProxy, *, reusable: bool) -> None:
+        if reusable and not self._closed and _usable(conn):
+            self._idle.append(conn)
+        else:
+            self._return(conn)
+        self._wake()
+
+    def _return(self, conn: PoolConnectionProxy) -> None:
+        """Back to the pool, which resets it, or closes it if it broke (in a task: `_give` is synchronous).
+
+        A connection that closed is back in the pool already (asyncpg detaches its proxy); releasing
+        it again does nothing.
+        """
+        self._borrowed -= 1
+        task = asyncio.get_running_loop().create_task(self._release(conn))
+        self._returning.add(task)
+        task.add_done_callback(self._returning.discard)
+
+    async def _release(self, conn: PoolConnectionProxy) -> None:
+        try:
+            await self._pool.release(conn)
+        except Exception:  # the pool terminates what it cannot reset; nothing else to do here
+            log.debug("lender_release_failed", exc_info=True)
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
+def _usable(conn: PoolConnectionProxy) -> bool:
+    """Open, outside any transaction, and still ours (not detached by the pool when it closed)."""
     try:
-        yield
-    finally:
-        _internal_use.reset(token)
-
-
-async def _reset(conn: asyncpg.Connection) -> None:
-    if _internal_use.get():
-        return
-    query = conn.get_reset_query()
-    if query:
-        await conn.execute(query)
+        return not conn.is_closed() and not conn.is_in_transaction()
+    except asyncpg.InterfaceError:  # the pool took it back: its connection closed
+        return False
 
 
 async def create_pool(
@@ -110,7 +231,6 @@ async def create_pool(
             min_size=min_size,
             max_size=max_size,
             server_settings=server_settings(schema),
-            reset=_reset,
             **kwargs,
         )
     except (OSError, asyncpg.PostgresError) as exc:

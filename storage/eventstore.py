@@ -33,7 +33,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from storage.db import Conn, Connection
+from storage.db import Conn, Connection, Lender
 
 # -- appending -------------------------------------------------------------------
 
@@ -536,10 +536,13 @@ class NackOutcome(msgspec.Struct, frozen=True, gc=False):
 
 @asynccontextmanager
 async def _connection(conn: Conn) -> AsyncIterator[Connection]:
-    """One connection for a transaction: `conn` itself, or one acquired from it if it is a pool."""
+    """One connection for a transaction: `conn` itself, or one acquired from it if it is a pool or a Lender."""
     if isinstance(conn, asyncpg.Pool):
         async with conn.acquire() as acquired:
             yield acquired
+    elif isinstance(conn, Lender):
+        async with conn.lend() as lent:
+            yield lent
     else:
         yield conn
 
