@@ -35,6 +35,18 @@ async def test_a_connection_is_kept_out_and_lent_again(pool: asyncpg.Pool) -> No
     assert lender.borrowed == 0
 
 
+async def test_lent_connections_use_generic_plans_and_the_pool_gets_them_back_reset(pool: asyncpg.Pool) -> None:
+    lender = db.Lender(pool, 1)
+    show = "SELECT current_setting('plan_cache_mode')"
+    assert await lender.fetchval(show) == "force_generic_plan"
+    async with lender.lend() as conn:
+        lent = await _pid(conn)
+    await lender.close()
+    async with pool.acquire() as conn:
+        assert await _pid(conn) == lent  # the same connection, back in the pool
+        assert await conn.fetchval(show) == "auto"  # and reset by it
+
+
 async def test_at_most_size_connections_are_out_and_the_next_borrower_waits(pool: asyncpg.Pool) -> None:
     lender = db.Lender(pool, 2)
     release = asyncio.Event()
