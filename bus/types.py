@@ -38,7 +38,7 @@ class TopicInfo(msgspec.Struct, frozen=True, kw_only=True):
         return self.partitions is None
 
 
-class Record(msgspec.Struct, frozen=True):
+class Record(msgspec.Struct, frozen=True, gc=False):
     """Where a published message landed."""
 
     topic: str
