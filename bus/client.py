@@ -22,7 +22,7 @@ from actors.system import GroupSystem
 from bus import tracing
 from bus.admin import Admin
 from bus.claims import Claim, claim
-from bus.codec import encode_headers, encode_payload, to_message, validate_key
+from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
 from bus.config import Config
 from bus.consumer import Consumer, Retry, Subscription
 from bus.eventstore import EventStore
@@ -427,10 +427,20 @@ class Bus:
         names, keys, heads, datas = out.names, out.keys, out.headers, out.payloads
         choose = self._choose_partition
         hashed = None if info.dynamic else info.partitions  # a keyed message's partition is its key's hash
+        plain, encode = PLAIN_VALUES, encode_json
         for item in messages:
             msg = item if type(item) is Outgoing else Outgoing(item)
-            key = validate_key(msg.key)
-            data = encode_payload(msg.payload, allow_tombstone=tombstones, limit=limit)
+            key = msg.key
+            if key is not None and (type(key) is not str or not key.isascii() or "\x00" in key):
+                key = validate_key(key)  # refuses it, or checks the text of a non-ASCII key
+            payload = msg.payload
+            data: bytes | None
+            if type(payload) is dict and plain.issuperset(map(type, payload.values())):
+                data = encode(payload)  # a flat dict of plain values: nothing to refuse but its size
+                if len(data) > limit:
+                    data = encode_payload(payload, allow_tombstone=tombstones, limit=limit)
+            else:
+                data = encode_payload(payload, allow_tombstone=tombstones, limit=limit)
             given = msg.headers
             if given is None:
                 head = None
