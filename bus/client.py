@@ -90,7 +90,8 @@ class Bus:
         self.pool = pool
         # The bus's own hot-path statements (fetch, commit, queue takes and acks) run on a few pool
         # connections kept out between uses: asyncpg's acquire and release cost a round trip's worth.
-        self.lender = db.Lender(pool, min(8, max(1, config.pool_max_size // 2)))
+        # At most half of the pool (none of a pool of 1: the Bus's other statements need one).
+        self.lender = db.Lender(pool, min(8, config.pool_max_size // 2))
         self.embedded = embedded
         self.channels = Channels(config.schema)
         self._topics: dict[str, TopicInfo] = {}

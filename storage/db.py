@@ -100,7 +100,7 @@ class Lender:
 
     def __init__(self, pool: asyncpg.Pool, size: int) -> None:
         self._pool = pool
-        self._size = max(1, size)
+        self._size = size  # 0: nothing kept out, every use acquires from the pool (a pool of 1)
         self._idle: list[PoolConnectionProxy] = []
         self._borrowed = 0  # out of the pool: idle here, or lent
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -115,6 +115,10 @@ class Lender:
     @asynccontextmanager
     async def lend(self) -> AsyncIterator[PoolConnectionProxy]:
         """One connection for a short block of the bus's own statements (no session state left behind)."""
+        if self._size == 0:
+            async with self._pool.acquire() as acquired:
+                yield acquired
+            return
         conn = await self._take()
         try:
             yield conn

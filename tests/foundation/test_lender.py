@@ -10,6 +10,7 @@ import pytest
 
 from storage import db
 from storage.errors import StorageUnavailableError
+from tests.conftest import Connect
 
 
 @pytest.fixture
@@ -136,3 +137,28 @@ async def test_a_closed_lender_refuses_and_the_pool_closes(pool: asyncpg.Pool) -
     with pytest.raises(StorageUnavailableError):
         await lender.fetchval("SELECT 1")
     await asyncio.wait_for(pool.close(), 5)  # nothing is still out
+
+
+async def test_a_lender_of_size_zero_keeps_nothing_out(pool: asyncpg.Pool) -> None:
+    lender = db.Lender(pool, 0)
+    assert await lender.fetchval("SELECT 1") == 1
+    assert lender.borrowed == 0
+    async with pool.acquire() as conn:  # the pool's connection is free again at once
+        assert await conn.fetchval("SELECT current_setting('plan_cache_mode')") == "auto"
+    await lender.close()
+
+
+async def test_a_bus_with_a_pool_of_one_still_works(connect: Connect) -> None:
+    b = await connect(pool_max_size=1, pool_min_size=1)
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"a")
+    async with b.consumer("g", topics=["t"]) as c:
+        got = []
+        for _ in range(50):
+            got += await c.poll(timeout=0.2)
+            if got:
+                break
+        assert [m.payload for m in got] == [b"a"]
+        await c.commit()
+    async with b.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT 1") == 1
