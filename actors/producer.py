@@ -180,24 +180,28 @@ class Producer(Actor[Publish]):
         self._log = get_logger(__name__, actor="producer")
 
     async def on_start(self) -> None:
-        """Start the flusher task."""
-        self._flusher = asyncio.get_running_loop().create_task(self._run(), name="producer-flusher")
+        """Start the flusher task (with linger; without, flushes start where calls arrive and flushes end)."""
+        if not self._direct:
+            self._flusher = asyncio.get_running_loop().create_task(self._run(), name="producer-flusher")
 
     async def receive(self, message: Publish) -> None:
         """Queue the call for the next flush; wait while too many messages are pending (back-pressure)."""
         match message:
             case Publish(call=call, reply=reply):
-                if reply.done():  # the caller gave up (cancelled) before its turn
-                    return
-                self._pending.append(message)
-                self._pending_messages += len(call.pids)
-                self._count()
-                self._idle.clear()
-                if self._direct and not self._flushes and not self.self_ref.queued:
-                    self._dispatch()  # idle, and the burst this call came in is all here: write it now
-                else:
+                if not reply.done():  # else the caller gave up (cancelled) before its turn
+                    self._pending.append(message)
+                    self._pending_messages += len(call.pids)
+                    self._count()
+                    self._idle.clear()
+                if not self._direct:
                     self._wake.set()
+                elif not self.self_ref.queued:
+                    # The burst this call came in is all here: write it now, in the free flush slots
+                    # (on partitions no flush in flight holds; the rest goes when one ends).
+                    self._dispatch()
                 while self._pending_messages >= self._settings.max_pending:
+                    if self._direct:
+                        self._dispatch()  # room comes from flushes: start what the free slots allow
                     self._room.clear()
                     await self._room.wait()
 

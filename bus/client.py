@@ -463,17 +463,18 @@ class Bus:
             keys.append(key)
             heads.append(head)
             datas.append(data)
-        # What the call weighs (for the Producer's max_batch_bytes), summed at C speed.
-        out.nbytes = (
-            sum(map(len, filter(None, datas)))
-            + sum(map(len, filter(None, heads)))
-            + sum(map(len, filter(None, keys)))
-        )
-        if len(names) == 1:  # a single publish, its partition known: the common case
+        if len(names) == 1:  # a single publish: the common case
+            out.nbytes = len(datas[0] or b"") + len(heads[0] or "") + len(keys[0] or "")
             pid = self._partition_ids.get((info.name, names[0]))
             if pid is not None:
                 out.pids = [pid]
                 return out
+        else:  # what the call weighs (for the Producer's max_batch_bytes), summed at C speed
+            out.nbytes = (
+                sum(map(len, filter(None, datas)))
+                + sum(map(len, filter(None, heads)))
+                + sum(map(len, filter(None, keys)))
+            )
         for name in dict.fromkeys(out.names):
             pid = self._partition_ids.get((info.name, name))
             if pid is None:
