@@ -91,9 +91,9 @@ class Lender:
     statements leave no session state behind (but GENERIC_PLANS), so up to `size` connections,
     borrowed from the pool once, stay out and are lent to them one statement
     (or one short block, `lend`) at a time. A connection that broke, was left
-    inside a transaction, or whose user failed with anything but an error of
-    the server's goes back to the pool (which waits out a cancelled query,
-    closes or resets it), and a fresh one is borrowed when needed. The pool's
+    inside a transaction, or whose block raised anything goes back to the
+    pool (which waits out a cancelled query, closes or resets it), and a
+    fresh one is borrowed when needed. The pool's
     `max_size` still bounds every connection of the Bus; the service's own
     `b.pool.acquire()` gets the rest and is reset on release as asyncpg always does.
     """
@@ -122,11 +122,10 @@ class Lender:
         conn = await self._take()
         try:
             yield conn
-        except asyncpg.PostgresError as exc:
-            # The server refused a statement: the connection is fine unless it says otherwise.
-            self._give(conn, reusable=not isinstance(exc, CONNECTION_ERRORS))
-            raise
         except BaseException:
+            # Even after a plain server error the protocol may still be reading up to the server's
+            # ReadyForQuery: lent again at once, the next statement would meet "another operation
+            # is in progress". The pool waits it out and resets (or closes) it; errors are rare here.
             self._give(conn, reusable=False)
             raise
         else:
