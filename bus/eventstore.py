@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import re
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -374,6 +375,12 @@ def _handled_classes(handled_types: Sequence[type[Event] | str]) -> list[type[Ev
     return classes
 
 
+#: Per Bus, per store: the claims whose commit went unanswered (see EventStore._unsure).
+_unsure_claims: weakref.WeakKeyDictionary[Bus, dict[str, set[tuple[str, str, int]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 class EventStore:
     """One store: an ordered log of events with attribute partitions and consumer groups.
 
@@ -388,6 +395,11 @@ class EventStore:
 
     def __init__(self, bus: Bus, name: str) -> None:
         self._bus = bus
+        # (worker, group, offset_id) of claims whose commit went unanswered (a lost connection):
+        # they may be held by the worker without its knowing, and its heartbeats would keep them
+        # forever. Released before the worker's next claim or heartbeat. Shared by every
+        # EventStore object of the Bus for this store.
+        self._unsure = _unsure_claims.setdefault(bus, {}).setdefault(name, set())
         # (group, partition_by, bulk) -> the discovery window that last took about its step time.
         self._windows: dict[tuple[str, tuple[str, ...], bool], int] = {}
         self.name = validate_name(name, "event store name")
@@ -584,6 +596,7 @@ class EventStore:
         ttl = float(self._bus.config.claim_ttl)
         started = time.monotonic()
         with db.translate_errors():
+            await self._release_unsure(worker)
             state = await es_storage.claim_state(self._pool, self.name, group, names)
             if state.status is None:
                 raise _group_not_found(self.name, group)
@@ -634,9 +647,13 @@ class EventStore:
 
         Remembers the bounds of what the claim read, for its ack.
         """
-        claimed = await es_storage.claim(
-            self._pool, self.name, group, names, worker, ttl, handled, union, max_messages
-        )
+        unsure: list[int] = []
+        try:
+            claimed = await es_storage.claim(
+                self._pool, self.name, group, names, worker, ttl, handled, union, max_messages, unsure
+            )
+        finally:
+            self._unsure.update((worker, group, offset_id) for offset_id in unsure)
         if claimed is not None:
             self._remember_claim(claimed.offset_id, claimed.last_read, claimed.more)
         return claimed
@@ -789,7 +806,19 @@ class EventStore:
         """Keep every claim of this worker in this store alive; returns how many it holds."""
         worker = validate_worker_id(worker_id)
         with db.translate_errors():
+            await self._release_unsure(worker)
             return await es_storage.heartbeat(self._pool, self.name, worker)
+
+    async def _release_unsure(self, worker: str) -> None:
+        """Release the worker's claims whose commit went unanswered: it never saw their events."""
+        for key in [k for k in self._unsure if k[0] == worker]:
+            _, group, offset_id = key
+            if await es_storage.release(self._pool, self.name, group, offset_id, worker):
+                self._log.info(
+                    "event_unanswered_claim_released", group=group, offset_id=offset_id, worker=worker
+                )
+            self._unsure.discard(key)
+            self._claims.pop(offset_id, None)
 
     async def release_stale_claims(self, ttl: float | None = None) -> int:
         """Release claims not heartbeaten for `ttl` seconds (default config `claim_ttl`); returns how many."""

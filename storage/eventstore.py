@@ -748,8 +748,13 @@ async def claim(
     handled: set[str],
     union: list[str],
     max_messages: int,
+    unsure: list[int] | None = None,
 ) -> ClaimedPartition | None:
     """Take the partition with the earliest pending event; it and its events of the `handled` types.
+
+    `unsure`, when given, holds the cursor id of a claim transaction while it
+    commits and is emptied once the commit is answered: if this raises with it
+    non-empty, that claim may have committed although its answer was lost.
 
     Hints count the events of every type the group handles (`union`), so
     the fetch reads those too: that is what tells "nothing pending for the
@@ -762,14 +767,19 @@ async def claim(
     refinements = 0
     async with _connection(conn) as c:
         for _ in range(_MAX_EMPTY_CLAIMS):
+            if unsure is not None:
+                unsure.clear()  # the previous round's transaction (a release or a requeue) committed
             # The claim and the fetch commit together: a claim whose events never
             # reached the worker (a lost connection, any error) rolls back, instead
             # of staying held by a worker whose heartbeats would keep it forever.
+            # Only a commit whose answer is lost can leave one: `unsure` names it.
             async with c.transaction():
                 row = await c.fetchrow(CLAIM_PARTITION, store, group, names, worker, ttl, skipped)
                 if row is None:
                     return None
                 offset_id = int(row["id"])
+                if unsure is not None:
+                    unsure[:] = [offset_id]
                 rows = await c.fetch(
                     FETCH_PARTITION, store, names, row["vals"], row["position"], union, max_messages + 1
                 )
@@ -791,6 +801,8 @@ async def claim(
                     await c.execute(REQUEUE_EXACT, offset_id, worker, first)
                     skipped.append(offset_id)
                     continue
+            if unsure is not None:
+                unsure.clear()
             return ClaimedPartition(
                 offset_id=offset_id,
                 partition_key=row["partition_key"],
@@ -802,6 +814,8 @@ async def claim(
                 last_read=int(rows[-1]["position"]),
                 more=more,
             )
+    if unsure is not None:
+        unsure.clear()  # the last round's transaction (a release or a requeue) committed
     return None
 
 

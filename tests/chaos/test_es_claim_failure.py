@@ -8,6 +8,9 @@ again while the worker lived (its events stayed pending forever).
 
 from __future__ import annotations
 
+from typing import Any
+
+import asyncpg
 import pytest
 
 import bus
@@ -41,3 +44,34 @@ async def test_a_claim_that_fails_while_fetching_is_not_left_held_by_the_worker(
     assert claim is not None, "the partition stayed claimed by a claim the worker never received"
     assert [e.message.value for e in claim.messages] == [1, 2]
     assert [c.claimed_by for c in await store.partitions("g")] == ["w1"]
+
+
+async def test_a_claim_whose_commit_went_unanswered_is_released_before_the_workers_next_claim(
+    b: bus.Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos run after a PostgreSQL restart: the claim committed, its answer was lost.
+
+    The worker never saw the claim, its heartbeats kept it fresh, and the partition's
+    events stayed pending until the end of the run.
+    """
+    store = b.event_store("orphans")
+    await store.register_group("g")
+    await store.append([Reading(device="d1", value=1), Reading(device="d1", value=2)])
+    real = es_sql.claim
+
+    async def committed_but_unanswered(*args: Any) -> Any:
+        claimed = await real(*args)  # the claim and its fetch commit...
+        assert claimed is not None
+        if len(args) > 9:  # `unsure`: the claim whose commit is not known to have been answered
+            args[9][:] = [claimed.offset_id]
+        raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+
+    monkeypatch.setattr(es_sql, "claim", committed_but_unanswered)
+    with pytest.raises(bus.errors.StorageUnavailableError):
+        await store.claim_next("g", partition_by=["device"], handled_types=[Reading], worker_id="w1")
+    monkeypatch.undo()
+    assert [c.claimed_by for c in await store.partitions("g")] == ["w1"]  # held, unknown to the worker
+    await store.heartbeat("w1")
+    claim = await store.claim_next("g", partition_by=["device"], handled_types=[Reading], worker_id="w1")
+    assert claim is not None, "the worker's heartbeats kept a claim it never received"
+    assert [e.message.value for e in claim.messages] == [1, 2]
