@@ -652,8 +652,9 @@ class EventStore:
             claimed = await es_storage.claim(
                 self._pool, self.name, group, names, worker, ttl, handled, union, max_messages, unsure
             )
-        finally:
+        except BaseException:
             self._unsure.update((worker, group, offset_id) for offset_id in unsure)
+            raise
         if claimed is not None:
             self._remember_claim(claimed.offset_id, claimed.last_read, claimed.more)
         return claimed

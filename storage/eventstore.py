@@ -752,9 +752,9 @@ async def claim(
 ) -> ClaimedPartition | None:
     """Take the partition with the earliest pending event; it and its events of the `handled` types.
 
-    `unsure`, when given, holds the cursor id of a claim transaction while it
-    commits and is emptied once the commit is answered: if this raises with it
-    non-empty, that claim may have committed although its answer was lost.
+    `unsure`, when given, names the cursor of the claim transaction under way:
+    if this raises with it non-empty, that claim may have committed although
+    the answer to its COMMIT was lost.
 
     Hints count the events of every type the group handles (`union`), so
     the fetch reads those too: that is what tells "nothing pending for the
@@ -801,8 +801,6 @@ async def claim(
                     await c.execute(REQUEUE_EXACT, offset_id, worker, first)
                     skipped.append(offset_id)
                     continue
-            if unsure is not None:
-                unsure.clear()
             return ClaimedPartition(
                 offset_id=offset_id,
                 partition_key=row["partition_key"],
@@ -814,8 +812,6 @@ async def claim(
                 last_read=int(rows[-1]["position"]),
                 more=more,
             )
-    if unsure is not None:
-        unsure.clear()  # the last round's transaction (a release or a requeue) committed
     return None
 
 
