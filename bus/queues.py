@@ -95,6 +95,7 @@ _SPLIT_AT = 100
 _names = itertools.count()
 
 _Job = tuple[int, int, int]  # (partition_id, offset, lease_epoch)
+_Lease = tuple[int, int, int | None]  # (partition_id, lease_epoch, range lease id or None)
 
 
 class _Doorbell:
@@ -126,7 +127,7 @@ class _Doorbell:
             self._waiters.discard(waiter)
 
 
-_AckRequest = tuple[list[_Job], "asyncio.Future[set[tuple[int, int]]]"]
+_AckRequest = tuple[list[_Job], set[int], "asyncio.Future[set[tuple[int, int]]]"]
 _TakeRequest = tuple[str, int, "asyncio.Future[list[sql.TakenJob]]"]
 
 
@@ -171,10 +172,13 @@ class _QueueWriter:
         )
         self._takes: dict[tuple[str, float, bool], Lane[_TakeRequest]] = {}
 
-    def ack(self, jobs: list[_Job]) -> asyncio.Future[set[tuple[int, int]]]:
-        """Delete the jobs whose leases still hold; the future holds the (partition_id, offset) deleted."""
+    def ack(self, jobs: list[_Job], leases: set[int]) -> asyncio.Future[set[tuple[int, int]]]:
+        """Delete the jobs whose leases still hold; the future holds the (partition_id, offset) deleted.
+
+        `leases`: the range leases the jobs came from (deleted once empty).
+        """
         future: asyncio.Future[set[tuple[int, int]]] = asyncio.get_running_loop().create_future()
-        self._acks.add((jobs, future))
+        self._acks.add((jobs, leases, future))
         return future
 
     def take(
@@ -197,8 +201,12 @@ class _QueueWriter:
 
     async def _write_acks(self, batch: list[_AckRequest]) -> None:
         with db.translate_errors():
-            done = await sql.ack_many(self._lender, [job for jobs, _ in batch for job in jobs])
-        for _, future in batch:
+            done = await sql.ack_many(
+                self._lender,
+                [job for jobs, _, _ in batch for job in jobs],
+                {lease for _, leases, _ in batch for lease in leases},
+            )
+        for _, _, future in batch:
             if not future.done():
                 future.set_result(done)
 
@@ -206,10 +214,7 @@ class _QueueWriter:
         topic, timeout, ordered = key
         consumers, limits = [c for c, _, _ in batch], [n for _, n, _ in batch]
         with db.translate_errors():
-            rows = await sql.take_for(self._lender, topic, consumers, limits, timeout, ordered=ordered)
-        dealt: list[list[sql.TakenJob]] = [[] for _ in batch]
-        for row in rows:
-            dealt[row.request - 1].append(row)
+            dealt = await sql.take_for(self._lender, topic, consumers, limits, timeout, ordered=ordered)
         for (_, _, future), mine in zip(batch, dealt, strict=True):
             if not future.done():
                 future.set_result(mine)
@@ -293,7 +298,7 @@ class QueueConsumer:
         self.consumer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._bus = bus
         # (partition name, offset) -> (partition_id, lease epoch), for every job taken and not yet acked/nacked.
-        self._in_flight: dict[tuple[str, int], tuple[int, int]] = {}
+        self._in_flight: dict[tuple[str, int], _Lease] = {}
         self._partitions: dict[int, str] = {}  # partition id -> name
         self._doorbell = _Doorbell()
         self._waker: ActorRef[Any] | None = None
@@ -435,7 +440,7 @@ class QueueConsumer:
                             )
                         )
                         continue
-                    self._in_flight[(name, r.offset)] = (pid, r.lease_epoch)
+                    self._in_flight[(name, r.offset)] = (pid, r.lease_epoch, r.lease_id)
                     out.append(
                         Message(
                             topic=self.topic,
@@ -479,7 +484,7 @@ class QueueConsumer:
         self._partitions = await sql.partitions(self._bus.pool, self.topic)
         return self._partitions.get(pid, "?")
 
-    def _lease(self, msg: Message) -> tuple[int, int] | None:
+    def _lease(self, msg: Message) -> _Lease | None:
         if msg.topic != self.topic:
             raise ValidationError(
                 f"message of topic {msg.topic!r} does not belong to this consumer of {self.topic!r}"
@@ -498,6 +503,7 @@ class QueueConsumer:
         out: list[tuple[Message, int, Any]] = []
         fresh: list[tuple[tuple[str, int], int, int]] = []  # (key, partition_id, offset)
         jobs: list[_Job] = []
+        leases: set[int] = set()
         for m in msgs:
             lease = self._lease(m)
             if lease is None:
@@ -507,8 +513,10 @@ class QueueConsumer:
             if out[-1][2] is None:
                 fresh.append((key, lease[0], m.offset))
                 jobs.append((lease[0], m.offset, lease[1]))
+                if lease[2] is not None:
+                    leases.add(lease[2])
         if jobs:
-            future = self._writer.ack(jobs)
+            future = self._writer.ack(jobs, leases)
             for key, _, _ in fresh:
                 self._acking[key] = future
             future.add_done_callback(lambda f: self._acked(fresh, f))
@@ -571,7 +579,7 @@ class QueueConsumer:
             raise ValidationError(
                 f"message {msg.partition}@{msg.offset} is not held by this consumer (already acked or nacked?)"
             )
-        pid, epoch = lease
+        pid, epoch, _ = lease
         del self._in_flight[(msg.partition, msg.offset)]
         with db.translate_errors():
             if msg.attempt >= self.max_attempts:

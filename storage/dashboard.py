@@ -15,6 +15,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
+from storage import queues
 from storage.db import Conn, Connection
 
 # Per partition of every topic: bounds and stored size estimate (next_offset -
@@ -34,7 +35,7 @@ SELECT t.name AS topic,
        count(j."offset") FILTER (WHERE j.visible_at > clock_timestamp() AND j.leased_by IS NULL) AS delayed,
        min(j.visible_at) FILTER (WHERE j.visible_at > clock_timestamp() AND j.leased_by IS NULL) AS next_delayed
 FROM topics t
-LEFT JOIN queue_jobs j ON j.topic = t.name
+LEFT JOIN queue_job_states j ON j.topic = t.name
 WHERE t.semantics = 'queue'
 GROUP BY t.name
 ORDER BY t.name
@@ -46,7 +47,7 @@ DEAD_LETTERS = """
 SELECT p.name AS partition, m."offset", m.key, m.headers::text AS headers,
        substring(m.payload FROM 1 FOR $3) AS payload, octet_length(m.payload) AS payload_bytes, m.created_at,
        j.leased_by IS NOT NULL AND j.visible_at > clock_timestamp() AS leased
-FROM queue_jobs j
+FROM queue_job_states j
 JOIN partitions p ON p.id = j.partition_id
 JOIN messages m ON m.partition_id = j.partition_id AND m."offset" = j."offset"
 WHERE j.topic = $1 AND m.headers ? 'dead_letter.topic'
@@ -54,7 +55,8 @@ ORDER BY m.created_at, j.partition_id, j."offset"
 LIMIT $2
 """
 
-# Take dead letters out of their queue for a replay, in the caller's transaction:
+# Take dead letters out of their queue for a replay, in the caller's transaction, after
+# DETACH_FRESH (storage/queues.py) gave the queue's fresh jobs their own state:
 # $1 dead-letter topic, $2 partition name (NULL: all), $3 offset (NULL: all), $4 limit.
 # Jobs another consumer holds right now are skipped (SKIP LOCKED, live lease), so
 # a replay never races a consumer draining the dead-letter queue.
@@ -66,7 +68,11 @@ WITH c AS (
     WHERE j.topic = $1
       AND ($2::text IS NULL OR p.name = $2::text)
       AND ($3::bigint IS NULL OR j."offset" = $3::bigint)
-      AND (j.leased_by IS NULL OR j.visible_at <= clock_timestamp())
+      AND CASE WHEN j.detached THEN j.leased_by IS NULL OR j.visible_at <= clock_timestamp()
+               ELSE NOT EXISTS (SELECT 1 FROM queue_leases l
+                                WHERE l.partition_id = j.partition_id
+                                  AND j."offset" BETWEEN l.first_offset AND l.last_offset
+                                  AND l.visible_at > clock_timestamp()) END
     ORDER BY j.partition_id, j."offset"
     LIMIT $4
     FOR UPDATE OF j SKIP LOCKED
@@ -209,6 +215,7 @@ async def take_dead_letters(
     conn: Connection, topic: str, partition: str | None, offset: int | None, limit: int
 ) -> list[TakenDeadLetter]:
     """Delete dead-letter jobs (all, or the one at partition/offset) and return their messages (caller's transaction)."""
+    await conn.execute(queues.DETACH_FRESH, topic)  # jobs a take may be reading as fresh are its own now
     return [TakenDeadLetter(*r) for r in await conn.fetch(TAKE_DEAD_LETTERS, topic, partition, offset, limit)]
 
 

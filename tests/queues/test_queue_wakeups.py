@@ -53,9 +53,9 @@ def ack_statements(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sent: list[int] = []
     real = queue_sql.ack_many
 
-    async def counting(conn: Any, jobs: list[tuple[int, int, int]]) -> Any:
+    async def counting(conn: Any, jobs: list[tuple[int, int, int]], leases: Any = ()) -> Any:
         sent.append(len(jobs))
-        return await real(conn, jobs)
+        return await real(conn, jobs, leases)
 
     monkeypatch.setattr(queue_sql, "ack_many", counting)
     return sent
@@ -210,12 +210,12 @@ async def test_a_failed_ack_statement_fails_every_caller_and_keeps_the_leases(
     real = queue_sql.ack_many
     calls = 0
 
-    async def failing_once(conn: Any, jobs: list[tuple[int, int, int]]) -> Any:
+    async def failing_once(conn: Any, jobs: list[tuple[int, int, int]], leases: Any = ()) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise OSError("connection reset")
-        return await real(conn, jobs)
+        return await real(conn, jobs, leases)
 
     monkeypatch.setattr(queue_sql, "ack_many", failing_once)
     async with b.queue_consumer("jobs") as q:
