@@ -9,7 +9,7 @@
             else:
                 await q.ack(job)
 
-- Each message is leased to one consumer at a time (FOR UPDATE SKIP LOCKED).
+- Each message is leased to one consumer at a time (fresh ones by range, see storage/queues.py).
 - A message not acked within `visibility_timeout` seconds comes back; so does
   a nacked one, after its `delay`.
 - A message delivered `max_attempts` times and still not acked is moved to the
@@ -427,23 +427,24 @@ class QueueConsumer:
                     pending.add_done_callback(self._give_back)
                     raise
                 exhausted: list[_DeadRow] = []
+                topic, max_attempts, in_flight = self.topic, self.max_attempts, self._in_flight
                 for r in rows:
                     pid = r.partition_id
                     name = self._partitions.get(pid)
                     if name is None:
                         name = await self._refresh_partitions(pid)
-                    headers = decode_headers(r.headers)
-                    if r.attempts > self.max_attempts:
+                    headers = decode_headers(r.headers) if r.headers else {}
+                    if r.attempts > max_attempts:
                         exhausted.append(
                             _DeadRow(
                                 pid, r.offset, r.lease_epoch, r.attempts, name, r.key, r.payload, headers
                             )
                         )
                         continue
-                    self._in_flight[(name, r.offset)] = (pid, r.lease_epoch, r.lease_id)
+                    in_flight[(name, r.offset)] = (pid, r.lease_epoch, r.lease_id)
                     out.append(
                         Message(
-                            topic=self.topic,
+                            topic=topic,
                             partition=name,
                             offset=r.offset,
                             key=r.key,
@@ -501,43 +502,50 @@ class QueueConsumer:
         ack, not a lost lease.
         """
         out: list[tuple[Message, int, Any]] = []
-        fresh: list[tuple[tuple[str, int], int, int]] = []  # (key, partition_id, offset)
+        fresh: list[tuple[str, int]] = []  # (partition, offset) of the jobs acked by this write
         jobs: list[_Job] = []
         leases: set[int] = set()
+        topic, in_flight, acking = self.topic, self._in_flight, self._acking
         for m in msgs:
-            lease = self._lease(m)
+            if m.topic != topic:
+                self._lease(m)  # raises
+            key = (m.partition, m.offset)
+            lease = in_flight.get(key)
             if lease is None:
                 continue
-            key = (m.partition, m.offset)
-            out.append((m, lease[0], self._acking.get(key)))
-            if out[-1][2] is None:
-                fresh.append((key, lease[0], m.offset))
-                jobs.append((lease[0], m.offset, lease[1]))
+            sharing = acking.get(key) if acking else None
+            out.append((m, lease[0], sharing))
+            if sharing is None:
+                fresh.append(key)
+                jobs.append((lease[0], key[1], lease[1]))
                 if lease[2] is not None:
                     leases.add(lease[2])
         if jobs:
             future = self._writer.ack(jobs, leases)
-            for key, _, _ in fresh:
-                self._acking[key] = future
+            acking.update(dict.fromkeys(fresh, future))
             future.add_done_callback(lambda f: self._acked(fresh, f))
             out = [(m, pid, f if f is not None else future) for m, pid, f in out]
         return out
 
-    def _acked(
-        self, fresh: list[tuple[tuple[str, int], int, int]], future: asyncio.Future[set[tuple[int, int]]]
-    ) -> None:
+    def _acked(self, fresh: list[tuple[str, int]], future: asyncio.Future[set[tuple[int, int]]]) -> None:
         """Bookkeeping once a write of acks committed (or failed: then the leases are kept, to retry or nack)."""
-        for key, _, _ in fresh:
-            self._acking.pop(key, None)
+        acking, in_flight = self._acking, self._in_flight
+        for key in fresh:
+            acking.pop(key, None)
         if future.cancelled() or future.exception() is not None:
             return
         done = future.result()
-        for key, _, _ in fresh:
-            self._in_flight.pop(key, None)
-        _metrics.queue_acked(self.topic, sum((pid, offset) in done for _, pid, offset in fresh))
+        pids: set[int] = set()
+        acked = 0
+        for key in fresh:
+            lease = in_flight.pop(key, None)
+            if lease is not None:
+                pids.add(lease[0])
+                acked += (lease[0], key[1]) in done
+        _metrics.queue_acked(self.topic, acked)
         if self.ordered_by_key:
             # The keys' next jobs are free now; nobody publishes to say so.
-            self._announce({pid for _, pid, _ in fresh})
+            self._announce(pids)
 
     async def ack(self, msg: Message) -> None:
         """Done: remove the job. LeaseLostError if it came back and another consumer took it meanwhile.
@@ -559,9 +567,13 @@ class QueueConsumer:
         waits = self._ack_later(msgs)
         if not waits:
             return []
-        futures = {id(f): f for _, _, f in waits}
+        futures = {f for _, _, f in waits}
         # Shielded: an answer may be shared, and one caller giving up must not cancel it for the others.
-        await asyncio.shield(asyncio.gather(*futures.values()))
+        if len(futures) == 1:
+            (future,) = futures
+            done = await asyncio.shield(future)
+            return [m for m, pid, _ in waits if (pid, m.offset) not in done]
+        await asyncio.shield(asyncio.gather(*futures))
         return [m for m, pid, f in waits if (pid, m.offset) not in f.result()]
 
     async def nack(self, msg: Message, delay: float | timedelta = 0.0, error: str | None = None) -> None:

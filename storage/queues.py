@@ -2,9 +2,14 @@
 
 Publishing to a queue topic appends to the log exactly like pubsub and, in the
 same statement, inserts the message's job row (so a job exists if and only if
-its message does). Consumers take jobs with FOR UPDATE SKIP LOCKED, which
-pushes `visible_at` by the visibility timeout: a job nobody acks comes back by
-itself. An ack deletes the row; every ack/nack is fenced by `lease_epoch`.
+its message does and is not acked). Fresh jobs are leased by range: a take
+moves its partition's frontier (`queue_frontiers`) past the jobs it gets and
+writes one `queue_leases` row per run, without touching the job rows. Jobs
+that were nacked, given back, or whose range lease ran out are `detached`:
+their own row says their lease (`visible_at` pushed by the visibility
+timeout, taken with FOR UPDATE SKIP LOCKED), as every job's did before
+migration 013. A job nobody acks comes back by itself either way. An ack
+deletes the row; every ack/nack is fenced by `lease_epoch` (0 in a range lease).
 
 The hot path is one autocommit statement per take and one per ack batch: no
 explicit transaction around either, because each statement is atomic on its
