@@ -47,7 +47,7 @@ import time
 import uuid
 import weakref
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import asyncpg
 import msgspec
@@ -96,6 +96,9 @@ _names = itertools.count()
 
 _Job = tuple[int, int, int]  # (partition_id, offset, lease_epoch)
 _Lease = tuple[int, int, int | None]  # (partition_id, lease_epoch, range lease id or None)
+# The answer of one ack write: the (partition_id, offset) it deleted.
+_AckWrite: TypeAlias = "asyncio.Future[set[tuple[int, int]]]"
+_Shared: TypeAlias = "tuple[Message, int, _AckWrite]"  # a job whose ack another call already sent
 
 
 class _Doorbell:
@@ -494,15 +497,15 @@ class QueueConsumer:
 
     def _ack_later(
         self, msgs: list[Message]
-    ) -> list[tuple[Message, int, asyncio.Future[set[tuple[int, int]]]]]:
-        """Queue the acks of the jobs this consumer holds; one future per write says which were deleted.
+    ) -> tuple[list[tuple[Message, _Job]], _AckWrite | None, list[_Shared]]:
+        """Queue the acks of the jobs this consumer holds: (mine, the write acking them, shared).
 
-        Messages not held (acked before) are left out. A job whose ack is
-        already on its way shares that answer, so acking twice at once is one
-        ack, not a lost lease.
+        `mine`: each message with the job this write acks; `shared`: messages
+        whose ack is already on its way (acking twice at once is one ack, not
+        a lost lease), with that write. Messages not held (acked before) are left out.
         """
-        out: list[tuple[Message, int, Any]] = []
-        fresh: list[tuple[str, int]] = []  # (partition, offset) of the jobs acked by this write
+        mine: list[tuple[Message, _Job]] = []
+        shared: list[_Shared] = []
         jobs: list[_Job] = []
         leases: set[int] = set()
         topic, in_flight, acking = self.topic, self._in_flight, self._acking
@@ -513,31 +516,35 @@ class QueueConsumer:
             lease = in_flight.get(key)
             if lease is None:
                 continue
-            sharing = acking.get(key) if acking else None
-            out.append((m, lease[0], sharing))
-            if sharing is None:
-                fresh.append(key)
-                jobs.append((lease[0], key[1], lease[1]))
-                if lease[2] is not None:
-                    leases.add(lease[2])
-        if jobs:
-            future = self._writer.ack(jobs, leases)
-            acking.update(dict.fromkeys(fresh, future))
-            future.add_done_callback(lambda f: self._acked(fresh, f))
-            out = [(m, pid, f if f is not None else future) for m, pid, f in out]
-        return out
+            if acking:
+                sharing = acking.get(key)
+                if sharing is not None:
+                    shared.append((m, lease[0], sharing))
+                    continue
+            job = (lease[0], key[1], lease[1])
+            mine.append((m, job))
+            jobs.append(job)
+            if lease[2] is not None:
+                leases.add(lease[2])
+        if not jobs:
+            return mine, None, shared
+        future = self._writer.ack(jobs, leases)
+        keys = [(m.partition, m.offset) for m, _ in mine]
+        acking.update(dict.fromkeys(keys, future))
+        future.add_done_callback(lambda f: self._acked(keys, f))
+        return mine, future, shared
 
-    def _acked(self, fresh: list[tuple[str, int]], future: asyncio.Future[set[tuple[int, int]]]) -> None:
+    def _acked(self, keys: list[tuple[str, int]], future: _AckWrite) -> None:
         """Bookkeeping once a write of acks committed (or failed: then the leases are kept, to retry or nack)."""
         acking, in_flight = self._acking, self._in_flight
-        for key in fresh:
+        for key in keys:
             acking.pop(key, None)
         if future.cancelled() or future.exception() is not None:
             return
         done = future.result()
         pids: set[int] = set()
         acked = 0
-        for key in fresh:
+        for key in keys:
             lease = in_flight.pop(key, None)
             if lease is not None:
                 pids.add(lease[0])
@@ -564,17 +571,16 @@ class QueueConsumer:
 
     async def _ack(self, msgs: list[Message]) -> list[Message]:
         """Ack what this consumer holds of `msgs`; the messages whose lease was lost."""
-        waits = self._ack_later(msgs)
-        if not waits:
-            return []
-        futures = {f for _, _, f in waits}
+        mine, write, shared = self._ack_later(msgs)
+        lost: list[Message] = []
         # Shielded: an answer may be shared, and one caller giving up must not cancel it for the others.
-        if len(futures) == 1:
-            (future,) = futures
-            done = await asyncio.shield(future)
-            return [m for m, pid, _ in waits if (pid, m.offset) not in done]
-        await asyncio.shield(asyncio.gather(*futures))
-        return [m for m, pid, f in waits if (pid, m.offset) not in f.result()]
+        if write is not None:
+            done = await asyncio.shield(write)
+            lost = [m for m, job in mine if (job[0], job[1]) not in done]
+        if shared:
+            await asyncio.shield(asyncio.gather(*{f for _, _, f in shared}))
+            lost += [m for m, pid, f in shared if (pid, m.offset) not in f.result()]
+        return lost
 
     async def nack(self, msg: Message, delay: float | timedelta = 0.0, error: str | None = None) -> None:
         """Not done: back to the queue after `delay` seconds, `error` kept in its history.
