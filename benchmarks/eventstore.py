@@ -89,7 +89,9 @@ async def _append_rate(store: bus.EventStore, count: int, guarded: bool, tag: st
         for i in range(per_worker):
             device = f"{tag}-w{w}-d{i % 50}"
             event = BenchReading(device_id=device, value=i)
-            conditions = BenchReading.to_conditions(device_id=device) + BenchCalibrated.to_conditions(device_id=device)
+            conditions = BenchReading.to_conditions(device_id=device) + BenchCalibrated.to_conditions(
+                device_id=device
+            )
             guard = bus.Guard(conditions, last) if guarded else None
             recs = await store.append(event, guard=guard)
             last = recs[0].position
@@ -121,7 +123,12 @@ async def append_rows(b: bus.Bus, sizes: Sizes) -> list[Result]:
             baseline_name="unguarded append",
             higher_is_better=True,
             target=GUARD_TARGET,
-            extra={"events": sizes.appends, "rounds": sizes.rounds, "all_guarded": guarded, "all_unguarded": plain},
+            extra={
+                "events": sizes.appends,
+                "rounds": sizes.rounds,
+                "all_guarded": guarded,
+                "all_unguarded": plain,
+            },
         )
     ]
 
@@ -137,7 +144,15 @@ async def bulk_load(b: bus.Bus, store: str, events: int, partitions: int) -> Non
             attrs = []
             for position in range(start, stop + 1):
                 device = f"d{position % partitions}"
-                rows.append((store, position, tag, _encoder.encode({"device_id": device, "value": position}).decode(), now))
+                rows.append(
+                    (
+                        store,
+                        position,
+                        tag,
+                        _encoder.encode({"device_id": device, "value": position}).decode(),
+                        now,
+                    )
+                )
                 attrs.append((store, position, "device_id", device, tag))
                 attrs.append((store, position, "value", str(position), tag))
             await conn.copy_records_to_table(
@@ -151,7 +166,9 @@ async def bulk_load(b: bus.Bus, store: str, events: int, partitions: int) -> Non
         )
 
 
-async def _claim_latency(b: bus.Bus, events: int, partitions: int, claims: int) -> tuple[float, dict[str, float]]:
+async def _claim_latency(
+    b: bus.Bus, events: int, partitions: int, claims: int
+) -> tuple[float, dict[str, float]]:
     """Median claim_next latency (ms) after bulk loading and a first (discovering) claim."""
     name = f"bench-claims-{partitions}"
     started = time.perf_counter()
@@ -161,7 +178,9 @@ async def _claim_latency(b: bus.Bus, events: int, partitions: int, claims: int) 
     await store.register_group("g")
     await b.pool.execute(es_sql.ANALYZE_TABLES)
     started = time.perf_counter()
-    first = await store.claim_next("g", partition_by="device_id", handled_types=[BenchReading], worker_id="w-0")
+    first = await store.claim_next(
+        "g", partition_by="device_id", handled_types=[BenchReading], worker_id="w-0"
+    )
     bootstrap_s = time.perf_counter() - started
     assert first is not None
     found_first = len(await store.partitions("g"))
@@ -175,7 +194,9 @@ async def _claim_latency(b: bus.Bus, events: int, partitions: int, claims: int) 
     fetched = 0
     for i in range(claims + 20):
         t0 = time.perf_counter()
-        claim = await store.claim_next("g", partition_by="device_id", handled_types=[BenchReading], worker_id="w-1")
+        claim = await store.claim_next(
+            "g", partition_by="device_id", handled_types=[BenchReading], worker_id="w-1"
+        )
         elapsed = time.perf_counter() - t0
         assert claim is not None
         fetched += len(claim.messages)
@@ -229,7 +250,7 @@ async def claim_rows(b: bus.Bus, sizes: Sizes, quick: bool) -> list[Result]:
                 "small": small_extra,
                 "note": "quick mode: sizes 10x smaller than the full run" if quick else "full sizes",
             },
-        )
+        ),
     ]
 
 

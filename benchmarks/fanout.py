@@ -32,7 +32,9 @@ async def _round(dsn: str, messages: int, groups: int) -> tuple[float, int, int]
     try:
         await b.create_topic(TOPIC, partitions=PARTITIONS)
         for first in range(0, messages, 1000):
-            await b.publish_many(TOPIC, [{"i": i, "kind": "order.created"} for i in range(first, min(first + 1000, messages))])
+            await b.publish_many(
+                TOPIC, [{"i": i, "kind": "order.created"} for i in range(first, min(first + 1000, messages))]
+            )
 
         async def drain(group: str) -> int:
             got = 0
@@ -64,8 +66,15 @@ async def run(dsn: str, quick: bool) -> list[Result]:
         rates[groups] = await _round(dsn, messages, groups)
     base = rates[1][0]
     results = [
-        Result(SCENARIO, f"deliveries/s, {g} group(s)", rates[g][0], "msg/s", base, "1 group",
-               extra={"messages": messages})
+        Result(
+            SCENARIO,
+            f"deliveries/s, {g} group(s)",
+            rates[g][0],
+            "msg/s",
+            base,
+            "1 group",
+            extra={"messages": messages},
+        )
         for g in (1, 5, 10)
     ]
     results.append(

@@ -177,13 +177,26 @@ class MemberProcess:
         self._pump = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
-    async def start(cls, mode: str, dsn: str, schema: str, group: str, topic: str, *options: str) -> MemberProcess:
+    async def start(
+        cls, mode: str, dsn: str, schema: str, group: str, topic: str, *options: str
+    ) -> MemberProcess:
         """Spawn a member; it connects and then waits for `go`."""
         stderr_path = _temp_path("bench-member-", ".log")
         with _open_for_write(stderr_path) as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "benchmarks.groups_member", mode, dsn, schema, group, topic, *options,
-                cwd=ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+                sys.executable,
+                "-m",
+                "benchmarks.groups_member",
+                mode,
+                dsn,
+                schema,
+                group,
+                topic,
+                *options,
+                cwd=ROOT,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
             )
         return cls(proc, stderr_path)
 
@@ -205,7 +218,9 @@ class MemberProcess:
                 raise RuntimeError(f"member {self.pid} exited before {word!r}: {self.stderr_tail()}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"member {self.pid} did not say {word!r} within {timeout}s: {self.stderr_tail()}")
+                raise TimeoutError(
+                    f"member {self.pid} did not say {word!r} within {timeout}s: {self.stderr_tail()}"
+                )
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), remaining)
@@ -341,17 +356,32 @@ async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> l
         # The raw group's cursors exist before it starts (the bus makes its own at its first rebalance).
         async with b.pool.acquire() as conn:
             await group_sql.record_group(
-                conn, raw_group, start_mode="earliest", start_time=None, start_offsets_json=None, lookback_seconds=0
+                conn,
+                raw_group,
+                start_mode="earliest",
+                start_time=None,
+                start_offsets_json=None,
+                lookback_seconds=0,
             )
             await group_sql.materialize_offsets(conn, raw_group, pids)
         starts: list[Awaitable[MemberProcess]] = [
-            MemberProcess.start("raw", dsn, schema, raw_group, THROUGHPUT_TOPIC, "--batch", str(BATCH),
-                                "--partitions", ",".join(str(p) for p in pids[i::n]))
+            MemberProcess.start(
+                "raw",
+                dsn,
+                schema,
+                raw_group,
+                THROUGHPUT_TOPIC,
+                "--batch",
+                str(BATCH),
+                "--partitions",
+                ",".join(str(p) for p in pids[i::n]),
+            )
             for i in range(n)
         ]
         starts += [
-            MemberProcess.start("poll", dsn, schema, bus_group, THROUGHPUT_TOPIC, "--batch", str(BATCH),
-                                "--config", config)
+            MemberProcess.start(
+                "poll", dsn, schema, bus_group, THROUGHPUT_TOPIC, "--batch", str(BATCH), "--config", config
+            )
             for _ in range(n)
         ]
         procs = await _start_all(starts)
@@ -488,10 +518,12 @@ async def _raw_latency(dsn: str, duration: float, schema: str | None = None) -> 
         statement = INSERT_AND_NOTIFY
     latencies: list[float] = []
     try:
+
         def on_notify(_c: Any, _pid: int, _channel: str, payload: str) -> None:
             latencies.append((time.time() - float(payload)) * 1000.0)
 
         await listener.add_listener(LATENCY_CHANNEL, on_notify)
+
         async def send(i: int) -> None:
             if schema is None:
                 await sender.fetchval(statement, LATENCY_CHANNEL, repr(time.time()))
@@ -565,25 +597,61 @@ async def _latency(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
     r50, r99 = _percentile(raw, 0.5), _percentile(raw, 0.99)
     q50, q99 = _percentile(pipeline, 0.5), _percentile(pipeline, 0.99)
     extra = {
-        "p50": p50, "p99": p99, "pipeline_p50": q50, "pipeline_p99": q99,
-        "notify_floor_p50": r50, "notify_floor_p99": r99,
-        "max": ours[-1], "pipeline_max": pipeline[-1], "messages": len(ours),
+        "p50": p50,
+        "p99": p99,
+        "pipeline_p50": q50,
+        "pipeline_p99": q99,
+        "notify_floor_p50": r50,
+        "notify_floor_p99": r99,
+        "max": ours[-1],
+        "pipeline_max": pipeline[-1],
+        "messages": len(ours),
         # Where the time goes: the durable publish (INSERT, counter, NOTIFY, commit with
         # fsync) vs the delivery after it returned; and a raw durable INSERT + NOTIFY.
-        "publish_call_p50": _percentile(inside, 0.5), "publish_call_p99": _percentile(inside, 0.99),
-        "after_publish_p50": _percentile(after, 0.5), "after_publish_p99": _percentile(after, 0.99),
-        "raw_insert_notify_p50": _percentile(durable, 0.5), "raw_insert_notify_p99": _percentile(durable, 0.99),
-        "rate": LATENCY_RATE, "seconds": duration,
+        "publish_call_p50": _percentile(inside, 0.5),
+        "publish_call_p99": _percentile(inside, 0.99),
+        "after_publish_p50": _percentile(after, 0.5),
+        "after_publish_p99": _percentile(after, 0.99),
+        "raw_insert_notify_p50": _percentile(durable, 0.5),
+        "raw_insert_notify_p99": _percentile(durable, 0.99),
+        "rate": LATENCY_RATE,
+        "seconds": duration,
     }
     pipeline_name = "raw pipeline (INSERT+NOTIFY → LISTEN → SELECT → handler)"
     return [
-        Result(SCENARIO, f"publish→handler latency p50, {LATENCY_RATE:.0f} msg/s", p50, "ms", q50,
-               pipeline_name, higher_is_better=False, target="≤ 1.2×", extra=extra),
-        Result(SCENARIO, f"publish→handler latency p99, {LATENCY_RATE:.0f} msg/s", p99, "ms", q99,
-               pipeline_name, higher_is_better=False, target="≤ 1.5×", extra={"p99": p99, "pipeline_p99": q99}),
+        Result(
+            SCENARIO,
+            f"publish→handler latency p50, {LATENCY_RATE:.0f} msg/s",
+            p50,
+            "ms",
+            q50,
+            pipeline_name,
+            higher_is_better=False,
+            target="≤ 1.2×",
+            extra=extra,
+        ),
+        Result(
+            SCENARIO,
+            f"publish→handler latency p99, {LATENCY_RATE:.0f} msg/s",
+            p99,
+            "ms",
+            q99,
+            pipeline_name,
+            higher_is_better=False,
+            target="≤ 1.5×",
+            extra={"p99": p99, "pipeline_p99": q99},
+        ),
         # The floor: a bare NOTIFY with no row written (no commit to wait for).
-        Result(SCENARIO, f"publish→handler latency p50 vs bare NOTIFY (floor), {LATENCY_RATE:.0f} msg/s", p50, "ms",
-               r50, "raw LISTEN/NOTIFY, no row", higher_is_better=False, extra={"p99": p99, "floor_p99": r99}),
+        Result(
+            SCENARIO,
+            f"publish→handler latency p50 vs bare NOTIFY (floor), {LATENCY_RATE:.0f} msg/s",
+            p50,
+            "ms",
+            r50,
+            "raw LISTEN/NOTIFY, no row",
+            higher_is_better=False,
+            extra={"p99": p99, "floor_p99": r99},
+        ),
     ]
 
 
@@ -608,7 +676,11 @@ async def _failover(b: bus.Bus, mon: asyncpg.Pool, procs: list[MemberProcess], o
     async def three_own_all() -> bool:
         state = await mon.fetchval(GROUP_STATE, group)
         owners = {r[0]: r[1] for r in await mon.fetch(LIVE_OWNERS, group)}
-        return state == "stable" and len(owners) == FAILOVER_PARTITIONS and len(set(owners.values())) == FAILOVER_MEMBERS
+        return (
+            state == "stable"
+            and len(owners) == FAILOVER_PARTITIONS
+            and len(set(owners.values())) == FAILOVER_MEMBERS
+        )
 
     await _until(three_own_all, timeout=60, what="three members owning every partition")
     victim = procs[0]
@@ -701,13 +773,24 @@ async def _membership(b: bus.Bus, mon: asyncpg.Pool, dsn: str) -> list[Result]:
     out = _temp_path("bench-failover-", ".txt")
     config = json.dumps({**FAST, "cleaner_interval": 0})
     starts = [
-        MemberProcess.start("subscribe", dsn, schema, "failover", FAILOVER_TOPIC, "--out", str(out), "--config", config)
+        MemberProcess.start(
+            "subscribe", dsn, schema, "failover", FAILOVER_TOPIC, "--out", str(out), "--config", config
+        )
         for _ in range(FAILOVER_MEMBERS)
     ]
     # Ten members in one process, the eleventh in another (each waits for `go`).
     starts += [
-        MemberProcess.start("subscribe", dsn, schema, "rebalance", REBALANCE_TOPIC,
-                            "--members", str(REBALANCE_MEMBERS), "--config", config),
+        MemberProcess.start(
+            "subscribe",
+            dsn,
+            schema,
+            "rebalance",
+            REBALANCE_TOPIC,
+            "--members",
+            str(REBALANCE_MEMBERS),
+            "--config",
+            config,
+        ),
         MemberProcess.start("subscribe", dsn, schema, "rebalance", REBALANCE_TOPIC, "--config", config),
     ]
     procs = await _start_all(starts)
@@ -749,4 +832,6 @@ if __name__ == "__main__":
     target = os.environ.get("BUS_DSN") or ensure_server().dsn
     for row in asyncio.run(run(target, quick="--quick" in sys.argv)):
         ratio = "-" if row.ratio is None else f"{row.ratio:.2f}x"
-        print(f"{row.name:70s} {row.value:12.3f} {row.unit:6s} baseline {row.baseline or 0:12.3f} ratio {ratio}")
+        print(
+            f"{row.name:70s} {row.value:12.3f} {row.unit:6s} baseline {row.baseline or 0:12.3f} ratio {ratio}"
+        )

@@ -160,7 +160,10 @@ async def run_raw(args: argparse.Namespace, reader: asyncio.StreamReader) -> Non
         args.dsn,
         min_size=max(1, len(pids)),
         max_size=max(1, len(pids)),
-        server_settings={"search_path": validate_schema(args.schema), "application_name": "bench-raw-consumer"},
+        server_settings={
+            "search_path": validate_schema(args.schema),
+            "application_name": "bench-raw-consumer",
+        },
     )
     assert pool is not None
     count = 0

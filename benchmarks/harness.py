@@ -49,7 +49,17 @@ from storage.logs import get_logger
 
 log = get_logger(__name__)
 
-SCENARIOS: tuple[str, ...] = ("publish", "groups", "queue", "fanout", "claims", "eventstore", "compact", "soak", "scale")
+SCENARIOS: tuple[str, ...] = (
+    "publish",
+    "groups",
+    "queue",
+    "fanout",
+    "claims",
+    "eventstore",
+    "compact",
+    "soak",
+    "scale",
+)
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"
 
@@ -62,7 +72,7 @@ class Outcome:
     """What happened to one scenario: its rows, or why there are none."""
 
     scenario: str
-    status: str                     # "ok" | "failed" | "skipped"
+    status: str  # "ok" | "failed" | "skipped"
     seconds: float = 0.0
     note: str | None = None
     rows: list[Result] = field(default_factory=list)
@@ -278,7 +288,9 @@ def _write_results(
         ],
         "rows": [{**r.as_dict(), "met": target_met(r)} for r in rows],
     }
-    json_path.write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    json_path.write_text(
+        json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
+    )
     charts = write_charts(rows, results_dir, stem)
     md_path = results_dir / f"{stem}.md"
     markdown = render_markdown(rows, outcomes, machine, stem, charts, quick=quick)
@@ -318,7 +330,11 @@ def render_markdown(
     lines.append("")
     latency = [r for r in rows if "p50" in r.extra and "p99" in r.extra]
     if latency:
-        lines += ["Latency per call (ms):", "", "| scenario | measurement | p50 | p99 | baseline p50 | baseline p99 |"]
+        lines += [
+            "Latency per call (ms):",
+            "",
+            "| scenario | measurement | p50 | p99 | baseline p50 | baseline p99 |",
+        ]
         lines.append("| --- | --- | --- | --- | --- | --- |")
         for r in latency:
             e = r.extra
@@ -386,7 +402,9 @@ def write_charts(rows: Sequence[Result], results_dir: Path, stem: str) -> dict[s
         fig, ax = plt.subplots(figsize=(10, 1.2 + 0.55 * len(throughput)))
         ys = list(range(len(throughput)))
         height = 0.38
-        ax.barh([y - height / 2 for y in ys], [r.value for r in throughput], height, label="bus", color="#2b6cb0")
+        ax.barh(
+            [y - height / 2 for y in ys], [r.value for r in throughput], height, label="bus", color="#2b6cb0"
+        )
         ax.barh(
             [y + height / 2 for y in ys],
             [r.baseline or 0 for r in throughput],
@@ -436,7 +454,9 @@ def write_charts(rows: Sequence[Result], results_dir: Path, stem: str) -> dict[s
             match = _TARGET.match(r.target or "")
             if match and match.group(3):
                 ax.plot([float(match.group(2))] * 2, [y - 0.4, y + 0.4], color="black", linewidth=2)
-            ax.annotate(f"{r.ratio:.2f}×", (r.ratio or 0, y), xytext=(4, 0), textcoords="offset points", va="center")
+            ax.annotate(
+                f"{r.ratio:.2f}×", (r.ratio or 0, y), xytext=(4, 0), textcoords="offset points", va="center"
+            )
         ax.axvline(1.0, color="#4a5568", linestyle="--", linewidth=1)
         ax.set_yticks(ys, [label(r) for r in ratios])
         ax.invert_yaxis()
@@ -473,7 +493,9 @@ def main(
 ) -> int:
     """Run `scenario` (None: all), print and write the results; 0 ok, 1 a scenario failed, 2 bad argument."""
     if scenario is not None and not re.fullmatch(r"[a-z][a-z0-9_]*", scenario):
-        console.print(f"[red]error:[/red] unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
+        console.print(
+            f"[red]error:[/red] unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}"
+        )
         return 2
     names = [scenario] if scenario else list(SCENARIOS)
     if scenario is not None and scenario not in SCENARIOS and _import_scenario_safely(scenario) is None:
@@ -496,7 +518,9 @@ def main(
         with console.status(f"running {name}..."):
             outcome = run_scenario(name, dsn, quick)
         outcomes.append(outcome)
-        log.info("bench_scenario_done", scenario=name, status=outcome.status, seconds=round(outcome.seconds, 1))
+        log.info(
+            "bench_scenario_done", scenario=name, status=outcome.status, seconds=round(outcome.seconds, 1)
+        )
         if outcome.status == "ok":
             console.print(f"[green]done[/green] {name} in {outcome.seconds:.1f} s ({len(outcome.rows)} rows)")
     if hasattr(os, "getloadavg"):

@@ -73,14 +73,16 @@ _encoder = msgspec.json.Encoder()
 class Sizes:
     """How many messages each measurement publishes."""
 
-    single: int          # per single-publish measurement (split over the publishers)
-    batched: int         # per publish_many measurement
-    memory: int          # for the RSS run, in batches of MEMORY_BATCH
-    rounds: int = 2      # bus, raw, bus, raw: the better round counts
-    warmup: int = 200    # messages published (not timed) before each measurement
+    single: int  # per single-publish measurement (split over the publishers)
+    batched: int  # per publish_many measurement
+    memory: int  # for the RSS run, in batches of MEMORY_BATCH
+    rounds: int = 2  # bus, raw, bus, raw: the better round counts
+    warmup: int = 200  # messages published (not timed) before each measurement
 
 
-FULL = Sizes(single=int(os.environ.get("BUS_BENCH_PUBLISH_SINGLE", "10000")), batched=200_000, memory=1_000_000)
+FULL = Sizes(
+    single=int(os.environ.get("BUS_BENCH_PUBLISH_SINGLE", "10000")), batched=200_000, memory=1_000_000
+)
 QUICK = Sizes(single=1_000, batched=20_000, memory=100_000)
 
 
@@ -180,7 +182,10 @@ class Publishers:
         async def one(i: int) -> None:
             k = key(i)
             await raw.insert_one(
-                raw_partition(k, partitions), k, _encoder.encode(HEADERS).decode(), _encoder.encode(payload(i))
+                raw_partition(k, partitions),
+                k,
+                _encoder.encode(HEADERS).decode(),
+                _encoder.encode(payload(i)),
             )
 
         return await _concurrently(count, publishers, one)
@@ -224,7 +229,9 @@ async def _interleaved(
     for round_no in range(rounds):
         t_bus = await bus_run()
         t_raw = await raw_run()
-        log.info("publish_round", measurement=name, round=round_no, bus=round(t_bus.rate), raw=round(t_raw.rate))
+        log.info(
+            "publish_round", measurement=name, round=round_no, bus=round(t_bus.rate), raw=round(t_raw.rate)
+        )
         if best_bus is None or t_bus.rate > best_bus.rate:
             best_bus = t_bus
         if best_raw is None or t_raw.rate > best_raw.rate:
@@ -308,7 +315,10 @@ async def memory_run(b: bus.Bus, total: int) -> list[Result]:
         # one batch at a time, so any growth is the bus's.
         await b.publish_many(
             TOPIC,
-            [bus.Outgoing(payload(i), key=key(i), headers=HEADERS) for i in range(first, first + MEMORY_BATCH)],
+            [
+                bus.Outgoing(payload(i), key=key(i), headers=HEADERS)
+                for i in range(first, first + MEMORY_BATCH)
+            ],
         )
         peak = max(peak, _rss())
         if n + 1 == max(1, batches // 10):
@@ -329,7 +339,9 @@ async def memory_run(b: bus.Bus, total: int) -> list[Result]:
     log.info("publish_memory", **info)
     label = f"{_count(messages)} msgs, batches of {MEMORY_BATCH}"
     return [
-        Result(SCENARIO, f"RSS at start ({label})", info["start_mib"], "MiB", higher_is_better=False, extra=info),
+        Result(
+            SCENARIO, f"RSS at start ({label})", info["start_mib"], "MiB", higher_is_better=False, extra=info
+        ),
         Result(SCENARIO, f"RSS peak ({label})", info["peak_mib"], "MiB", higher_is_better=False, extra=info),
         Result(SCENARIO, f"RSS at end ({label})", info["end_mib"], "MiB", higher_is_better=False, extra=info),
         Result(

@@ -14,14 +14,14 @@ class Result:
     latency, time, cost: False). `ratio` is value / baseline.
     """
 
-    scenario: str          # "publish", "groups", "queue", ...
-    name: str              # "single, 8 publishers"
+    scenario: str  # "publish", "groups", "queue", ...
+    name: str  # "single, 8 publishers"
     value: float
-    unit: str              # "msg/s", "ms", "s", "MiB"
+    unit: str  # "msg/s", "ms", "s", "MiB"
     baseline: float | None = None
-    baseline_name: str | None = None   # "raw asyncpg", "pgqueuer", ...
+    baseline_name: str | None = None  # "raw asyncpg", "pgqueuer", ...
     higher_is_better: bool = True
-    target: str | None = None          # "≥ 0.8× raw"
+    target: str | None = None  # "≥ 0.8× raw"
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

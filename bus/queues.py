@@ -431,30 +431,25 @@ class QueueConsumer:
                     raise
                 exhausted: list[_DeadRow] = []
                 topic, max_attempts, in_flight = self.topic, self.max_attempts, self._in_flight
-                for r in rows:
-                    pid = r.partition_id
+                for _, pid, offset, attempts, epoch, lease_id, key, text, payload, created_at, _ in rows:
                     name = self._partitions.get(pid)
                     if name is None:
                         name = await self._refresh_partitions(pid)
-                    headers = decode_headers(r.headers) if r.headers else {}
-                    if r.attempts > max_attempts:
-                        exhausted.append(
-                            _DeadRow(
-                                pid, r.offset, r.lease_epoch, r.attempts, name, r.key, r.payload, headers
-                            )
-                        )
+                    headers = decode_headers(text) if text else {}
+                    if attempts > max_attempts:
+                        exhausted.append(_DeadRow(pid, offset, epoch, attempts, name, key, payload, headers))
                         continue
-                    in_flight[(name, r.offset)] = (pid, r.lease_epoch, r.lease_id)
+                    in_flight[(name, offset)] = (pid, epoch, lease_id)
                     out.append(
                         Message(
                             topic=topic,
                             partition=name,
-                            offset=r.offset,
-                            key=r.key,
+                            offset=offset,
+                            key=key,
                             headers=headers,
-                            payload=r.payload,
-                            created_at=r.created_at,
-                            attempt=r.attempts,
+                            payload=payload,
+                            created_at=created_at,
+                            attempt=attempts,
                         )
                     )
                 if exhausted:
@@ -469,7 +464,7 @@ class QueueConsumer:
         """Return the jobs of a take whose caller was cancelled before it answered."""
         if taken.cancelled() or taken.exception() is not None or not taken.result():
             return
-        jobs = [(r.partition_id, r.offset, r.lease_epoch) for r in taken.result()]
+        jobs = [(r[sql.PARTITION_ID], r[sql.OFFSET], r[sql.LEASE_EPOCH]) for r in taken.result()]
 
         async def give_back() -> None:
             try:

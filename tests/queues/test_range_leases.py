@@ -158,7 +158,7 @@ async def test_a_take_that_waited_for_a_moved_frontier_fills_up_from_other_parti
         await tx.commit()
         got = await asyncio.wait_for(ours, 10)
         assert len(got) == 5
-        assert {j.partition_id for j in got} != {pid_of[smaller]}
+        assert {j["partition_id"] for j in got} != {pid_of[smaller]}
     finally:
         await holder.close()
         await taker.close()
