@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import MAXYEAR, MINYEAR, UTC, date, datetime, timedelta, timezone
 from importlib import resources
@@ -238,6 +238,17 @@ def _usable(conn: PoolConnectionProxy) -> bool:
         return not conn.is_closed() and not conn.is_in_transaction()
     except asyncpg.InterfaceError:  # the pool took it back: its connection closed
         return False
+
+
+def int_array(values: Iterable[int]) -> str:
+    """An int[] / bigint[] parameter as its text literal (`$1::text::bigint[]`), for lists of many ints.
+
+    asyncpg's binary array encoder checks every element against two ABCs:
+    3 lists of 100 ints cost 200 us a statement that way, 117 us as text
+    (the server parses the literal in C). The values are ints, so the literal
+    is digits, signs and commas (and it is a parameter: a wrong one fails to parse).
+    """
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 # timestamptz as asyncpg's tuple format gives it: microseconds since 2000-01-01 UTC.

@@ -17,7 +17,7 @@ from datetime import datetime
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from storage import idempotency
+from storage import db, idempotency
 
 #: What `append` runs on: the pool (one autocommit statement) or one connection.
 Target = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
@@ -46,7 +46,7 @@ WITH locked AS (
 ), m AS (
     INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
     SELECT u.pid, b.base + u.i, u.k, u.h::jsonb, u.p, ts.at
-    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[], $5::int[]) AS u(pid, k, h, p, i)
+    FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[]) AS u(pid, k, h, p, i)
     JOIN bumped b ON b.id = u.pid CROSS JOIN ts
 )
 SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
@@ -99,7 +99,7 @@ WITH locked AS (
     SELECT clock_timestamp() AS at
 ), rows AS (
     SELECT u.pid, b.base + u.i AS off, u.k, u.h, u.p, b.topic, t.semantics = 'queue' AS queued
-    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[], $5::int[]) AS u(pid, k, h, p, i)
+    FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[]) AS u(pid, k, h, p, i)
     JOIN bumped b ON b.id = u.pid JOIN topics t ON t.name = b.topic
 ), m AS (
     INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
@@ -159,12 +159,16 @@ async def _append(
     notify: str | None,
 ) -> list[Placed | None]:
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
+    # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
+    # asyncpg's array encoder costs ~0.5 us an element.
+    keys_arg = None if keys.count(None) == len(keys) else keys
+    headers_arg = None if headers.count(None) == len(headers) else headers
     if statement is APPEND and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
         if len(partition_ids) == 1:
             row = await conn.fetchrow(APPEND_SINGLE, pid, keys[0], headers[0], payloads[0], notify)
         else:
-            row = await conn.fetchrow(APPEND_ONE, pid, keys, headers, payloads, notify)
+            row = await conn.fetchrow(APPEND_ONE, pid, keys_arg, headers_arg, payloads, notify)
         if row is None:  # the partition no longer exists
             return [None] * len(partition_ids)
         first, at = row[0], row[1]
@@ -173,7 +177,15 @@ async def _append(
     index = [next(counters[pid]) for pid in partition_ids]
     counts = {pid: next(c) for pid, c in counters.items()}
     rows = await conn.fetch(
-        statement, partition_ids, keys, headers, payloads, index, list(counts), list(counts.values()), notify
+        statement,
+        db.int_array(partition_ids),
+        keys_arg,
+        headers_arg,
+        payloads,
+        db.int_array(index),
+        list(counts),
+        list(counts.values()),
+        notify,
     )
     base = {r[0]: r[1] for r in rows}
     if not rows:

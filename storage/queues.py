@@ -26,6 +26,7 @@ from typing import TypeAlias, cast
 import asyncpg
 import msgspec
 
+from storage import db
 from storage.db import Conn
 
 # Where each take statement starts looking for fresh jobs (see TAKE).
@@ -254,7 +255,7 @@ DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch
 RETURNING "offset"
 """
 
-# The lists come as bigint[] literals (`_bigints`). The ANY conditions make the jobs primary-key probes whatever the planner
+# The lists come as bigint[] literals (`db.int_array`). The ANY conditions make the jobs primary-key probes whatever the planner
 # thinks of the table's size (joined with the list, it may hash a scan of
 # every job); the epochs are checked against a hashed list (IS TRUE keeps the
 # IN a subplan, which is hashed, rather than a join the planner may loop). $4: the
@@ -422,17 +423,6 @@ async def ack(conn: Conn, partition_id: int, offset: int, epoch: int) -> bool:
     return await conn.fetchval(ACK, partition_id, offset, epoch) is not None
 
 
-def _bigints(values: Collection[int]) -> str:
-    """A bigint[] parameter as its text literal (`$1::text::bigint[]`), for lists of a hundred and more.
-
-    asyncpg's binary array encoder checks every element against two ABCs:
-    3 lists of 100 ints cost 200 µs a statement that way, 117 µs as text.
-    The values are ints read from the database, so the literal is digits,
-    signs and commas (and it is a parameter: a wrong one fails to parse).
-    """
-    return "{" + ",".join(map(str, values)) + "}"
-
-
 async def ack_many(
     conn: Conn, jobs: list[tuple[int, int, int]], leases: Collection[int] = ()
 ) -> set[tuple[int, int]]:
@@ -442,10 +432,10 @@ async def ack_many(
     """
     rows = await conn.fetch(
         ACK_MANY,
-        _bigints([j[0] for j in jobs]),
-        _bigints([j[1] for j in jobs]),
-        _bigints([j[2] for j in jobs]),
-        _bigints(leases),
+        db.int_array([j[0] for j in jobs]),
+        db.int_array([j[1] for j in jobs]),
+        db.int_array([j[2] for j in jobs]),
+        db.int_array(leases),
     )
     return {(r[0], r[1]) for r in rows}
 
