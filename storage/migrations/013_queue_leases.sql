@@ -68,15 +68,18 @@ DROP INDEX queue_jobs_ready;
 CREATE INDEX queue_jobs_ready ON queue_jobs (topic, visible_at) WHERE detached;
 
 -- Each job's lease as the dashboard shows it: its own, or that of the range
--- lease holding it (a fresh job has none and is ready since its publish).
+-- lease holding it (a fresh job, at or past its frontier, has none and is
+-- ready since its publish; only the jobs below a frontier look a lease up).
 CREATE VIEW queue_job_states AS
 SELECT j.partition_id, j."offset", j.topic, j.key, j.detached,
        CASE WHEN j.detached THEN j.leased_by ELSE l.leased_by END AS leased_by,
        CASE WHEN j.detached OR l.visible_at IS NULL THEN j.visible_at ELSE l.visible_at END AS visible_at
 FROM queue_jobs j
+LEFT JOIN queue_frontiers f ON f.partition_id = j.partition_id
 LEFT JOIN LATERAL (
     SELECT l.leased_by, l.visible_at FROM queue_leases l
-    WHERE NOT j.detached AND l.partition_id = j.partition_id
+    WHERE NOT j.detached AND j."offset" < f.next_offset
+      AND l.partition_id = j.partition_id
       AND l.first_offset <= j."offset" AND l.last_offset >= j."offset"
     ORDER BY l.first_offset DESC
     LIMIT 1
