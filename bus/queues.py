@@ -130,7 +130,7 @@ class _Doorbell:
             self._waiters.discard(waiter)
 
 
-_AckRequest = tuple[list[_Job], set[int], "asyncio.Future[set[tuple[int, int]]]"]
+_AckRequest = tuple[list[_Job], set[int], _AckWrite]
 _TakeRequest = tuple[str, int, "asyncio.Future[list[sql.TakenJob]]"]
 
 
@@ -300,7 +300,8 @@ class QueueConsumer:
         self.ordered_by_key = bool(ordered_by_key)
         self.consumer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._bus = bus
-        # (partition name, offset) -> (partition_id, lease epoch), for every job taken and not yet acked/nacked.
+        # (partition name, offset) -> (partition_id, lease epoch, range lease id), for every job taken and not
+        # yet acked/nacked.
         self._in_flight: dict[tuple[str, int], _Lease] = {}
         self._partitions: dict[int, str] = {}  # partition id -> name
         self._doorbell = _Doorbell()
@@ -483,11 +484,14 @@ class QueueConsumer:
         self._partitions = await sql.partitions(self._bus.pool, self.topic)
         return self._partitions.get(pid, "?")
 
-    def _lease(self, msg: Message) -> _Lease | None:
+    def _check_topic(self, msg: Message) -> None:
         if msg.topic != self.topic:
             raise ValidationError(
                 f"message of topic {msg.topic!r} does not belong to this consumer of {self.topic!r}"
             )
+
+    def _lease(self, msg: Message) -> _Lease | None:
+        self._check_topic(msg)
         return self._in_flight.get((msg.partition, msg.offset))
 
     def _ack_later(
@@ -506,7 +510,7 @@ class QueueConsumer:
         topic, in_flight, acking = self.topic, self._in_flight, self._acking
         for m in msgs:
             if m.topic != topic:
-                self._lease(m)  # raises
+                self._check_topic(m)
             key = (m.partition, m.offset)
             lease = in_flight.get(key)
             if lease is None:

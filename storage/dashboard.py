@@ -215,7 +215,7 @@ async def take_dead_letters(
     conn: Connection, topic: str, partition: str | None, offset: int | None, limit: int
 ) -> list[TakenDeadLetter]:
     """Delete dead-letter jobs (all, or the one at partition/offset) and return their messages (caller's transaction)."""
-    await conn.execute(queues.DETACH_FRESH, topic)  # jobs a take may be reading as fresh are its own now
+    await queues.detach_fresh(conn, topic)  # jobs a take may be reading as fresh are their own now
     return [TakenDeadLetter(*r) for r in await conn.fetch(TAKE_DEAD_LETTERS, topic, partition, offset, limit)]
 
 

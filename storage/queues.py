@@ -40,16 +40,15 @@ _turns = itertools.count(random.randrange(1 << 20))
 # before; then fresh jobs, leased by range: the statement locks the frontiers
 # of as many partitions as it needs (in id order, starting from a partition
 # picked by $6 so that side-by-side takes spread over partitions), moves them
-# past what it takes, and inserts one `queue_leases` row per (taker,
-# partition), without writing the jobs' rows. (The jobs from a frontier up to
-# its partition's end are all there and fresh: nothing but a take, which
-# moves the frontier first, removes or detaches a job, or DETACH_FRESH, which
-# moves it past them; so a take reads the next n offsets, not the backlog.)
-# The jobs are dealt out in the
-# order the consumers asked, each up to its share; `request` (1-based) says
-# which of the requests a row went to, `lease_id` which range lease holds it
-# (NULL: the job's own lease, fenced by `lease_epoch`). $6 turns the order in
-# which partitions are tried, so that side-by-side takes start at different ones.
+# past what it takes, and inserts one `queue_leases` row per run of offsets a
+# taker got from a partition, without writing the jobs' rows. (The jobs from a
+# frontier up to its partition's end are all there and fresh: only a take,
+# which moves the frontier first, or DETACH_FRESH, which moves it past them,
+# removes or detaches one; so a take reads the next n offsets, not the backlog.)
+# The jobs are dealt out in the order the consumers asked, each up to its
+# share; `request` (1-based) says which of the requests a row went to,
+# `lease_id` which range lease holds it (NULL: the job's own lease, fenced by
+# `lease_epoch`).
 #
 # Range leases that ran out are reclaimed first: their jobs not yet acked are
 # detached, still leased to the old taker until the lease's end, so the take
@@ -377,7 +376,7 @@ async def take_for(
     (at most a few times).
     """
     if ordered:
-        await conn.execute(DETACH_FRESH, topic)
+        await detach_fresh(conn, topic)
     dealt: list[list[TakenJob]] = [[] for _ in consumers]
     left = list(limits)
     for _ in range(4):
@@ -441,7 +440,7 @@ async def ack_many(
 
 
 async def detach_fresh(conn: Conn, topic: str) -> None:
-    """Give every fresh job of `topic` its own state (before a dead-letter replay takes jobs out)."""
+    """Give every fresh job of `topic` its own state (before an ordered take or a dead-letter replay)."""
     await conn.execute(DETACH_FRESH, topic)
 
 
