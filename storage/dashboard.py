@@ -68,6 +68,8 @@ WITH c AS (
     WHERE j.topic = $1
       AND ($2::text IS NULL OR p.name = $2::text)
       AND ($3::bigint IS NULL OR j."offset" = $3::bigint)
+      -- queue_job_states' rule, spelled on j itself: the lock's recheck then sees a lease
+      -- a take committed meanwhile (through the view it would read the statement's snapshot).
       AND CASE WHEN j.detached THEN j.leased_by IS NULL OR j.visible_at <= clock_timestamp()
                ELSE NOT EXISTS (SELECT 1 FROM queue_leases l
                                 WHERE l.partition_id = j.partition_id

@@ -90,9 +90,13 @@ WITH r AS (
 ), c AS (
 """
 
-# The per-row lease of detached jobs, shared by both takes: a job taken again
-# after its lease ran out records that in its error history.
-_TAKE_DETACHED = """
+# Shared by both takes: the candidates `n` (numbered `rn`) dealt out to the
+# requests, and the per-row lease of the detached ones (a job taken again
+# after its lease ran out records that in its error history).
+_TAKE_DEAL = """
+), k AS (
+    SELECT n.partition_id, n."offset", n.fresh, n.rn, r.consumer, r.request
+    FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
 ), u AS (
     UPDATE queue_jobs j
     SET attempts = j.attempts + 1, lease_epoch = j.lease_epoch + 1, leased_by = k.consumer,
@@ -156,11 +160,8 @@ TAKE = (
            (SELECT count(*) FROM c)
            + row_number() OVER (ORDER BY turn, "offset")
     FROM fr
-), k AS (
-    SELECT n.partition_id, n."offset", n.fresh, n.rn, r.consumer, r.request
-    FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
 """
-    + _TAKE_DETACHED
+    + _TAKE_DEAL
     + """, fk AS (
     -- one lease per run of consecutive offsets a request got from a partition
     SELECT k.partition_id, k.request, min(k.consumer) AS consumer,
@@ -216,11 +217,8 @@ TAKE_ORDERED = (
     SELECT partition_id, "offset", 0 AS fresh,
            row_number() OVER (ORDER BY visible_at, partition_id, "offset") AS rn
     FROM c
-), k AS (
-    SELECT n.partition_id, n."offset", n.fresh, r.consumer, r.request
-    FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
 """
-    + _TAKE_DETACHED
+    + _TAKE_DEAL
     + _TAKE_RESULT
     + """UNION ALL
 SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true WHERE EXISTS (SELECT 1 FROM xj)
