@@ -40,7 +40,7 @@ from typing import Any
 
 import asyncpg
 
-from actors.runtime import Actor, ActorStoppedError, Message
+from actors.runtime import Actor, ActorStoppedError, Message, start_eagerly
 from storage import messages as log_sql
 from storage.db import CONNECTION_ERRORS
 from storage.errors import StorageUnavailableError
@@ -167,7 +167,9 @@ class Producer(Actor[Publish]):
         self._pending: deque[Publish] = deque()
         self._pending_messages = 0
         self._busy: set[int] = set()  # partitions of the flushes in flight
-        self._flushes: set[asyncio.Task[None]] = set()
+        self._in_flight = 0  # flushes started and not ended
+        self._flushes: set[asyncio.Future[None]] = set()  # their tasks (to cancel them)
+        self._dispatching = False
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._idle = asyncio.Event()
@@ -312,18 +314,36 @@ class Producer(Actor[Publish]):
             self._dispatch()
 
     def _dispatch(self) -> None:
-        """Start flushes of what is pending, while flush slots are free (none once failing)."""
-        if self._failing:
+        """Start flushes of what is pending, while flush slots are free (none once failing).
+
+        A flush starts eagerly: its statement is sent in this turn, not on the loop's next one.
+        A flush that ends before its first wait (its callers all gave up) frees its slot
+        from inside this loop, which then goes on with it (no nested dispatch).
+        """
+        if self._failing or self._dispatching:
             return
-        loop = asyncio.get_running_loop()
-        while len(self._flushes) < self._settings.max_in_flight:
-            batch, parts = self._take()
-            if not batch:
-                break
-            self._busy |= parts
-            task = loop.create_task(self._flush_batch(batch, parts))
-            self._flushes.add(task)
-        if not self._pending and not self._flushes:
+        self._dispatching = True
+        try:
+            while self._in_flight < self._settings.max_in_flight:
+                batch, parts = self._take()
+                if not batch:
+                    break
+                self._busy |= parts
+                self._in_flight += 1
+                flush = self._flush_batch(batch, parts)
+                # Eagerly only with a connection at hand: opening one may start a timeout, which
+                # must belong to the flush's own task (see start_eagerly).
+                if self._conns and not self._conns[-1].is_closed():
+                    task = start_eagerly(flush, name="producer-flush")
+                else:
+                    task = asyncio.get_running_loop().create_task(flush, name="producer-flush")
+                # (a flush that ended before its first wait freed its slot already)
+                if not task.done():
+                    self._flushes.add(task)
+                    task.add_done_callback(self._flushes.discard)
+        finally:
+            self._dispatching = False
+        if not self._pending and not self._in_flight:
             self._idle.set()
 
     async def _flush_batch(self, batch: list[Publish], parts: set[int]) -> None:
@@ -351,15 +371,13 @@ class Producer(Actor[Publish]):
             self._done(parts)
 
     def _done(self, parts: set[int]) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._flushes.discard(task)
+        self._in_flight -= 1
         self._busy -= parts
         if self._direct:
             self._dispatch()  # the next flush goes now (its partitions are free)
         else:
             self._wake.set()
-        if not self._pending and not self._flushes:
+        if not self._pending and not self._in_flight:
             self._idle.set()
 
     async def _flush(self, batch: list[Publish], conn: asyncpg.Connection) -> None:
@@ -392,7 +410,7 @@ class Producer(Actor[Publish]):
         # A flush that runs alone sends its wake-ups with its commit (one statement, and the
         # listeners hear of it one round trip sooner); flushes side by side leave them to the
         # Announcer, because notifying commits serialize (see actors/announcer.py).
-        notify = self._channel if len(self._flushes) <= 1 else None
+        notify = self._channel if self._in_flight <= 1 else None
         try:
             if keyed:
                 async with conn.transaction():

@@ -134,23 +134,45 @@ class Lender:
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         """`Connection.fetch` on a lent connection."""
-        async with self.lend() as conn:
-            return await conn.fetch(query, *args)
+        result: list[asyncpg.Record] = await self._statement("fetch", query, args)
+        return result
 
     async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
         """`Connection.fetchrow` on a lent connection."""
-        async with self.lend() as conn:
-            return await conn.fetchrow(query, *args)
+        result: asyncpg.Record | None = await self._statement("fetchrow", query, args)
+        return result
 
     async def fetchval(self, query: str, *args: Any) -> Any:
         """`Connection.fetchval` on a lent connection."""
-        async with self.lend() as conn:
-            return await conn.fetchval(query, *args)
+        return await self._statement("fetchval", query, args)
 
     async def execute(self, query: str, *args: Any) -> str:
         """`Connection.execute` on a lent connection."""
-        async with self.lend() as conn:
-            return await conn.execute(query, *args)
+        result: str = await self._statement("execute", query, args)
+        return result
+
+    async def _statement(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
+        """One statement on a lent connection: `lend()` without its context manager (the hot path).
+
+        A statement that succeeded outside any transaction leaves none open, so the
+        connection goes back to the idle list unchecked (a connection that closed
+        meanwhile is found by the next `_take`).
+        """
+        if self._size == 0:
+            async with self._pool.acquire() as acquired:
+                return await getattr(acquired, method)(query, *args)
+        conn = await self._take()
+        try:
+            result = await getattr(conn, method)(query, *args)
+        except BaseException:
+            self._give(conn, reusable=False)  # as in lend(): the pool waits out and resets it
+            raise
+        if self._closed:
+            self._return(conn)
+        else:
+            self._idle.append(conn)
+        self._wake()
+        return result
 
     async def close(self) -> None:
         """Give every idle connection back to the pool; lent ones go back when their block ends."""

@@ -79,3 +79,82 @@ async def test_a_lazy_channel_is_listened_to_only_while_subscribed(dsn: str) -> 
 
 async def _true(value: bool) -> bool:
     return value
+
+
+class CountingNotifier(Notifier):
+    """A Notifier that counts the notifications its own turns route (the mailbox path)."""
+
+    routed_in_turn = 0
+
+    async def _receive(self, message: Any) -> None:
+        if type(message).__name__ == "Notified":
+            CountingNotifier.routed_in_turn += 1
+        await super()._receive(message)
+
+
+async def test_a_notify_goes_straight_to_its_subscribers_once_the_table_is_settled(dsn: str) -> None:
+    CountingNotifier.routed_in_turn = 0
+
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(dsn)
+
+    notifier = spawn(lambda: CountingNotifier(connect, ["chan"]), "notifier")
+    seven: list[Rang] = []
+    eight: list[Rang] = []
+    bell7 = spawn(lambda: Bell(seven), "bell7")
+    bell8 = spawn(lambda: Bell(eight), "bell8")
+    sender = await asyncpg.connect(dsn)
+    try:
+        await notifier.ask(Subscribe("chan", "7", bell7, Rang(), catch_up=False))
+        await notifier.ask(Subscribe("chan", "8", bell8, Rang(), catch_up=False))
+        for key in ("7", "7", "8", "9"):
+            await sender.execute("SELECT pg_notify('chan', $1)", key)
+        await _eventually(lambda: _true(len(seven) == 2 and len(eight) == 1))
+        # Routed by the connection's callback from the settled table, not through the mailbox.
+        assert CountingNotifier.routed_in_turn == 0
+
+        # A subscriber that leaves is not woken any more; the others still are.
+        await notifier.ask(Unsubscribe(bell7))
+        await sender.execute("SELECT pg_notify('chan', '7')")
+        await sender.execute("SELECT pg_notify('chan', '8')")
+        await _eventually(lambda: _true(len(eight) == 2))
+        await asyncio.sleep(0.1)
+        assert len(seven) == 2
+        assert CountingNotifier.routed_in_turn == 0
+    finally:
+        await sender.close()
+        await bell7.stop()
+        await bell8.stop()
+        await notifier.stop()
+
+
+async def test_a_notify_that_comes_while_the_table_changes_goes_through_the_notifiers_turn(dsn: str) -> None:
+    CountingNotifier.routed_in_turn = 0
+    opened: list[asyncpg.Connection] = []
+
+    async def connect() -> asyncpg.Connection:
+        conn = await asyncpg.connect(dsn)
+        opened.append(conn)
+        return conn
+
+    notifier = spawn(lambda: CountingNotifier(connect, ["chan"]), "notifier")
+    rings: list[Rang] = []
+    bell = spawn(lambda: Bell(rings), "bell")
+    sender = await asyncpg.connect(dsn)
+    try:
+        await notifier.ask(Subscribe("chan", "7", bell, Rang(), catch_up=False))
+        # A burst of subscriptions is waiting in the mailbox when the NOTIFY comes: the
+        # callback does not trust its copy of the table, and the Notifier's turn routes it.
+        for _ in range(200):
+            notifier.signal(Subscribe("chan", "other", bell, Rang(), catch_up=False))
+        await sender.execute("SELECT pg_notify('chan', '7')")
+        await _eventually(lambda: _true(len(rings) >= 1))
+        await notifier.ask(Unsubscribe(None))  # a round trip: the burst is over
+        before = CountingNotifier.routed_in_turn
+        await sender.execute("SELECT pg_notify('chan', '7')")
+        await _eventually(lambda: _true(len(rings) >= 2))
+        assert CountingNotifier.routed_in_turn == before  # settled again: straight to the bell
+    finally:
+        await sender.close()
+        await bell.stop()
+        await notifier.stop()
