@@ -6,7 +6,8 @@ PartitionWorkers match the assignment: partitions that stay keep their
 worker (incremental rebalancing: they never stop), partitions that leave are
 revoked (the user's on_revoke, then the worker commits and releases),
 partitions that arrive get a new worker. On stop it revokes everything and
-leaves the group.
+leaves the group. In handler mode a Committer (actors/committer.py), a child
+beside the workers, coalesces the workers' commits into one statement.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Protocol
 import asyncpg
 
 from actors import metrics
+from actors.committer import Commit, Committer
 from actors.messages import (
     CoordinatorMessage,
     GroupChanged,
@@ -105,6 +107,7 @@ class Coordinator(Actor[CoordinatorMessage]):
         self._names = itertools.count()
         self._worker_names: dict[str, int] = {}  # supervisor child name -> partition id
         self._supervisor: Supervisor | None = None
+        self._committer: ActorRef[Commit] | None = None  # handler mode: the workers' commits, coalesced
         self._log = get_logger(__name__, group=spec.group)
 
     # -- lifecycle -----------------------------------------------------------------
@@ -115,6 +118,9 @@ class Coordinator(Actor[CoordinatorMessage]):
             on_escalate=self._worker_gave_up,
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
         )
+        if self._sink.handler_mode:
+            lender, group, timeout = self._lender, self.spec.group, self.spec.lease_time / 2
+            self._committer = self._supervisor.spawn(lambda: Committer(lender, group, timeout), "committer")
         await self._join()
         self._notifier.signal(
             Subscribe(self.spec.groups_channel, self.spec.group, self.self_ref, GroupChanged())
@@ -277,9 +283,10 @@ class Coordinator(Actor[CoordinatorMessage]):
         )
         name = f"worker-{pid}-{next(self._names)}"
         self._worker_names[name] = pid
+        committer = self._committer
         ref = self._supervisor.spawn(
             lambda: PartitionWorker(
-                spec, self._pool, self._lender, self._sink, self._notifier, self.self_ref
+                spec, self._pool, self._lender, self._sink, self._notifier, self.self_ref, committer
             ),
             name,
         )

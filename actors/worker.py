@@ -9,6 +9,7 @@ exactly where this one ended.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from actors import metrics
+from actors.committer import Commit
 from actors.messages import (
     CoordinatorMessage,
     LeaseLost,
@@ -29,7 +31,7 @@ from actors.messages import (
     WorkerFailed,
     WorkerMessage,
 )
-from actors.runtime import Actor, ActorRef, Timer
+from actors.runtime import Actor, ActorRef, ActorStoppedError, Timer
 from storage import leases
 from storage.db import TRANSIENT_ERRORS, Lender
 from storage.logs import get_logger
@@ -130,6 +132,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         sink: Sink,
         notifier: ActorRef[NotifierMessage],
         coordinator: ActorRef[CoordinatorMessage],
+        committer: ActorRef[Commit] | None = None,
     ) -> None:
         self.spec = spec
         self._pool = pool
@@ -137,6 +140,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         self._sink = sink
         self._notifier = notifier
         self._coordinator = coordinator
+        self._committer = committer  # handler mode: the member's commits go together through it
         self._epoch: int | None = None
         self._position = 0  # next offset to fetch
         self._committed = 0  # last committed position (handler mode)
@@ -400,13 +404,27 @@ class PartitionWorker(Actor[WorkerMessage]):
     async def _commit(self, position: int) -> None:
         if self._epoch is None or position <= self._committed:
             return
-        applied = await leases.commit(
-            self._lender,
-            self.spec.group,
-            self.spec.member_id,
-            [(self.spec.partition_id, position, self._epoch)],
-        )
-        if applied:
+        if await self._commit_applied(position, self._epoch):
             self._committed = position
         else:
             await self._check_lease()
+
+    async def _commit_applied(self, position: int, epoch: int) -> bool:
+        """Commit through the member's Committer (one statement with its other workers' commits).
+
+        Bounded by the lease time (TimeoutError is a database error: the caller resumes from the
+        last commit); with no Committer, or one that stopped, the worker writes its commit itself.
+        """
+        spec, committer = self.spec, self._committer
+        if committer is not None and committer.is_alive:
+            reply: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(spec.lease_time):
+                    await committer.tell(Commit(spec.member_id, spec.partition_id, position, epoch, reply))
+                    return await reply
+            except ActorStoppedError:
+                pass  # the member is stopping, or the Committer gave up: write it here
+        applied = await leases.commit(
+            self._lender, spec.group, spec.member_id, [(spec.partition_id, position, epoch)]
+        )
+        return spec.partition_id in applied

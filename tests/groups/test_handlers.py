@@ -311,3 +311,38 @@ async def test_a_database_error_after_a_lost_lease_is_retried_in_a_stable_group(
     await b.publish("t", b"after")
     await eventually(lambda: seen == [b"before", b"after"], timeout=15)
     await sub.stop()
+
+
+async def test_commits_of_a_members_workers_go_together_in_one_statement(connect, fast, monkeypatch) -> None:
+    b = await connect(**fast)
+    await b.create_topic("t", partitions=8)
+    await b.publish_many("t", [bus.Outgoing({"i": i}, partition=str(i % 8)) for i in range(80)])
+    statements: list[int] = []
+    real_commit = leases.commit
+
+    async def slow_commit(conn, group, member_id, entries):  # type: ignore[no-untyped-def]
+        statements.append(len(entries))
+        await asyncio.sleep(0.1)  # while one commit is out, the other workers' commits gather
+        return await real_commit(conn, group, member_id, entries)
+
+    monkeypatch.setattr(leases, "commit", slow_commit)
+    seen: list[int] = []
+
+    async def handler(m: bus.Message) -> None:
+        seen.append(m.value(dict)["i"])
+
+    sub = await b.subscribe("g", handler, topics=["t"])
+    await eventually(lambda: len(seen) == 80)
+
+    async def all_committed() -> bool:
+        return await b.pool.fetchval("SELECT sum(committed) FROM offsets WHERE group_name='g'") == 80
+
+    for _ in range(100):
+        if await all_committed():
+            break
+        await asyncio.sleep(0.05)
+    assert await all_committed()
+    handled = list(statements)  # (stopping commits each partition once more, on its own)
+    await sub.stop()
+    # Eight workers each committed their batch; the commits went in fewer statements than that.
+    assert sum(handled) >= 8 and max(handled) > 1 and len(handled) < 8, handled
