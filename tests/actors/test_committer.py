@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 import bus
-
 from actors import spawn
 from actors.committer import Commit, Committer
 from actors.runtime import ActorStoppedError
@@ -18,7 +17,9 @@ async def _leased(b: bus.Bus, topic: str, partitions: int) -> list[int]:
     """`partitions` partitions of a new topic, each leased by member 'm' of group 'g' (epoch 1)."""
     await b.create_topic(topic, partitions=partitions)
     conn = b.pool
-    await conn.execute("INSERT INTO groups (name, start_mode) VALUES ('g', 'earliest') ON CONFLICT DO NOTHING")
+    await conn.execute(
+        "INSERT INTO groups (name, start_mode) VALUES ('g', 'earliest') ON CONFLICT DO NOTHING"
+    )
     pids = [r[0] for r in await conn.fetch("SELECT id FROM partitions WHERE topic = $1 ORDER BY id", topic)]
     for pid in pids:
         await conn.execute(
@@ -56,7 +57,9 @@ async def test_commits_apply_each_under_its_own_lease_in_one_statement(b: bus.Bu
         assert await asyncio.wait_for(asyncio.gather(ok, stale, also_ok), 10) == [True, False, True]
         assert len(statements) == 2 and len(statements[1]) == 2
         async with pool.acquire() as conn:
-            rows = dict(await conn.fetch("SELECT partition_id, committed FROM offsets WHERE group_name = 'g'"))
+            rows = dict(
+                await conn.fetch("SELECT partition_id, committed FROM offsets WHERE group_name = 'g'")
+            )
         assert rows == {pids[0]: 5, pids[1]: 0, pids[2]: 9}  # the stale lease's commit wrote nothing
     finally:
         await committer.stop()
