@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import asyncpg
 import pytest
 
 import bus
 from actors import spawn
 from actors.committer import Commit, Committer
-from actors.runtime import ActorStoppedError
+from actors.runtime import ActorRef, ActorStoppedError
 from storage import db, leases
 
 
@@ -30,6 +33,18 @@ async def _leased(b: bus.Bus, topic: str, partitions: int) -> list[int]:
     return pids
 
 
+@asynccontextmanager
+async def _running(pool: asyncpg.Pool, write_timeout: float = 5.0) -> AsyncIterator[ActorRef[Commit]]:
+    """A Committer of group 'g' over a Lender of `pool`, stopped (and the Lender closed) at the end."""
+    lender = db.Lender(pool, 2)
+    committer = spawn(lambda: Committer(lender, "g", timeout=write_timeout), "committer")
+    try:
+        yield committer
+    finally:
+        await committer.stop()
+        await lender.close()
+
+
 def _commit(committer, member: str, pid: int, position: int, epoch: int) -> asyncio.Future[bool]:  # type: ignore[no-untyped-def]
     reply: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
     assert committer.try_tell(Commit(member, pid, position, epoch, reply))
@@ -47,9 +62,7 @@ async def test_commits_apply_each_under_its_own_lease_in_one_statement(b: bus.Bu
         return await real(conn, group, member_id, entries)
 
     monkeypatch.setattr(leases, "commit", counted)
-    lender = db.Lender(pool, 1)
-    committer = spawn(lambda: Committer(lender, "g", timeout=5.0), "committer")
-    try:
+    async with _running(pool) as committer:
         # Sent in one turn: the first goes at once, the other two together in the next statement.
         ok = _commit(committer, "m", pids[0], 5, 1)
         stale = _commit(committer, "m", pids[1], 7, 0)  # an epoch the partition no longer has
@@ -61,26 +74,18 @@ async def test_commits_apply_each_under_its_own_lease_in_one_statement(b: bus.Bu
                 await conn.fetch("SELECT partition_id, committed FROM offsets WHERE group_name = 'g'")
             )
         assert rows == {pids[0]: 5, pids[1]: 0, pids[2]: 9}  # the stale lease's commit wrote nothing
-    finally:
-        await committer.stop()
-        await lender.close()
 
 
 async def test_a_partition_asked_under_two_leases_learns_which_one_applied(b: bus.Bus) -> None:
     pool = b.pool
     (pid,) = await _leased(b, "t", 1)
-    lender = db.Lender(pool, 1)
-    committer = spawn(lambda: Committer(lender, "g", timeout=5.0), "committer")
-    try:
+    async with _running(pool) as committer:
         first = _commit(committer, "m", pid, 1, 1)
         old = _commit(committer, "m", pid, 50, 0)  # a late commit of an earlier lease of the partition
         current = _commit(committer, "m", pid, 3, 1)
         assert await asyncio.wait_for(asyncio.gather(first, old, current), 10) == [True, False, True]
         async with pool.acquire() as conn:
             assert await conn.fetchval("SELECT committed FROM offsets WHERE partition_id = $1", pid) == 3
-    finally:
-        await committer.stop()
-        await lender.close()
 
 
 async def test_a_write_that_hangs_fails_its_commits_after_the_timeout_and_the_next_one_goes_on(
@@ -93,20 +98,17 @@ async def test_a_write_that_hangs_fails_its_commits_after_the_timeout_and_the_ne
     tx = holder.transaction()
     await tx.start()
     await holder.execute("SELECT 1 FROM offsets WHERE partition_id = $1 FOR UPDATE", stuck_pid)
-    lender = db.Lender(pool, 2)
-    committer = spawn(lambda: Committer(lender, "g", timeout=0.5), "committer")
     try:
-        stuck = _commit(committer, "m", stuck_pid, 4, 1)
-        await asyncio.sleep(0.1)
-        behind = _commit(committer, "m", free_pid, 6, 1)  # waits for the write in flight
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(stuck, 10)
-        assert await asyncio.wait_for(behind, 10) is True
+        async with _running(pool, write_timeout=0.5) as committer:
+            stuck = _commit(committer, "m", stuck_pid, 4, 1)
+            await asyncio.sleep(0.1)
+            behind = _commit(committer, "m", free_pid, 6, 1)  # waits for the write in flight
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(stuck, 10)
+            assert await asyncio.wait_for(behind, 10) is True
     finally:
         await tx.rollback()
         await pool.release(holder)
-        await committer.stop()
-        await lender.close()
 
 
 async def test_commits_left_when_the_committer_stops_fail_with_actor_stopped(b: bus.Bus) -> None:
