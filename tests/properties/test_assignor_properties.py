@@ -37,14 +37,16 @@ class AssignorMachine(RuleBasedStateMachine):
         self.next_member = 0
         self.next_pid = 1
         self.counts: Counter[str] = Counter()
-        self.owner: dict[int, str] = {}      # the last assignment, as the next rebalance's `previous`
+        self.owner: dict[int, str] = {}  # the last assignment, as the next rebalance's `previous`
         self.last: dict[str, list[int]] | None = None
 
     @initialize(name=st.sampled_from(ASSIGNORS))
     def choose(self, name: str) -> None:
         self.assignor = name
 
-    @rule(topics=st.one_of(st.just(()), st.lists(st.sampled_from(TOPICS), min_size=1, max_size=3, unique=True)))
+    @rule(
+        topics=st.one_of(st.just(()), st.lists(st.sampled_from(TOPICS), min_size=1, max_size=3, unique=True))
+    )
     def add_member(self, topics: list[str] | tuple[()]) -> None:
         self.next_member += 1
         self.members[f"m{self.next_member:03d}"] = tuple(sorted(topics))
@@ -110,7 +112,9 @@ class AssignorMachine(RuleBasedStateMachine):
             if readers and ordered:
                 assert max(sizes) - min(sizes) <= 1, f"range sizes for {topic}: {sizes}"
 
-    def _check_sticky(self, members: list[Member], out: dict[str, list[int]], by_id: dict[int, Partition]) -> None:
+    def _check_sticky(
+        self, members: list[Member], out: dict[str, list[int]], by_id: dict[int, Partition]
+    ) -> None:
         n, k = len(self.partitions), len(members)
         if k == 0:
             return

@@ -17,8 +17,6 @@ match it:
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import asyncpg
@@ -29,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 import bus
 from storage import groups, leases, membership, topics
+from tests.properties.loop import LoopEnv
 
 T = TypeVar("T")
 GROUP = "g"
@@ -52,16 +51,13 @@ WHERE group_name = $1 AND partition_id = $2 AND owner IS NOT NULL
 CURSORS = "SELECT partition_id, committed, owner, lease_epoch, lease_expires_at > clock_timestamp() AS live FROM offsets WHERE group_name = $1"
 
 
-class Env:
+class Env(LoopEnv):
     """One event loop and connection shared by every example (set up once per test)."""
 
     def __init__(self, dsn: str, schema: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        super().__init__()
         self.dsn, self.schema = dsn, schema
         self.pids: list[int] = self.run(self._setup())
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.loop.run_until_complete(coro)
 
     async def _setup(self) -> list[int]:
         async with bus.connect(self.dsn, schema=self.schema) as b:
@@ -75,7 +71,10 @@ class Env:
         self.conn = await asyncpg.connect(self.dsn, server_settings={"search_path": self.schema})
         ids = [r[0] for r in await topics.partitions(self.conn, "t")]
         await groups.materialize_offsets(self.conn, GROUP, ids)
-        return sorted(r[0] for r in await self.conn.fetch("SELECT partition_id FROM offsets WHERE group_name = $1", GROUP))
+        return sorted(
+            r[0]
+            for r in await self.conn.fetch("SELECT partition_id FROM offsets WHERE group_name = $1", GROUP)
+        )
 
     def close(self) -> None:
         self.run(self.conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
@@ -132,7 +131,9 @@ class LeaseMachine(RuleBasedStateMachine):
         offset = max(0, self.committed[pid] + advance)
         applied = self.run(leases.commit(self.conn, GROUP, member, [(pid, offset, epoch)]))
         may = self.owner[pid] == member and self.live[pid] and epoch == self.epoch[pid]
-        assert (pid in applied) == may, f"commit {offset} by {member}@{epoch} on {pid}: applied={applied}, model {may}"
+        assert (pid in applied) == may, (
+            f"commit {offset} by {member}@{epoch} on {pid}: applied={applied}, model {may}"
+        )
         if may:
             self.committed[pid] = max(self.committed[pid], offset)
 
@@ -142,7 +143,9 @@ class LeaseMachine(RuleBasedStateMachine):
         epoch = self.held.get((member, pid), 0)
         rows = self.run(leases.fetch(self.conn, GROUP, pid, member, epoch, 0, 100))
         may = self.owner[pid] == member and self.live[pid] and epoch == self.epoch[pid]
-        assert (len(rows) == MESSAGES) == may and (not rows or may), f"fetch by {member}@{epoch}: {len(rows)} rows"
+        assert (len(rows) == MESSAGES) == may and (not rows or may), (
+            f"fetch by {member}@{epoch}: {len(rows)} rows"
+        )
 
     @rule(p=partitions)
     def expire(self, p: int) -> None:
@@ -182,7 +185,9 @@ class LeaseMachine(RuleBasedStateMachine):
             pid = r["partition_id"]
             assert r["owner"] == self.owner[pid], f"{pid}: owner {r['owner']}, model {self.owner[pid]}"
             assert r["lease_epoch"] == self.epoch[pid]
-            assert r["committed"] == self.committed[pid], f"{pid}: committed {r['committed']}, model {self.committed[pid]}"
+            assert r["committed"] == self.committed[pid], (
+                f"{pid}: committed {r['committed']}, model {self.committed[pid]}"
+            )
             assert bool(r["live"]) == (self.owner[pid] is not None and self.live[pid])
 
 
@@ -197,6 +202,10 @@ def test_leases_and_commits_follow_the_model(env: Env) -> None:
     LeaseMachine.env = env
     run_state_machine_as_test(
         LeaseMachine,
-        settings=settings(max_examples=60, stateful_step_count=25, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]),
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
     )

@@ -16,9 +16,7 @@ had; after every step:
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import asyncpg
@@ -29,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 import bus
 from storage import queues
+from tests.properties.loop import LoopEnv
 
 T = TypeVar("T")
 TAKERS = ("a", "b")
@@ -44,19 +43,16 @@ WHERE detached AND leased_by = $1 AND visible_at > clock_timestamp()
 JOBS = 'SELECT partition_id, "offset" FROM queue_jobs WHERE topic = $1'
 
 
-class Env:
+class Env(LoopEnv):
     """One event loop, Bus and connection shared by every example; each example gets its own topic."""
 
     def __init__(self, dsn: str, schema: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        super().__init__()
         self.names = itertools.count()
         self.b: bus.Bus = self.run(bus.connect(dsn, schema=schema, cleaner_interval=0))
         self.conn: asyncpg.Connection = self.run(
             asyncpg.connect(dsn, server_settings={"search_path": schema})
         )
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.loop.run_until_complete(coro)
 
     def close(self) -> None:
         self.run(self.conn.close())
