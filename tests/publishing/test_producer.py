@@ -305,3 +305,27 @@ async def test_a_lone_flush_notifies_with_its_commit_and_side_by_side_flushes_th
         assert got[1][1] == ids["0"] and got[1][0] in b.producer_stats.server_pids
     finally:
         await listener.close()
+
+
+async def test_flushes_whose_callers_all_gave_up_free_their_slots(b: bus.Bus, dsn: str, schema: str) -> None:
+    """A flush of calls whose callers were all cancelled ends before its first wait: its slot is free again.
+
+    More such flushes than the Producer has slots (4): a slot that stayed taken would leave
+    the last publish waiting for ever.
+    """
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"warm")
+    stats = b.producer_stats
+    for _ in range(6):
+        async with _partitions_locked(dsn, schema, "t"):
+            blocked = asyncio.create_task(b.publish("t", b"kept"))
+            await asyncio.sleep(0.05)  # its flush is out, waiting on the lock
+            gave_up = [asyncio.create_task(b.publish("t", b"dropped")) for _ in range(5)]
+            await _wait_for(lambda: stats.pending_calls == 5)
+            for task in gave_up:
+                task.cancel()
+            await asyncio.gather(*gave_up, return_exceptions=True)
+        await blocked
+    last = await asyncio.wait_for(b.publish("t", b"last"), 5)
+    assert last.offset == 7  # warm, six kept, then this one: the dropped calls wrote nothing
+    assert [m.payload for m in await b.read("t", max_messages=100)] == [b"warm"] + [b"kept"] * 6 + [b"last"]
