@@ -26,7 +26,7 @@ knows the LISTEN is in place when the answer comes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import asyncpg
@@ -90,12 +90,7 @@ class Notifier(Actor[NotifierMessage]):
         if routes is None:  # the table is changing: the Notifier's own turn routes it
             self.self_ref.signal(Notified(channel, str(payload)))
             return
-        by_key = routes.get(channel)
-        if by_key:
-            for ref, msg in by_key.get(str(payload), ()):
-                ref.signal(msg)
-            for ref, msg in by_key.get(None, ()):
-                ref.signal(msg)
+        _ring(routes.get(channel), str(payload))
 
     def _publish_routes(self) -> None:
         """Make the callback's copy of the table, once no more (un)subscriptions wait in the mailbox."""
@@ -141,11 +136,7 @@ class Notifier(Actor[NotifierMessage]):
     async def _receive(self, message: Subscribe | Unsubscribe | Notified | CheckConnection) -> None:
         match message:
             case Notified(channel=channel, payload=payload):
-                by_key = self._subs.get(channel, {})
-                for ref, msg in by_key.get(payload, ()):
-                    ref.signal(msg)
-                for ref, msg in by_key.get(None, ()):
-                    ref.signal(msg)
+                _ring(self._subs.get(channel), payload)
             case Subscribe(channel=channel, key=key, ref=ref, message=msg, catch_up=catch_up):
                 self._subs.setdefault(channel, {}).setdefault(key, []).append((ref, msg))
                 if await self._listen(channel) and catch_up:
@@ -197,3 +188,13 @@ class Notifier(Actor[NotifierMessage]):
             conn.terminate()
             return False
         return True
+
+
+def _ring(by_key: Mapping[str | None, Iterable[tuple[Any, Any]]] | None, key: str) -> None:
+    """Signal the subscribers of a channel's `key` and those of any key (`by_key`: key -> subscribers)."""
+    if not by_key:
+        return
+    for ref, msg in by_key.get(key, ()):
+        ref.signal(msg)
+    for ref, msg in by_key.get(None, ()):
+        ref.signal(msg)
