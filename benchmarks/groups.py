@@ -17,7 +17,11 @@ Four measurements, each next to a baseline from the same run on the same Postgre
    measures arrival. Baseline: the raw pipeline doing the same work by hand
    (INSERT + NOTIFY in one transaction, a LISTEN connection wakes a reader
    that SELECTs the new rows and hands them to its "handler"); bare
-   LISTEN/NOTIFY (no row) is kept as the floor.
+   LISTEN/NOTIFY (no row) is kept as the floor. Next to it, the path's two
+   statements alone at the same pace, to show how much of the gap is the
+   server's: the bus's one-message append against the raw `INSERT + NOTIFY`,
+   and its fenced fetch of that message against the raw `SELECT` (rows with no
+   target: they explain the latency row, they are not goals of their own).
 3. **Failover** after SIGKILL of one of 3 member processes (fast timings:
    heartbeat 0.2 s, session 1.5 s, rebalance delay 0.1 s): until every
    partition of the killed member is leased by a live member and a message
@@ -672,6 +676,120 @@ async def _latency(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
     ]
 
 
+# The statements alone, paced as above: where the bus's server-side time goes.
+STATEMENT_TOPIC = "bench.statements"
+STATEMENT_ROUNDS = 4  # the bus's statements and the raw ones take turns this many times
+QUICK_STATEMENT_CALLS, FULL_STATEMENT_CALLS = 100, 400  # per side and round
+LEASE_OF = "SELECT owner, lease_epoch FROM offsets WHERE group_name = $1 AND partition_id = $2"
+PARTITION_OF = "SELECT id FROM partitions WHERE topic = $1"
+
+
+async def _paced_steps(
+    calls: int, step: Callable[[], Awaitable[tuple[float, float]]]
+) -> list[tuple[float, float]]:
+    """`step()` `calls` times at LATENCY_RATE per second; what each returned."""
+    out: list[tuple[float, float]] = []
+    start = time.perf_counter()
+    for i in range(calls):
+        delay = start + i / LATENCY_RATE - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        out.append(await step())
+    return out
+
+
+async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
+    """The publish→handler path's two statements next to the raw pipeline's, paced at 200/s.
+
+    Shows how much of the latency gap is the server's. Each step writes one message
+    and reads it back right after, timing the two statements apart, on one asyncpg
+    connection per side. Bus: `storage.messages.append` of one message (partition
+    counter, segmented `messages`, NOTIFY, commit) and `storage.leases.fetch` from its
+    offset, fenced by the live lease of a real subscription (whose handler holds its
+    first message meanwhile, so its worker reads nothing). Raw: the pipeline's
+    `INSERT + NOTIFY` and its `SELECT` of the rows past the last id seen.
+    """
+    from storage import leases as lease_sql
+    from storage import messages as log_sql
+
+    calls = QUICK_STATEMENT_CALLS if quick else FULL_STATEMENT_CALLS
+    path = {"search_path": validate_schema(b.config.schema)}
+    ours = await asyncpg.connect(dsn, server_settings=path)
+    theirs = await asyncpg.connect(dsn, server_settings=path)
+    listener = await asyncpg.connect(dsn, server_settings=path)
+    pad = b"x" * PAYLOAD_BYTES
+    await b.create_topic(STATEMENT_TOPIC, partitions=1)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(m: bus.Message) -> None:
+        holding.set()
+        await release.wait()
+
+    sub = await b.subscribe("statements", handler, topics=[STATEMENT_TOPIC], start="earliest")
+    try:
+        await sub.wait_assigned()
+        await b.publish(STATEMENT_TOPIC, pad)
+        await asyncio.wait_for(holding.wait(), 30)
+        pid = await ours.fetchval(PARTITION_OF, STATEMENT_TOPIC)
+        owner, epoch = await ours.fetchrow(LEASE_OF, "statements", pid)
+        await theirs.execute(CREATE_RAW_PIPELINE)
+        await listener.add_listener(PIPELINE_CHANNEL, lambda *_: None)  # both NOTIFYs have a listener
+        last = {"id": int(await theirs.fetchval("SELECT coalesce(max(id), 0) FROM raw_pipeline"))}
+        channel = b.channels.messages
+
+        async def bus_step() -> tuple[float, float]:
+            t0 = time.perf_counter()
+            placed = await log_sql.append(ours, [pid], [None], [None], [pad], queue=False, notify=channel)
+            t1 = time.perf_counter()
+            rows = await lease_sql.fetch(ours, "statements", pid, owner, epoch, placed[0][1], BATCH)  # type: ignore[index]
+            t2 = time.perf_counter()
+            assert len(rows) == 1, "the fenced fetch must find the new message (is the lease still held?)"
+            return (t1 - t0) * 1000.0, (t2 - t1) * 1000.0
+
+        async def raw_step() -> tuple[float, float]:
+            t0 = time.perf_counter()
+            await theirs.fetchval(PIPELINE_INSERT_NOTIFY, PIPELINE_CHANNEL, time.time(), pad)
+            t1 = time.perf_counter()
+            rows = await theirs.fetch(PIPELINE_FETCH, last["id"])
+            t2 = time.perf_counter()
+            assert len(rows) == 1
+            last["id"] = rows[-1]["id"]
+            return (t1 - t0) * 1000.0, (t2 - t1) * 1000.0
+
+        bus_times: list[tuple[float, float]] = []
+        raw_times: list[tuple[float, float]] = []
+        for _ in range(STATEMENT_ROUNDS):
+            bus_times += await _paced_steps(calls, bus_step)
+            raw_times += await _paced_steps(calls, raw_step)
+    finally:
+        release.set()
+        await sub.stop()
+        for conn in (listener, ours, theirs):
+            await conn.close()
+    extra = {"calls": len(bus_times), "rate": LATENCY_RATE, "rounds": STATEMENT_ROUNDS}
+    rows: list[Result] = []
+    for i, (name, baseline_name) in enumerate(
+        (
+            ("publish statement alone p50 (1 message, durable, NOTIFY)", "raw INSERT + NOTIFY"),
+            ("fenced fetch of the new message alone p50", "raw SELECT past the last id"),
+        )
+    ):
+        bus_side, raw_side = sorted(t[i] for t in bus_times), sorted(t[i] for t in raw_times)
+        rows.append(
+            Result(
+                SCENARIO,
+                f"{name}, {LATENCY_RATE:.0f}/s",
+                _percentile(bus_side, 0.5),
+                "ms",
+                _percentile(raw_side, 0.5),
+                baseline_name,
+                higher_is_better=False,
+                extra={**extra, "p99": _percentile(bus_side, 0.99), "raw_p99": _percentile(raw_side, 0.99)},
+            )
+        )
+    return rows
+
+
 # -- 3. failover -----------------------------------------------------------------------
 
 
@@ -835,6 +953,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     try:
         rows += await _throughput(b, mon, dsn, quick)
         rows += await _latency(b, dsn, quick)
+        rows += await _statements(b, dsn, quick)
         rows += await _membership(b, mon, dsn)
     finally:
         await mon.close()

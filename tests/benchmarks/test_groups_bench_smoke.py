@@ -23,6 +23,7 @@ async def test_groups_benchmark_reports_throughput_latency_failover_and_rebalanc
     monkeypatch.setattr(groups, "PROCESS_COUNTS", (1, 2))
     monkeypatch.setattr(groups, "QUICK_LATENCY_SECONDS", 1.0)
     monkeypatch.setattr(groups, "QUICK_DURABLE_SECONDS", 0.5)
+    monkeypatch.setattr(groups, "QUICK_STATEMENT_CALLS", 20)
     monkeypatch.setattr(groups, "REBALANCE_MEMBERS", 3)
     monkeypatch.setattr(groups, "REBALANCE_PARTITIONS", 12)
     # The scenario drives its own event loop, like the harness does.
@@ -44,6 +45,14 @@ async def test_groups_benchmark_reports_throughput_latency_failover_and_rebalanc
     assert 0 < p50.extra["pipeline_p50"] <= p50.extra["pipeline_p99"]
     floor = next(r for r in rows if "bare NOTIFY (floor)" in r.name)
     assert 0 < floor.extra["floor_p99"] and floor.baseline == p50.extra["notify_floor_p50"]
+
+    # The two statements of the path, each next to the raw pipeline's, from the same paced steps.
+    publish_stmt = next(r for r in rows if r.name.startswith("publish statement alone p50"))
+    fetch_stmt = next(r for r in rows if r.name.startswith("fenced fetch of the new message alone p50"))
+    for r in (publish_stmt, fetch_stmt):
+        assert r.unit == "ms" and not r.higher_is_better and r.baseline and r.baseline > 0
+        assert 0 < r.value <= r.extra["p99"] and r.extra["calls"] == 20 * groups.STATEMENT_ROUNDS
+    assert publish_stmt.baseline_name == "raw INSERT + NOTIFY"
 
     failover = next(r for r in rows if r.name.startswith("failover"))
     assert failover.unit == "s" and 0 < failover.value < 60
