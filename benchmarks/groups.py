@@ -702,8 +702,9 @@ async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
     """The publish→handler path's two statements next to the raw pipeline's, paced at 200/s.
 
     Shows how much of the latency gap is the server's. Each step writes one message
-    and reads it back right after, timing the two statements apart, on one asyncpg
-    connection per side. Bus: `storage.messages.append` of one message (partition
+    and reads it back right after, timing the two statements apart, on one connection
+    per side (the bus's: one its Lender lends, as a worker's fetch gets, with generic
+    plans). Bus: `storage.messages.append` of one message (partition
     counter, segmented `messages`, NOTIFY, commit) and `storage.leases.fetch` from its
     offset, fenced by the live lease of a real subscription (whose handler holds its
     first message meanwhile, so its worker reads nothing). Raw: the pipeline's
@@ -714,7 +715,8 @@ async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
 
     calls = QUICK_STATEMENT_CALLS if quick else FULL_STATEMENT_CALLS
     path = {"search_path": validate_schema(b.config.schema)}
-    ours = await asyncpg.connect(dsn, server_settings=path)
+    stack = contextlib.AsyncExitStack()
+    ours = await stack.enter_async_context(b.lender.lend())  # what a worker's fetch runs on
     theirs = await asyncpg.connect(dsn, server_settings=path)
     listener = await asyncpg.connect(dsn, server_settings=path)
     pad = b"x" * PAYLOAD_BYTES
@@ -764,7 +766,8 @@ async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
     finally:
         release.set()
         await sub.stop()
-        for conn in (listener, ours, theirs):
+        await stack.aclose()
+        for conn in (listener, theirs):
             await conn.close()
     extra = {"calls": len(bus_times), "rate": LATENCY_RATE, "rounds": STATEMENT_ROUNDS}
     rows: list[Result] = []
