@@ -458,7 +458,7 @@ async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> l
 
 async def _paced(duration: float, send: Callable[[int], Awaitable[None]]) -> int:
     """Call `send(i)` at LATENCY_RATE per second for `duration` seconds (absolute schedule, no drift)."""
-    count = int(duration * LATENCY_RATE)
+    count = round(duration * LATENCY_RATE)
     start = time.perf_counter()
     for i in range(count):
         delay = start + i / LATENCY_RATE - time.perf_counter()
@@ -685,20 +685,6 @@ LEASE_OF = "SELECT owner, lease_epoch FROM offsets WHERE group_name = $1 AND par
 PARTITION_OF = "SELECT id FROM partitions WHERE topic = $1"
 
 
-async def _paced_steps(
-    calls: int, step: Callable[[], Awaitable[tuple[float, float]]]
-) -> list[tuple[float, float]]:
-    """`step()` `calls` times at LATENCY_RATE per second; what each returned."""
-    out: list[tuple[float, float]] = []
-    start = time.perf_counter()
-    for i in range(calls):
-        delay = start + i / LATENCY_RATE - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        out.append(await step())
-    return out
-
-
 async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
     """The publish→handler path's two statements next to the raw pipeline's, paced at 200/s.
 
@@ -761,9 +747,16 @@ async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
 
         bus_times: list[tuple[float, float]] = []
         raw_times: list[tuple[float, float]] = []
+
+        def into(times: list[tuple[float, float]], step: Callable[[], Awaitable[tuple[float, float]]]) -> Any:
+            async def send(_: int) -> None:
+                times.append(await step())
+
+            return send
+
         for _ in range(STATEMENT_ROUNDS):
-            bus_times += await _paced_steps(calls, bus_step)
-            raw_times += await _paced_steps(calls, raw_step)
+            await _paced(calls / LATENCY_RATE, into(bus_times, bus_step))
+            await _paced(calls / LATENCY_RATE, into(raw_times, raw_step))
     finally:
         release.set()
         await sub.stop()
