@@ -242,7 +242,7 @@ async def claim(
         await bus.topic(topic)  # TopicNotFoundError before anything is written
 
     with db.translate_errors():
-        async with bus.pool.acquire() as conn:
+        async with bus.lender.lend() as conn:  # generic plans: see storage.db.GENERIC_PLANS
             topics = await _discover(bus, conn, group, topic, namespace, task, spec)
             if not topics:
                 return None
