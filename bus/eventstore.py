@@ -52,7 +52,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import asyncpg
 import msgspec
 
 from bus import tracing
@@ -410,8 +409,13 @@ class EventStore:
         self._claims: dict[int, tuple[int, bool]] = {}
 
     @property
-    def _pool(self) -> asyncpg.Pool:
-        return self._bus.pool
+    def _db(self) -> db.Lender:
+        """What the store's statements run on: connections the Lender lends, with generic plans.
+
+        With the default plan_cache_mode PostgreSQL re-planned the claim's read and the
+        append's hint bump on every call once the store was large (see storage.db.GENERIC_PLANS).
+        """
+        return self._bus.lender
 
     def __repr__(self) -> str:
         return f"EventStore({self.name!r})"
@@ -444,12 +448,12 @@ class EventStore:
             return []
         with db.translate_errors():
             if guard is None or not guard.conditions:
-                rows = await es_storage.append(self._pool, self.name, tags, payloads, attrs)
+                rows = await es_storage.append(self._db, self.name, tags, payloads, attrs)
             else:
                 validate_offset(guard.position, "guard position")
                 conditions = _condition_arrays(guard.conditions)
                 rows, conflict = await es_storage.append_guarded(
-                    self._pool, self.name, tags, payloads, attrs, conditions, guard.position
+                    self._db, self.name, tags, payloads, attrs, conditions, guard.position
                 )
                 if conflict is not None:
                     raise _conflict_error(conflict, guard.position)
@@ -464,23 +468,23 @@ class EventStore:
             validate_int(limit, "limit", 1)
         with db.translate_errors():
             if conditions is None:
-                rows = await es_storage.read_all(self._pool, self.name, after, limit)
+                rows = await es_storage.read_all(self._db, self.name, after, limit)
             else:
                 arrays = _condition_arrays(conditions)
                 if not arrays[0]:
                     return []
-                rows = await es_storage.read_matching(self._pool, self.name, after, arrays, limit)
+                rows = await es_storage.read_matching(self._db, self.name, after, arrays, limit)
         return [_positioned(r) for r in rows]
 
     async def last_position(self) -> int:
         """The position of the last committed event (0 when the store is empty)."""
         with db.translate_errors():
-            return await es_storage.last_position(self._pool, self.name)
+            return await es_storage.last_position(self._db, self.name)
 
     async def clear(self) -> None:
         """Delete the whole store: events, attribute index, groups, cursors. Not undoable."""
         with db.translate_errors():
-            await es_storage.clear(self._pool, self.name)
+            await es_storage.clear(self._db, self.name)
         self._log.info("event_store_cleared")
 
     # -- consumer groups -----------------------------------------------------------
@@ -495,7 +499,7 @@ class EventStore:
         validate_int(max_attempts, "max_attempts", 1)
         backoff = validate_seconds(retry_backoff, "retry_backoff", allow_zero=True)
         with db.translate_errors():
-            await es_storage.register_group(self._pool, self.name, group, max_attempts, backoff)
+            await es_storage.register_group(self._db, self.name, group, max_attempts, backoff)
 
     async def group_active(self, group: str) -> bool:
         """True if the group exists and is active (False when stopped, failed, or unknown)."""
@@ -505,14 +509,14 @@ class EventStore:
         """'active', 'stopped' or 'failed'; None if the group does not exist."""
         validate_name(group, "group name")
         with db.translate_errors():
-            row = await es_storage.group_row(self._pool, self.name, group)
+            row = await es_storage.group_row(self._db, self.name, group)
         return None if row is None else row.status
 
     async def group_error(self, group: str) -> dict[str, Any] | None:
         """Why the group failed (partition, error, attempts, when); None unless it failed."""
         validate_name(group, "group name")
         with db.translate_errors():
-            row = await es_storage.group_row(self._pool, self.name, group)
+            row = await es_storage.group_row(self._db, self.name, group)
         if row is None:
             raise _group_not_found(self.name, group)
         return None if row.error_context is None else msgspec.json.decode(row.error_context)
@@ -540,7 +544,7 @@ class EventStore:
     async def _group_update(self, change: Callable[[db.Conn, str, str], Awaitable[bool]], group: str) -> None:
         validate_name(group, "group name")
         with db.translate_errors():
-            found = await change(self._pool, self.name, group)
+            found = await change(self._db, self.name, group)
         if not found:
             raise _group_not_found(self.name, group)
 
@@ -548,7 +552,7 @@ class EventStore:
         """The group's cursors, one per discovered partition (inspection and tests)."""
         validate_name(group, "group name")
         with db.translate_errors():
-            rows = await es_storage.group_offsets(self._pool, self.name, group)
+            rows = await es_storage.group_offsets(self._db, self.name, group)
         return [
             PartitionCursor(
                 offset_id=r.offset_id,
@@ -597,7 +601,7 @@ class EventStore:
         started = time.monotonic()
         with db.translate_errors():
             await self._release_unsure(worker)
-            state = await es_storage.claim_state(self._pool, self.name, group, names)
+            state = await es_storage.claim_state(self._db, self.name, group, names)
             if state.status is None:
                 raise _group_not_found(self.name, group)
             if state.status != "active":
@@ -650,7 +654,7 @@ class EventStore:
         unsure: list[int] = []
         try:
             claimed = await es_storage.claim(
-                self._pool, self.name, group, names, worker, ttl, handled, union, max_messages, unsure
+                self._db, self.name, group, names, worker, ttl, handled, union, max_messages, unsure
             )
         except BaseException:
             self._unsure.update((worker, group, offset_id) for offset_id in unsure)
@@ -667,7 +671,7 @@ class EventStore:
 
     async def _add_handled_tags(self, group: str, names: list[str], tags: list[str]) -> list[str]:
         """Add a call's handled types to the group's union (a new type makes discovery rescan); the union."""
-        union = await es_storage.add_handled_tags(self._pool, self.name, group, names, tags)
+        union = await es_storage.add_handled_tags(self._db, self.name, group, names, tags)
         if union is None:
             raise _group_not_found(self.name, group)
         self._log.info("event_group_handled_types", group=group, partition_by=names, handled=union)
@@ -692,7 +696,7 @@ class EventStore:
         tags = [str(c.__event_tag__) for c in _handled_classes(handled_types)]
         seconds = None if budget is None else validate_seconds(budget, "budget", allow_zero=True)
         with db.translate_errors():
-            state = await es_storage.claim_state(self._pool, self.name, group, names)
+            state = await es_storage.claim_state(self._db, self.name, group, names)
             if state.status is None:
                 raise _group_not_found(self.name, group)
             union = state.handled_tags
@@ -713,7 +717,7 @@ class EventStore:
         step_seconds = _STEP_SECONDS if budget is not None else _BULK_STEP_SECONDS
         key = (group, tuple(names), budget is None)
         # One connection for every step (a pool connection's release costs a round trip).
-        async with self._pool.acquire() as conn:
+        async with self._bus.pool.acquire() as conn:
             while True:
                 step_started = time.monotonic()
                 window = min(self._windows.get(key, _FIRST_WINDOW), self.discovery_batch)
@@ -749,7 +753,7 @@ class EventStore:
         worker = None if worker_id is None else validate_worker_id(worker_id)
         last, more = self._claims.pop(offset_id, (None, None))
         with db.translate_errors():
-            done = await es_storage.ack(self._pool, self.name, group, offset_id, position, worker, last, more)
+            done = await es_storage.ack(self._db, self.name, group, offset_id, position, worker, last, more)
         if not done:
             await self._explain_missing(group, offset_id, worker)
 
@@ -760,7 +764,7 @@ class EventStore:
         worker = None if worker_id is None else validate_worker_id(worker_id)
         self._claims.pop(offset_id, None)
         with db.translate_errors():
-            done = await es_storage.release(self._pool, self.name, group, offset_id, worker)
+            done = await es_storage.release(self._db, self.name, group, offset_id, worker)
         if not done:
             await self._explain_missing(group, offset_id, worker)
 
@@ -788,7 +792,7 @@ class EventStore:
         text = text.replace("\x00", "")
         self._claims.pop(offset_id, None)
         with db.translate_errors():
-            outcome = await es_storage.nack(self._pool, self.name, group, offset_id, text, delay, worker)
+            outcome = await es_storage.nack(self._db, self.name, group, offset_id, text, delay, worker)
         if outcome is None:
             await self._explain_missing(group, offset_id, worker)
             return False
@@ -808,13 +812,13 @@ class EventStore:
         worker = validate_worker_id(worker_id)
         with db.translate_errors():
             await self._release_unsure(worker)
-            return await es_storage.heartbeat(self._pool, self.name, worker)
+            return await es_storage.heartbeat(self._db, self.name, worker)
 
     async def _release_unsure(self, worker: str) -> None:
         """Release the worker's claims whose commit went unanswered: it never saw their events."""
         for key in [k for k in self._unsure if k[0] == worker]:
             _, group, offset_id = key
-            if await es_storage.release(self._pool, self.name, group, offset_id, worker):
+            if await es_storage.release(self._db, self.name, group, offset_id, worker):
                 self._log.info(
                     "event_unanswered_claim_released", group=group, offset_id=offset_id, worker=worker
                 )
@@ -829,14 +833,14 @@ class EventStore:
             else validate_seconds(ttl, "ttl", allow_zero=True)
         )
         with db.translate_errors():
-            released = await es_storage.release_stale(self._pool, self.name, seconds)
+            released = await es_storage.release_stale(self._db, self.name, seconds)
         if released:
             self._log.info("event_stale_claims_released", count=released, ttl=seconds)
         return released
 
     async def _explain_missing(self, group: str, offset_id: int, worker: str | None) -> None:
         with db.translate_errors():
-            state = await es_storage.offset_state(self._pool, self.name, group, offset_id)
+            state = await es_storage.offset_state(self._db, self.name, group, offset_id)
         if state.exists:
             raise LeaseLostError(
                 f"worker {worker!r} no longer holds partition {offset_id} of group {group!r} "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -541,3 +542,24 @@ async def test_an_ack_from_another_process_still_leaves_nothing_pending(es_bus: 
     assert await claim_device(elsewhere, "g") is None
     await store.append(DeviceReading(device_id="d1", value=1.0))
     assert positions(await claim_device(elsewhere, "g")) == [3]
+
+
+async def test_appends_and_claims_run_on_connections_with_generic_plans(
+    store: EventStore, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the default plan_cache_mode PostgreSQL re-planned a claim's read of the store on
+    # every call once the store was large; the store's statements run on connections the
+    # Lender lends, whose plans are generic (discovery keeps the pool's own planning).
+    modes: list[str] = []
+    for name in ("append", "claim"):
+        original = getattr(es_sql, name)
+
+        async def noting_the_mode(conn: Any, *args: Any, _original: Any = original, **kw: Any) -> Any:
+            modes.append(await conn.fetchval("SHOW plan_cache_mode"))
+            return await _original(conn, *args, **kw)
+
+        monkeypatch.setattr(es_sql, name, noting_the_mode)
+    await store.append(DeviceReading(device_id="d1", value=1.0))
+    claim = await claim_device(store, group)
+    assert claim is not None and len(claim.messages) == 1
+    assert modes == ["force_generic_plan", "force_generic_plan"]
