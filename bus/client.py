@@ -683,9 +683,11 @@ class Bus:
                 return []
             raise ValidationError(f"topic {topic!r} has no partition {name!r}")
         with db.translate_errors():
-            rows = await log_sql.read(self.pool, pid, offset, max_messages)
+            # On the Lender's connections: generic plans (PostgreSQL re-plans this read on every
+            # call otherwise, once `messages` is large; see storage.db.GENERIC_PLANS).
+            rows = await log_sql.read(self.lender, pid, offset, max_messages)
             if not rows or rows[0]["offset"] != offset:
-                bounds = await log_sql.bounds(self.pool, pid)
+                bounds = await log_sql.bounds(self.lender, pid)
                 if bounds is not None and offset < bounds[0]:
                     raise OffsetOutOfRangeError(
                         f"offset {offset} of {topic}/{name} is below the log start {bounds[0]}: earlier history "

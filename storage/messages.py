@@ -288,12 +288,10 @@ async def announce(conn: asyncpg.Connection, channel: str, partition_ids: list[i
     await conn.fetchval(ANNOUNCE, channel, partition_ids)
 
 
-async def read(
-    conn: asyncpg.Connection | asyncpg.Pool, partition_id: int, offset: int, limit: int
-) -> list[asyncpg.Record]:
+async def read(conn: db.Conn, partition_id: int, offset: int, limit: int) -> list[asyncpg.Record]:
     return list(await conn.fetch(READ, partition_id, offset, limit))
 
 
-async def bounds(conn: asyncpg.Connection | asyncpg.Pool, partition_id: int) -> tuple[int, int] | None:
+async def bounds(conn: db.Conn, partition_id: int) -> tuple[int, int] | None:
     row = await conn.fetchrow(BOUNDS, partition_id)
     return None if row is None else (int(row[0]), int(row[1]))

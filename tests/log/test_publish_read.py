@@ -1,4 +1,7 @@
+from typing import Any
+
 import msgspec
+import pytest
 
 import bus
 
@@ -21,3 +24,22 @@ async def test_publish_many_is_atomic_and_ordered(b: bus.Bus) -> None:
     await b.create_topic("t", partitions=2)
     recs = await b.publish_many("t", [bus.Outgoing(b"x%d" % i, partition=str(i % 2)) for i in range(10)])
     assert [(r.partition, r.offset) for r in recs] == [(str(i % 2), i // 2) for i in range(10)]
+
+
+async def test_read_runs_on_a_connection_with_generic_plans(b: bus.Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With the default plan_cache_mode PostgreSQL re-plans the read of the log on every call
+    # once `messages` is large; `read` runs on a connection the Lender lends (generic plans).
+    from storage import messages as log_sql
+
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"x")
+    modes: list[str] = []
+    original = log_sql.read
+
+    async def noting_the_mode(conn: Any, *args: Any) -> Any:
+        modes.append(await conn.fetchval("SHOW plan_cache_mode"))
+        return await original(conn, *args)
+
+    monkeypatch.setattr(log_sql, "read", noting_the_mode)
+    assert [m.offset for m in await b.read("t", partition=0, offset=0)] == [0]
+    assert modes == ["force_generic_plan"]
