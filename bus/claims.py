@@ -137,7 +137,7 @@ class Claim:
                 "ack one of the claimed offsets, or ack() for all of them"
             )
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn:
+            async with self._bus.lender.lend() as conn:
                 done = await sql.ack(
                     conn, self.group, self._partition_id, self.worker_id, self._epoch, offset + 1
                 )
@@ -158,7 +158,7 @@ class Claim:
         if self._finished:
             return True
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn:
+            async with self._bus.lender.lend() as conn:
                 released = await sql.release(
                     conn, self.group, self._partition_id, self.worker_id, self._epoch
                 )
@@ -177,7 +177,7 @@ class Claim:
                 "claim again"
             )
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn:
+            async with self._bus.lender.lend() as conn:
                 expires = await sql.extend(
                     conn, self.group, self._partition_id, self.worker_id, self._epoch, seconds
                 )
