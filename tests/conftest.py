@@ -66,3 +66,21 @@ async def connect(dsn: str, schema: str, drop_schema: None) -> AsyncIterator[Con
 async def b(connect: Connect) -> bus.Bus:
     """A Bus on a fresh schema."""
     return await connect()
+
+
+def plan_modes(monkeypatch: pytest.MonkeyPatch, module: Any, *names: str) -> list[str]:
+    """Spy on storage functions `module.<name>`: the plan_cache_mode of what each call ran on.
+
+    Reads of a large log must run where plans are generic (storage.db.GENERIC_PLANS): with
+    PostgreSQL's default they are planned again on every call.
+    """
+    modes: list[str] = []
+    for name in names:
+        original = getattr(module, name)
+
+        async def noting_the_mode(conn: Any, *args: Any, _original: Any = original, **kw: Any) -> Any:
+            modes.append(await conn.fetchval("SHOW plan_cache_mode"))
+            return await _original(conn, *args, **kw)
+
+        monkeypatch.setattr(module, name, noting_the_mode)
+    return modes

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 import bus
-from tests.conftest import Connect
+from tests.conftest import Connect, plan_modes
 
 
 async def test_claim_returns_pending_messages_and_ack_advances_the_cursor(b: bus.Bus) -> None:
@@ -344,14 +343,7 @@ async def test_a_claim_reads_on_a_connection_with_generic_plans(
 
     await b.create_topic("t", partitions=1)
     await b.publish("t", b"x")
-    modes: list[str] = []
-    read_from = claim_sql.read_from
-
-    async def noting_the_mode(conn: Any, *args: Any) -> Any:
-        modes.append(await conn.fetchval("SHOW plan_cache_mode"))
-        return await read_from(conn, *args)
-
-    monkeypatch.setattr(claim_sql, "read_from", noting_the_mode)
+    modes = plan_modes(monkeypatch, claim_sql, "read_from")
     c = await b.claim("g", topic="t", worker_id="w")
     assert c is not None and [m.offset for m in c.messages] == [0]
     assert modes == ["force_generic_plan"]

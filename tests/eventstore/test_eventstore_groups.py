@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 import bus
 from bus.eventstore import EventStore
 from storage import eventstore as es_sql
-from tests.conftest import Connect
+from tests.conftest import Connect, plan_modes
 from tests.eventstore.es_events import (
     COURSE_TYPES,
     CourseClosed,
@@ -550,15 +549,7 @@ async def test_appends_and_claims_run_on_connections_with_generic_plans(
     # With the default plan_cache_mode PostgreSQL re-planned a claim's read of the store on
     # every call once the store was large; the store's statements run on connections the
     # Lender lends, whose plans are generic (discovery keeps the pool's own planning).
-    modes: list[str] = []
-    for name in ("append", "claim"):
-        original = getattr(es_sql, name)
-
-        async def noting_the_mode(conn: Any, *args: Any, _original: Any = original, **kw: Any) -> Any:
-            modes.append(await conn.fetchval("SHOW plan_cache_mode"))
-            return await _original(conn, *args, **kw)
-
-        monkeypatch.setattr(es_sql, name, noting_the_mode)
+    modes = plan_modes(monkeypatch, es_sql, "append", "claim")
     await store.append(DeviceReading(device_id="d1", value=1.0))
     claim = await claim_device(store, group)
     assert claim is not None and len(claim.messages) == 1

@@ -1,9 +1,8 @@
-from typing import Any
-
 import msgspec
 import pytest
 
 import bus
+from tests.conftest import plan_modes
 
 
 class Order(msgspec.Struct):
@@ -33,13 +32,6 @@ async def test_read_runs_on_a_connection_with_generic_plans(b: bus.Bus, monkeypa
 
     await b.create_topic("t", partitions=1)
     await b.publish("t", b"x")
-    modes: list[str] = []
-    original = log_sql.read
-
-    async def noting_the_mode(conn: Any, *args: Any) -> Any:
-        modes.append(await conn.fetchval("SHOW plan_cache_mode"))
-        return await original(conn, *args)
-
-    monkeypatch.setattr(log_sql, "read", noting_the_mode)
+    modes = plan_modes(monkeypatch, log_sql, "read")
     assert [m.offset for m in await b.read("t", partition=0, offset=0)] == [0]
     assert modes == ["force_generic_plan"]
