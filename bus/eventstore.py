@@ -412,8 +412,9 @@ class EventStore:
     def _db(self) -> db.Lender:
         """What the store's statements run on: connections the Lender lends, with generic plans.
 
-        With the default plan_cache_mode PostgreSQL re-planned the claim's read and the
-        append's hint bump on every call once the store was large (see storage.db.GENERIC_PLANS).
+        With the default plan_cache_mode PostgreSQL re-planned a claim's read of the store on
+        every call once the store was large (see storage.db.GENERIC_PLANS). Discovery runs on a
+        pool connection of its own (`_discover`), where PostgreSQL still chooses its plans.
         """
         return self._bus.lender
 
