@@ -702,10 +702,6 @@ async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
 
     calls = QUICK_STATEMENT_CALLS if quick else FULL_STATEMENT_CALLS
     path = {"search_path": validate_schema(b.config.schema)}
-    stack = contextlib.AsyncExitStack()
-    ours = await stack.enter_async_context(b.lender.lend())  # what a worker's fetch runs on
-    theirs = await asyncpg.connect(dsn, server_settings=path)
-    listener = await asyncpg.connect(dsn, server_settings=path)
     pad = b"x" * PAYLOAD_BYTES
     await b.create_topic(STATEMENT_TOPIC, partitions=1)
     holding, release = asyncio.Event(), asyncio.Event()
@@ -714,8 +710,16 @@ async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
         holding.set()
         await release.wait()
 
-    sub = await b.subscribe("statements", handler, topics=[STATEMENT_TOPIC], start="earliest")
-    try:
+    # Everything opened here is closed by one stack, in reverse order, whatever fails.
+    async with contextlib.AsyncExitStack() as stack:
+        ours = await stack.enter_async_context(b.lender.lend())  # what a worker's fetch runs on
+        theirs = await asyncpg.connect(dsn, server_settings=path)
+        stack.push_async_callback(theirs.close)
+        listener = await asyncpg.connect(dsn, server_settings=path)
+        stack.push_async_callback(listener.close)
+        sub = await b.subscribe("statements", handler, topics=[STATEMENT_TOPIC], start="earliest")
+        stack.push_async_callback(sub.stop)
+        stack.callback(release.set)  # first of all: the held handler returns, so the stop can drain
         await sub.wait_assigned()
         await b.publish(STATEMENT_TOPIC, pad)
         await asyncio.wait_for(holding.wait(), 30)
@@ -757,12 +761,6 @@ async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
         for _ in range(STATEMENT_ROUNDS):
             await _paced(calls / LATENCY_RATE, into(bus_times, bus_step))
             await _paced(calls / LATENCY_RATE, into(raw_times, raw_step))
-    finally:
-        release.set()
-        await sub.stop()
-        await stack.aclose()
-        for conn in (listener, theirs):
-            await conn.close()
     extra = {"calls": len(bus_times), "rate": LATENCY_RATE, "rounds": STATEMENT_ROUNDS}
     rows: list[Result] = []
     for i, (name, baseline_name) in enumerate(

@@ -154,9 +154,7 @@ class Lender:
     async def _statement(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
         """One statement on a lent connection: `lend()` without its context manager (the hot path).
 
-        A statement that succeeded outside any transaction leaves none open, so the
-        connection goes back to the idle list unchecked (a connection that closed
-        meanwhile is found by the next `_take`).
+        A connection whose statement raised goes back to the pool, as in `lend()`.
         """
         if self._size == 0:
             async with self._pool.acquire() as acquired:
@@ -167,11 +165,7 @@ class Lender:
         except BaseException:
             self._give(conn, reusable=False)  # as in lend(): the pool waits out and resets it
             raise
-        if self._closed:
-            self._return(conn)
-        else:
-            self._idle.append(conn)
-        self._wake()
+        self._give(conn, reusable=True)
         return result
 
     async def close(self) -> None:
@@ -413,7 +407,7 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
     applied_now: list[int] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _MIGRATION_LOCK, schema)
-        # The one identifier interpolated anywhere: validated just above.
+        # An identifier cannot be a bind parameter: the schema name, validated by migrate(), is quoted.
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         await conn.execute(SET_LOCAL_SEARCH_PATH, search_path(schema))
         await conn.execute(
