@@ -366,7 +366,7 @@ def _benchmarks_main() -> Callable[..., int]:
 @app.command()
 def bench(
     scenario: str = typer.Argument(
-        None, help="publish | groups | queue | fanout | claims | eventstore | compact (default: all)"
+        None, help="publish | groups | queue | fanout | claims | eventstore | compact | xmin (default: all)"
     ),
     quick: bool = typer.Option(False, help="smaller sizes, for a smoke run"),
 ) -> None:
