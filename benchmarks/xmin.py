@@ -26,7 +26,9 @@ publish p99 <= 1.5x free.
 
 Knobs (environment): BUS_BENCH_XMIN_HOLD (seconds of the held phase, default
 300; --quick 20), BUS_BENCH_XMIN_FREE and BUS_BENCH_XMIN_AFTER (default 60;
---quick 10), BUS_BENCH_XMIN_RATE (per topic, default 400). Only the given DSN
+--quick 10), BUS_BENCH_XMIN_RATE (messages/s to the topic, default 400),
+BUS_BENCH_XMIN_QUEUE_RATE (jobs/s to the queue, default the same; 0: no queue
+load, to tell the two apart). Only the given DSN
 is contacted; the run drops its own schema.
 
 Run it alone with `bus bench xmin` (or `python -m benchmarks.xmin`).
@@ -111,7 +113,9 @@ async def _table_stats(conn: asyncpg.Connection, schema: str) -> tuple[dict[str,
     }
 
 
-async def measure(dsn: str, free: float, hold: float, after: float, rate: float) -> list[Phase]:
+async def measure(
+    dsn: str, free: float, hold: float, after: float, rate: float, queue_rate: float
+) -> list[Phase]:
     """Run the three phases on a fresh schema; returns them in order."""
     schema = "bench_" + uuid.uuid4().hex[:10]
     b = await bus.connect(dsn, schema=schema)
@@ -139,7 +143,7 @@ async def measure(dsn: str, free: float, hold: float, after: float, rate: float)
                 return
             current[0].latencies.append((time.perf_counter() - started) * 1000)
 
-        async def produce(topic: str) -> None:
+        async def produce(topic: str, rate: float) -> None:
             owed = 0.0
             next_at = time.perf_counter()
             while not stop.is_set():
@@ -163,8 +167,10 @@ async def measure(dsn: str, free: float, hold: float, after: float, rate: float)
                     except (bus.BusError, asyncpg.PostgresError) as exc:
                         errors.append(repr(exc))
 
-        tasks = [asyncio.create_task(produce(TOPIC)), asyncio.create_task(produce(QUEUE))]
-        tasks += [asyncio.create_task(drain()) for _ in range(2)]
+        tasks = [asyncio.create_task(produce(TOPIC, rate))]
+        if queue_rate > 0:
+            tasks.append(asyncio.create_task(produce(QUEUE, queue_rate)))
+            tasks += [asyncio.create_task(drain()) for _ in range(2)]
         await asyncio.sleep(min(5.0, free / 2))  # warm-up: assignment, prepared statements
         phases: list[Phase] = []
         for name, seconds in (("free", free), ("held", hold), ("after", after)):
@@ -232,13 +238,15 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     free = _env_number("BUS_BENCH_XMIN_FREE", 10.0 if quick else 60.0)
     after = _env_number("BUS_BENCH_XMIN_AFTER", 10.0 if quick else 60.0)
     rate = _env_number("BUS_BENCH_XMIN_RATE", 400.0)
-    phases = await measure(dsn, free, hold, after, rate)
+    queue_rate = _env_number("BUS_BENCH_XMIN_QUEUE_RATE", rate)
+    phases = await measure(dsn, free, hold, after, rate, queue_rate)
     free_p, held, aft = phases
     extra = {
         "free_s": free,
         "hold_s": hold,
         "after_s": after,
-        "rate_per_topic": rate,
+        "rate_topic": rate,
+        "rate_queue": queue_rate,
         "table": table(phases),
         "errors": free_p.dead.pop("errors", 0),
     }
