@@ -271,8 +271,8 @@ ORDER BY 12 DESC, 10, 2, 3
 )
 
 # The take of a queue with a per-key or rate limit (migration 014). It runs in
-# a transaction that first locked the queue's settings row (LOCK_SETTINGS) and
-# detached its fresh jobs (DETACH_FRESH), so limited takes of every process run
+# a transaction that first locked the queue's settings row and detached its
+# fresh jobs (LOCK_AND_DETACH), so limited takes of every process run
 # one at a time and each sees what the previous ones committed: the counts
 # below are exact. Jobs in flight for a key: taken (their own lease or a range
 # lease) and not run out. The rate limit is a sliding window over
@@ -304,17 +304,20 @@ TAKE_LIMITED = (
            END AS n
     FROM s
 ), busy AS (
-    SELECT q.key, (
-        SELECT count(*) FROM queue_jobs e
-        WHERE e.topic = $1 AND e.key = q.key
-          AND ((e.detached AND e.leased_by IS NOT NULL AND e.visible_at > statement_timestamp())
-               OR (NOT e.detached AND EXISTS (
-                   SELECT 1 FROM queue_leases l
-                   WHERE l.partition_id = e.partition_id AND l.first_offset <= e."offset"
-                     AND l.last_offset >= e."offset" AND l.visible_at > statement_timestamp())))
-    ) AS n
-    FROM (SELECT DISTINCT key FROM c WHERE key IS NOT NULL) AS q
+    -- the jobs in flight per key: detached ones leased and not run out, and those of range
+    -- leases not run out (taken before the queue had its limit)
+    SELECT f.key, count(*) AS n FROM (
+        SELECT e.key FROM queue_jobs e
+        WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp()
+          AND e.leased_by IS NOT NULL AND e.key IS NOT NULL
+        UNION ALL
+        SELECT e.key FROM queue_leases l
+        JOIN queue_jobs e ON e.partition_id = l.partition_id
+                         AND e."offset" BETWEEN l.first_offset AND l.last_offset AND NOT e.detached
+        WHERE l.topic = $1 AND l.visible_at > statement_timestamp() AND e.key IS NOT NULL
+    ) AS f
     WHERE (SELECT per_key FROM s) IS NOT NULL
+    GROUP BY f.key
 ), ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.priority DESC, c.visible_at,
                                                                c.partition_id, c."offset") AS kr
@@ -348,8 +351,28 @@ ORDER BY 12 DESC, 10, 2, 3
 """
 )
 
-# Limited takes of a queue run one at a time: the first statement of their transaction.
-LOCK_SETTINGS = "SELECT topic FROM queue_settings WHERE topic = $1 FOR UPDATE"
+# Limited takes of a queue run one at a time: the first statement of their
+# transaction locks the queue's settings row, then detaches its fresh jobs (as
+# DETACH_FRESH), so that TAKE_LIMITED, the next statement, sees them.
+LOCK_AND_DETACH = """
+WITH s AS (
+    SELECT topic FROM queue_settings WHERE topic = $1 FOR UPDATE
+), lk AS (
+    SELECT f.partition_id, f.next_offset FROM queue_frontiers f
+    WHERE f.topic = (SELECT topic FROM s)
+      AND EXISTS (SELECT 1 FROM partitions p WHERE p.id = f.partition_id AND p.next_offset > f.next_offset)
+    ORDER BY f.partition_id
+    FOR UPDATE
+), d AS (
+    UPDATE queue_jobs j SET detached = true
+    FROM lk
+    WHERE j.partition_id = lk.partition_id AND j."offset" >= lk.next_offset AND NOT j.detached
+    RETURNING j.partition_id, j."offset"
+)
+UPDATE queue_frontiers f SET next_offset = GREATEST(f.next_offset, p.next_offset)
+FROM lk JOIN partitions p ON p.id = lk.partition_id
+WHERE f.partition_id = lk.partition_id
+"""
 
 # Give the fresh jobs of topic $1 their own state, moving its frontiers past
 # them (under their row locks, in id order, as a take locks them): for ordered
@@ -574,8 +597,7 @@ async def take_limited(
     total = sum(limits)
     dealt: list[list[TakenJob]] = [[] for _ in consumers]
     async with _one_connection(conn) as c, c.transaction():
-        await c.execute(LOCK_SETTINGS, topic)
-        await c.execute(DETACH_FRESH, topic)
+        await c.execute(LOCK_AND_DETACH, topic)
         rows = await c.fetch(
             TAKE_LIMITED, topic, limits, visibility_timeout, consumers, total, ordered, total * 10 + 100
         )
