@@ -187,6 +187,13 @@ TAKE = (
            min(k."offset") AS first_offset, max(k."offset") AS last_offset
     FROM k WHERE k.fresh = 1
     GROUP BY k.partition_id, k.request, k."offset" - k.rn
+), fa AS (
+    -- per partition read: its first fresh job not dealt (the deal stops at rn $5), how many fresh
+    -- jobs were read, the last one
+    SELECT n.partition_id, min(n."offset") FILTER (WHERE n.rn > $5) AS undealt,
+           count(*) AS got, max(n."offset") AS last
+    FROM n WHERE n.fresh = 1
+    GROUP BY n.partition_id
 ), fu AS (
     -- each locked frontier moves to its first fresh job not dealt; when all were dealt, past
     -- the last, or to the partition's end if no other fresh job is there (detached ones left
@@ -194,13 +201,10 @@ TAKE = (
     UPDATE queue_frontiers f
     SET next_offset = m.next_offset
     FROM (SELECT lk.partition_id,
-                 COALESCE(min(fr."offset") FILTER (WHERE fr."offset" IS NOT NULL AND k.partition_id IS NULL),
-                          CASE WHEN count(fr."offset") < max(need.n) THEN max(f0.stop)
-                               ELSE max(fr."offset") + 1 END) AS next_offset
+                 COALESCE(fa.undealt,
+                          CASE WHEN COALESCE(fa.got, 0) < need.n THEN f0.stop ELSE fa.last + 1 END) AS next_offset
           FROM lk JOIN f0 ON f0.partition_id = lk.partition_id CROSS JOIN need
-          LEFT JOIN fr ON fr.partition_id = lk.partition_id
-          LEFT JOIN k ON k.fresh = 1 AND k.partition_id = fr.partition_id AND k."offset" = fr."offset"
-          GROUP BY lk.partition_id) AS m
+          LEFT JOIN fa ON fa.partition_id = lk.partition_id) AS m
     WHERE f.partition_id = m.partition_id AND m.next_offset > f.next_offset
 ), li AS (
     INSERT INTO queue_leases (topic, partition_id, first_offset, last_offset, leased_by, visible_at)
