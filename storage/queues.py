@@ -336,16 +336,16 @@ TAKE_LIMITED = (
     -- only the jobs dealt are locked (a lock writes the row); one a release without limits
     -- holds is passed over
     -- (primary-key probes whatever the planner thinks of the table, as in ACK_MANY)
-    SELECT j.partition_id, j."offset" FROM queue_jobs j
+    SELECT j.partition_id, j."offset", j.priority, j.visible_at FROM queue_jobs j
     WHERE j.partition_id = ANY(ARRAY(SELECT ok.partition_id FROM ok))
       AND j."offset" = ANY(ARRAY(SELECT ok."offset" FROM ok))
       AND ((j.partition_id, j."offset") IN (SELECT ok.partition_id, ok."offset" FROM ok)) IS TRUE
       AND j.detached AND NOT j.cancelled AND j.visible_at <= statement_timestamp()
     FOR UPDATE SKIP LOCKED
 ), n AS (
-    SELECT ok.partition_id, ok."offset", 0 AS fresh,
-           row_number() OVER (ORDER BY ok.priority DESC, ok.visible_at, ok.partition_id, ok."offset") AS rn
-    FROM ok JOIN okl ON okl.partition_id = ok.partition_id AND okl."offset" = ok."offset"
+    SELECT partition_id, "offset", 0 AS fresh,
+           row_number() OVER (ORDER BY priority DESC, visible_at, partition_id, "offset") AS rn
+    FROM okl
 """
     + _TAKE_DEAL
     + """, tl AS (
