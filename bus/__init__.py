@@ -26,6 +26,7 @@ from bus.errors import (
     GroupHasMembersError,
     GroupNotFoundError,
     GroupStoppedError,
+    JobFailedError,
     LeaseLostError,
     OffsetOutOfRangeError,
     RebalanceInProgressError,
@@ -45,7 +46,7 @@ from bus.eventstore import (
     QueryCondition,
 )
 from bus.queues import QueueConsumer
-from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
+from bus.types import Message, Outgoing, PartitionStats, Rate, Record, TopicInfo, TopicPartition
 
 __all__ = [
     "Claim",
@@ -67,12 +68,14 @@ __all__ = [
     "GroupHasMembersError",
     "GroupNotFoundError",
     "GroupStoppedError",
+    "JobFailedError",
     "LeaseLostError",
     "Message",
     "OffsetOutOfRangeError",
     "Outgoing",
     "PartitionStats",
     "RebalanceInProgressError",
+    "Rate",
     "Record",
     "StaleGenerationError",
     "StorageUnavailableError",

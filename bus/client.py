@@ -8,7 +8,7 @@ import itertools
 import os
 import zlib
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
@@ -19,7 +19,7 @@ from actors.cleaner import start_cleaner
 from actors.heartbeat import MonitorConfig
 from actors.producer import Prepared, Producer, ProducerSettings, ProducerStats, Publish, Vanished
 from actors.system import GroupSystem
-from bus import tracing
+from bus import queue_features, tracing
 from bus.admin import Admin
 from bus.claims import Claim, claim
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
@@ -28,7 +28,7 @@ from bus.consumer import Consumer, Retry, Subscription
 from bus.eventstore import EventStore
 from bus.handoff import Callback
 from bus.queues import QueueConsumer
-from bus.types import Message, Outgoing, Record, TopicInfo
+from bus.types import Message, Outgoing, Rate, Record, TopicInfo
 from storage import db
 from storage import messages as log_sql
 from storage import topics as topic_sql
@@ -268,6 +268,9 @@ class Bus:
         task: str | None = None,
         max_message_bytes: int | None = None,
         dedupe_window: timedelta | float | None = _DEDUPE_WINDOW,
+        max_in_flight_per_key: int | None = None,
+        rate_limit: Rate | None = None,
+        result_ttl: timedelta | float | None = None,
     ) -> TopicInfo:
         """Create a topic; an identical one already there is a no-op, a different one raises TopicConflictError.
 
@@ -298,6 +301,14 @@ class Bus:
             tombstone_retention, "tombstone_retention (None: keep)", allow_none=True
         )
         dedupe_s = validate_seconds(dedupe_window, "dedupe_window (None: for ever)", allow_none=True)
+        # Queue settings (bus.queue_features): set on the queue after it is created.
+        limited = queue_features.limits(max_in_flight_per_key, rate_limit)
+        ttl = None if result_ttl is None else queue_features.result_ttl(result_ttl)
+        queued = limited != (None, None, None) or ttl is not None
+        if queued and semantics != "queue":
+            raise ValidationError(
+                "max_in_flight_per_key, rate_limit and result_ttl are for queue topics (semantics='queue')"
+            )
         wanted = TopicInfo(
             name=name,
             partitions=partitions,
@@ -335,6 +346,8 @@ class Bus:
                 "use another name, or delete the topic first"
             )
         self._topics[name] = existing
+        if queued:
+            await queue_features.apply(self, name, limited=limited, ttl=ttl)
         return existing
 
     async def list_topics(self, namespace: str | None = None, task: str | None = None) -> list[TopicInfo]:
@@ -456,6 +469,12 @@ class Bus:
                 out.ikeys.append(validate_idempotency_key(msg.idempotency_key))
             elif out.ikeys is not None:
                 out.ikeys.append(None)
+            if msg.delay is not None or msg.deliver_at is not None or msg.priority is not None:
+                out.timing = _timing(info, msg, out.timing, len(names))
+            elif out.timing is not None:
+                out.timing.delays.append(None)
+                out.timing.times.append(None)
+                out.timing.priorities.append(None)
             if hashed and key is not None and msg.partition is None:
                 names.append(key_partition(key, hashed))
             else:
@@ -508,7 +527,7 @@ class Bus:
 
     async def _write(self, call: Prepared, connection: asyncpg.Connection | None) -> list[Record]:
         """Append one prepared call: through the Producer, or directly (outbox, or no Producer)."""
-        if connection is None and self._producer is not None:
+        if connection is None and self._producer is not None and call.timing is None:
             reply: asyncio.Future[list[Placed | None]] = asyncio.get_running_loop().create_future()
             message = Publish(call, reply)
             if not self._producer.try_tell(message):  # the mailbox is full: wait for room (back-pressure)
@@ -540,18 +559,30 @@ class Bus:
         headers: dict[str, str] | None = None,
         connection: asyncpg.Connection | None = None,
         idempotency_key: str | None = None,
+        delay: timedelta | float | None = None,
+        deliver_at: datetime | None = None,
+        priority: int | None = None,
     ) -> Record:
         """Append one message. With `connection`, inside the caller's transaction (outbox).
 
         With `idempotency_key`, a publish repeated within the topic's `dedupe_window` writes nothing
         and returns the original Record: retry a publish whose outcome is unknown with the same key.
+        `delay`/`deliver_at` (not taken before) and `priority` (higher first among due jobs) are for
+        queue topics; on a pubsub topic they raise ValidationError and nothing is written.
         """
+        timed = (
+            None
+            if delay is None and deliver_at is None and priority is None
+            else (delay, deliver_at, priority)
+        )
         if tracing.wanted():
             with tracing.publishing(topic, 1) as trace:
                 return await self._publish(
-                    topic, payload, key, partition, headers, connection, idempotency_key, trace
+                    topic, payload, key, partition, headers, connection, idempotency_key, trace, timed
                 )
-        return await self._publish(topic, payload, key, partition, headers, connection, idempotency_key, None)
+        return await self._publish(
+            topic, payload, key, partition, headers, connection, idempotency_key, None, timed
+        )
 
     async def _publish(
         self,
@@ -563,6 +594,7 @@ class Bus:
         connection: asyncpg.Connection | None,
         idempotency_key: Any,
         trace: dict[str, str] | None,
+        timed: tuple[Any, Any, Any] | None = None,
     ) -> Record:
         """`publish` inside its PRODUCER span (`trace`: the headers that carry it on; None: not traced)."""
         # _choose_partition takes an int partition as well (Outgoing does not check its fields).
@@ -572,6 +604,7 @@ class Bus:
             partition,
             tracing.with_trace_headers(_plain_headers(headers), trace),
             idempotency_key,
+            *(timed or ()),
         )
         for attempt in range(2):
             info = await self._topic(topic)
@@ -667,6 +700,14 @@ class Bus:
             ordered_by_key=ordered_by_key,
         )
 
+    async def job_result(self, topic: str, rec: Record, *, timeout: float | timedelta = 30.0) -> Any:  # noqa: ASYNC109 - the public API's shape
+        """The result a queue job was acked with (None: acked without one), waiting up to `timeout` seconds.
+
+        Raises bus.errors.JobFailedError (with the error history) if the job was dead-lettered or
+        cancelled, TimeoutError if neither happened in time (see bus.queue_features).
+        """
+        return await queue_features.job_result(self, topic, rec, timeout)
+
     # -- reading -------------------------------------------------------------------
 
     async def read(
@@ -705,6 +746,32 @@ def _records(call: Prepared, placed: list[Placed | None]) -> list[Record]:
             raise Vanished(call.topic)
         records.append(Record(call.topic, place[3] or name, place[1], place[2]))
     return records
+
+
+def _timing(info: TopicInfo, msg: Outgoing, timing: log_sql.Timing | None, index: int) -> log_sql.Timing:
+    """`timing` (created for a call's first delayed or prioritized message) with `msg`'s appended."""
+    if info.semantics != "queue":
+        raise ValidationError(
+            f"delay, deliver_at and priority are for queue topics; {info.name!r} is a pubsub topic, whose "
+            "groups read a partition in offset order (create the topic with semantics='queue')"
+        )
+    if msg.delay is not None and msg.deliver_at is not None:
+        raise ValidationError("give delay or deliver_at, not both")
+    delay = None if msg.delay is None else validate_seconds(msg.delay, "delay", allow_zero=True)
+    at = msg.deliver_at
+    if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
+        raise ValidationError(
+            "deliver_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc))"
+        )
+    priority = msg.priority
+    if priority is not None:
+        validate_int(priority, "priority", -(1 << 31), (1 << 31) - 1)
+    if timing is None:
+        timing = log_sql.Timing([None] * index, [None] * index, [None] * index)
+    timing.delays.append(delay)
+    timing.times.append(at)
+    timing.priorities.append(priority)
+    return timing
 
 
 def _window(info: TopicInfo) -> float | None:
@@ -759,6 +826,7 @@ class Channels:
         self.messages = f"{schema}.messages"
         self.topics = f"{schema}.topics"
         self.groups = f"{schema}.groups"
+        self.results = f"{schema}.results"
 
 
 class _Connector:

@@ -34,6 +34,8 @@ What is not run literally, and how it is rewritten (nothing else is):
    ``release()`` / ``extend(seconds)``; queue: ``ack(job) ; nack(job)``) run one at a time: the
    block runs once per alternative, with the other alternatives left out. Read top to bottom
    they would act on an object already finished by the first (an ``extend`` after an ``ack``).
+   Block "Queue features" runs once with its ``cancel_job`` and once with its ``job_result``
+   instead (the result of a job cancelled before its take is a JobFailedError, not a value).
 6. Comments are ignored, as Python ignores them; values a comment promises are asserted by the
    block's check instead.
 """
@@ -188,7 +190,7 @@ def build(block: Block, plan: Plan, keep: str | None) -> types.CodeType:
 
     def rewrite(body: list[ast.stmt]) -> list[ast.stmt]:
         out: list[ast.stmt] = []
-        for stmt in body:
+        for at, stmt in enumerate(body):
             text = segment(stmt)
             if text in plan.menu and text != keep:
                 continue  # rule 5
@@ -204,7 +206,9 @@ def build(block: Block, plan: Plan, keep: str | None) -> types.CodeType:
             ):
                 stmt.body = [ast.copy_location(ast.Break(), stmt.body[0])]  # rule 3
             end = stmt.end_lineno or stmt.lineno
-            if end in wanted and isinstance(stmt, (ast.Expr, ast.Assign)):
+            # `a();  b() -> T`: the annotation is the line's last statement's
+            last_on_line = all((later.end_lineno or later.lineno) != end for later in body[at + 1 :])
+            if end in wanted and last_on_line and isinstance(stmt, (ast.Expr, ast.Assign)):
                 used.add(end)
                 stmt.value = ast.Call(
                     func=ast.Name("_returns", ast.Load()),
@@ -420,6 +424,34 @@ async def setup_queues(ctx: Ctx) -> Plan:
     )
 
 
+async def setup_queue_features(ctx: Ctx) -> Plan:
+    if not hasattr(bus.Bus, "schedule"):
+        pytest.skip("the block's b.schedule/unschedule/schedules come with the scheduler")
+    cancel = 'await b.admin.cancel_job("jobs", rec)'
+    await ctx.b.create_topic("jobs", partitions=8, semantics="queue")
+
+    async def check(got: dict[str, Any], keep: str | None) -> None:
+        b, rec = ctx.b, got["rec"]
+        assert isinstance(rec, bus.Record) and rec.topic == "jobs"
+        per_key, rate, paused, ttl = await b.admin.queue_settings("jobs")
+        assert (per_key, rate, paused, ttl) == (None, None, False, timedelta(days=1))
+        async with b.queue_consumer("jobs") as q:  # the delayed job is not due for 5 minutes
+            assert await q.take(max_messages=10, timeout=0.2) == []
+        if keep == cancel:
+            with pytest.raises(bus.JobFailedError) as failed:
+                await b.job_result("jobs", rec, timeout=0.5)
+            assert failed.value.status == "cancelled"
+        else:
+            assert got["value"] == {"rows": 42}
+        assert "nightly" not in [s.name for s in await b.schedules()]
+
+    return Plan(
+        names={"payload": {"report": "x"}, "timedelta": timedelta, "datetime": datetime},
+        menu=[cancel, 'value = await b.job_result("jobs", rec, timeout=30.0)'],
+        check=check,
+    )
+
+
 async def setup_reader(ctx: Ctx) -> Plan:
     await ctx.b.create_topic("orders", partitions=8)
     for i in range(3):
@@ -555,6 +587,7 @@ SETUPS: dict[str, tuple[Setup, str | None]] = {
     "a = b.admin": (setup_admin, None),
     "async with c.transaction() as tx:": (setup_transaction, None),
     'idempotency_key="order-42")': (setup_idempotent, None),
+    "await b.admin.pause_queue(": (setup_queue_features, None),
 }
 
 
