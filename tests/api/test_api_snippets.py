@@ -59,15 +59,12 @@ import msgspec
 import pytest
 
 import bus
+from bus.testing import FAST  # short sessions and debounce: groups join in a fraction of a second
 
 HERE = Path(__file__).resolve()
 # ../shared/API.md beside the repository clone (parents[2] is the repository itself).
 CANDIDATES = [HERE.parents[3] / "shared" / "API.md", HERE.parents[2] / "shared" / "API.md"]
 TIMEOUT = 20.0
-# Short sessions and debounce so groups join in a fraction of a second.
-FAST: dict[str, Any] = dict(
-    heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.05, max_poll_interval=0.5, lease_time=5.0
-)
 
 
 def api_md() -> Path | None:
