@@ -31,7 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 import bus
-from bus.cli import fit, table
+from bus.tables import fit, table
 from storage.embedded import EmbeddedServer, ServerStatus, mask_dsn, server_status
 
 TOPIC = "demo.orders"

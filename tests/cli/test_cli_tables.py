@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 import bus
-from bus.cli import fit, table
+from bus.tables import fit, table
 from bus.testing import FAST
 
 LONG_TOPIC = "semantics.partitioned-v2"  # 24 characters: names up to 24 always keep one line at 80 columns
