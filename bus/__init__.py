@@ -7,6 +7,8 @@ async with bus.connect() as b:
     await b.publish("orders", {"id": 1}, key="cust-1")
 """
 
+from typing import TYPE_CHECKING, Any
+
 from bus.admin import (
     Admin,
     GroupDescription,
@@ -16,10 +18,8 @@ from bus.admin import (
     ResetRow,
     SubscriptionInfo,
 )
-from bus.claims import Claim
 from bus.client import Bus, connect
 from bus.config import Config
-from bus.consumer import Consumer, Retry, Subscription
 from bus.errors import (
     BusError,
     ConcurrentAppendError,
@@ -35,17 +35,58 @@ from bus.errors import (
     TopicNotFoundError,
     ValidationError,
 )
-from bus.eventstore import (
-    Event,
-    EventClaim,
-    EventStore,
-    Guard,
-    PartitionCursor,
-    PositionedEvent,
-    QueryCondition,
-)
-from bus.queues import QueueConsumer
 from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
+
+# Consumer groups, claims, queues and the event store are what only some services use (and the
+# pytest plugin, loaded in every pytest run, needs none of them): their modules load on the first
+# use of one of their names (`bus.EventStore`, `b.subscribe(...)`), not with `import bus`.
+_LAZY = {
+    "Consumer": "bus.consumer",
+    "Retry": "bus.consumer",
+    "Subscription": "bus.consumer",
+    "Claim": "bus.claims",
+    "QueueConsumer": "bus.queues",
+    "Event": "bus.eventstore",
+    "EventClaim": "bus.eventstore",
+    "EventStore": "bus.eventstore",
+    "Guard": "bus.eventstore",
+    "PartitionCursor": "bus.eventstore",
+    "PositionedEvent": "bus.eventstore",
+    "QueryCondition": "bus.eventstore",
+}
+
+if TYPE_CHECKING:
+    from bus.claims import Claim
+    from bus.consumer import Consumer, Retry, Subscription
+    from bus.eventstore import (
+        Event,
+        EventClaim,
+        EventStore,
+        Guard,
+        PartitionCursor,
+        PositionedEvent,
+        QueryCondition,
+    )
+    from bus.queues import QueueConsumer
+
+
+def __getattr__(name: str) -> Any:
+    """The names of `_LAZY` (and their modules, `bus.eventstore`), imported the first time one is asked for."""
+    import importlib
+
+    if f"bus.{name}" in _LAZY.values():
+        return importlib.import_module(f"bus.{name}")  # importing a submodule sets it on the package
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Claim",

@@ -15,7 +15,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import MAXYEAR, MINYEAR, UTC, date, datetime, timedelta, timezone
-from importlib import resources
 from typing import Any, Literal, TypeAlias
 
 import asyncpg
@@ -369,6 +368,8 @@ async def connect(dsn: str, schema: str, **kwargs: Any) -> asyncpg.Connection:
 
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) for every migration file, in order."""
+    from importlib import resources  # only when connecting: `import bus` stays light
+
     found = []
     for entry in resources.files("storage.migrations").iterdir():
         match = _MIGRATION_FILE.fullmatch(entry.name)

@@ -228,7 +228,7 @@ def build(block: Block, plan: Plan, keep: str | None) -> types.CodeType:
     return compile(tree, "API.md", "exec")
 
 
-TYPE_NAMES = {k: v for k, v in vars(bus).items() if not k.startswith("_")} | {"bus": bus}
+TYPE_NAMES = {k: getattr(bus, k) for k in dir(bus) if not k.startswith("_")} | {"bus": bus}  # lazy names too
 
 
 def conforms(value: Any, tp: Any) -> bool:
