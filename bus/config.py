@@ -12,6 +12,16 @@ from storage.names import MAX_SECONDS, validate_schema
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
+#: Short timings for tests and the demo's `--fast` run: heartbeats every 0.2 s, sessions of 1.5 s,
+#: rebalances after 0.05 s, the poll fallback every 0.25 s. `bus.testing.FAST` is this.
+FAST_TIMINGS: dict[str, float] = {
+    "heartbeat_interval": 0.2,
+    "session_timeout": 1.5,
+    "rebalance_delay": 0.05,
+    "max_poll_interval": 0.25,
+    "lease_time": 5.0,
+}
+
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
     """Every tunable of a Bus. Times are seconds."""

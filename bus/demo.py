@@ -31,6 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 import bus
+from bus.config import FAST_TIMINGS
 from bus.tables import fit, table
 from storage.embedded import EmbeddedServer, ServerStatus, mask_dsn, server_status
 
@@ -38,9 +39,6 @@ TOPIC = "demo.orders"
 PARTITIONS = 12
 TIMINGS = dict(
     heartbeat_interval=0.5, session_timeout=3.0, rebalance_delay=0.3, max_poll_interval=1.0, lease_time=10.0
-)
-FAST_TIMINGS = dict(
-    heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.1, max_poll_interval=0.5, lease_time=5.0
 )
 
 

@@ -47,6 +47,7 @@ import pytest
 
 import bus
 from bus.admin import GroupDescription
+from bus.config import FAST_TIMINGS
 from storage.db import drop_schema
 from storage.errors import GroupNotFoundError
 
@@ -59,15 +60,9 @@ _NEEDS_ASYNCIO = "bus.testing's fixtures need pytest-asyncio: pip install 'pgact
 
 __all__ = ["FAST", "eventually", "wait_consumed"]
 
-#: Timings for tests: heartbeats every 0.2 s, sessions of 1.5 s, rebalances after 0.05 s.
-#: The one definition the project's own tests use too (the `fast` fixture).
-FAST: dict[str, Any] = {
-    "heartbeat_interval": 0.2,
-    "session_timeout": 1.5,
-    "rebalance_delay": 0.05,
-    "max_poll_interval": 0.25,
-    "lease_time": 5.0,
-}
+#: Timings for tests (`bus.config.FAST_TIMINGS`): heartbeats every 0.2 s, sessions of 1.5 s,
+#: rebalances after 0.05 s. The project's own tests use them too (the `fast` fixture).
+FAST: dict[str, Any] = dict(FAST_TIMINGS)
 
 
 async def eventually(
