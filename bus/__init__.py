@@ -9,15 +9,6 @@ async with bus.connect() as b:
 
 from typing import TYPE_CHECKING, Any
 
-from bus.admin import (
-    Admin,
-    GroupDescription,
-    GroupSummary,
-    MemberInfo,
-    PartitionLag,
-    ResetRow,
-    SubscriptionInfo,
-)
 from bus.client import Bus, connect
 from bus.config import Config
 from bus.errors import (
@@ -37,10 +28,17 @@ from bus.errors import (
 )
 from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
 
-# Consumer groups, claims, queues and the event store are what only some services use (and the
+# Consumer groups, claims, queues, the event store and admin are what only some services use (and the
 # pytest plugin, loaded in every pytest run, needs none of them): their modules load on the first
 # use of one of their names (`bus.EventStore`, `b.subscribe(...)`), not with `import bus`.
 _LAZY = {
+    "Admin": "bus.admin",
+    "GroupDescription": "bus.admin",
+    "GroupSummary": "bus.admin",
+    "MemberInfo": "bus.admin",
+    "PartitionLag": "bus.admin",
+    "ResetRow": "bus.admin",
+    "SubscriptionInfo": "bus.admin",
     "Consumer": "bus.consumer",
     "Retry": "bus.consumer",
     "Subscription": "bus.consumer",
@@ -56,6 +54,15 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from bus.admin import (
+        Admin,
+        GroupDescription,
+        GroupSummary,
+        MemberInfo,
+        PartitionLag,
+        ResetRow,
+        SubscriptionInfo,
+    )
     from bus.claims import Claim
     from bus.consumer import Consumer, Retry, Subscription
     from bus.eventstore import (

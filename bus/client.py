@@ -17,7 +17,6 @@ import msgspec
 from actors import metrics as _metrics
 from actors.producer import Prepared, Producer, ProducerSettings, ProducerStats, Publish, Vanished
 from bus import tracing
-from bus.admin import Admin
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
 from bus.config import Config
 from bus.types import Message, Outgoing, Record, TopicInfo
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from actors.system import GroupSystem
+    from bus.admin import Admin
     from bus.claims import Claim
     from bus.consumer import Consumer, Retry, Subscription
     from bus.eventstore import EventStore
@@ -254,6 +254,8 @@ class Bus:
     @property
     def admin(self) -> Admin:
         """Group and topic administration (see bus.admin.Admin)."""
+        from bus.admin import Admin
+
         return Admin(self)
 
     async def __aenter__(self) -> Bus:

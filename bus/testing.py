@@ -40,16 +40,18 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import pytest
 
 import bus
-from bus.admin import GroupDescription
 from bus.config import FAST_TIMINGS
 from storage.db import drop_schema
 from storage.errors import GroupNotFoundError
+
+if TYPE_CHECKING:
+    from bus.admin import GroupDescription
 
 try:
     import pytest_asyncio
