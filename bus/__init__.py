@@ -78,17 +78,21 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    """The names of `_LAZY` (and their modules, `bus.eventstore`), imported the first time one is asked for."""
+    """The names of `_LAZY`, and the package's modules (`bus.eventstore`), imported when first asked for."""
     import importlib
 
-    if f"bus.{name}" in _LAZY.values():
-        return importlib.import_module(f"bus.{name}")  # importing a submodule sets it on the package
     module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'bus' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_"):
+        try:
+            return importlib.import_module(f"bus.{name}")  # importing a module sets it on the package
+        except ModuleNotFoundError as exc:
+            if exc.name != f"bus.{name}":
+                raise
+    raise AttributeError(f"module 'bus' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
