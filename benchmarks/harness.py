@@ -60,6 +60,7 @@ SCENARIOS: tuple[str, ...] = (
     "soak",
     "scale",
     "xmin",
+    "imports",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"

@@ -371,7 +371,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     extra: dict[str, Any] = {"jobs": jobs}
 
     # A drain lasts half a second: each peer drains ROUNDS times, turn about, and the
-    # median counts (one slow moment of the host no longer decides a ratio).
+    # median counts (one slow moment of the host does not decide a ratio).
     rounds = 1 if quick else ROUNDS
     bus_runs: list[tuple[float, float]] = []
     raw_runs: list[float] = []

@@ -32,6 +32,8 @@ class GroupSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MemberInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One member of a group: where it runs, its last heartbeat, whether it is live, what it owns."""
+
     member_id: str
     instance_id: str | None
     host: str
@@ -51,6 +53,8 @@ class SubscriptionInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PartitionLag(msgspec.Struct, frozen=True, kw_only=True):
+    """A group's position on one partition: committed offset, log bounds, lag, owner."""
+
     topic: str
     partition: str
     committed: int | None
@@ -77,10 +81,13 @@ class GroupDescription(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_lag(self) -> int:
+        """The group's lag summed over every partition it reads."""
         return sum(p.lag for p in self.partitions)
 
 
 class ResetRow(msgspec.Struct, frozen=True):
+    """One partition of `reset_offsets`: its committed offset now and the one it gets."""
+
     topic: str
     partition: str
     current: int | None

@@ -15,19 +15,10 @@ import asyncpg
 import msgspec
 
 from actors import metrics as _metrics
-from actors.cleaner import start_cleaner
-from actors.heartbeat import MonitorConfig
 from actors.producer import Prepared, Producer, ProducerSettings, ProducerStats, Publish, Vanished
-from actors.system import GroupSystem
 from bus import queue_features, tracing
-from bus.admin import Admin
-from bus.claims import Claim, claim
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
 from bus.config import Config
-from bus.consumer import Consumer, Retry, Subscription
-from bus.eventstore import EventStore
-from bus.handoff import Callback
-from bus.queues import QueueConsumer
 from bus.types import Message, Outgoing, Rate, Record, TopicInfo
 from storage import db
 from storage import messages as log_sql
@@ -45,6 +36,14 @@ from storage.names import validate_int, validate_name, validate_offset, validate
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from actors.system import GroupSystem
+    from bus.admin import Admin
+    from bus.claims import Claim
+    from bus.consumer import Consumer, Retry, Subscription
+    from bus.eventstore import EventStore
+    from bus.handoff import Callback
+    from bus.queues import QueueConsumer
 
 log = get_logger(__name__)
 
@@ -122,6 +121,8 @@ class Bus:
         system = await self._group_system()
         self._start_producer(system)
         if self.config.cleaner_interval > 0:  # 0 (or less) disables this process's cleaner
+            from actors.cleaner import start_cleaner
+
             self._cleaner = start_cleaner(self, system.root)
 
     def _start_producer(self, system: Any) -> None:
@@ -140,6 +141,10 @@ class Bus:
         )
 
     async def _group_system(self) -> GroupSystem:
+        # The actor system loads with the first Bus, not with `import bus`.
+        from actors.heartbeat import MonitorConfig
+        from actors.system import GroupSystem
+
         if self._system is None:
             c = self.config
             system = GroupSystem(
@@ -183,6 +188,8 @@ class Bus:
 
         `start`: "earliest" | "latest" | a datetime | {(topic, partition): offset}.
         """
+        from bus.consumer import Consumer
+
         return Consumer(
             self,
             group,
@@ -217,6 +224,8 @@ class Bus:
         on_revoke: Callback | None = None,
     ) -> Subscription:
         """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it."""
+        from bus.consumer import Subscription
+
         sub = Subscription(
             self,
             group,
@@ -245,6 +254,8 @@ class Bus:
     @property
     def admin(self) -> Admin:
         """Group and topic administration (see bus.admin.Admin)."""
+        from bus.admin import Admin
+
         return Admin(self)
 
     async def __aenter__(self) -> Bus:
@@ -650,10 +661,12 @@ class Bus:
             _metrics.published(topic, len(records))
             return records
 
-    # -- the other delivery modes (each in its own module) ------------------------------
+    # -- the other delivery modes (each in its own module, imported on first use) --------
 
     def event_store(self, name: str) -> EventStore:
         """The event store `name`: one globally ordered log with attribute partitions (see bus.eventstore)."""
+        from bus.eventstore import EventStore
+
         return EventStore(self, validate_name(name, "event store name"))
 
     async def claim(
@@ -669,6 +682,8 @@ class Bus:
         start: Any = None,
     ) -> Claim | None:
         """Lease the free partition with the earliest pending message (see bus.claims); None when nothing is pending."""
+        from bus.claims import claim
+
         return await claim(
             self,
             group,
@@ -691,6 +706,8 @@ class Bus:
         ordered_by_key: bool = False,
     ) -> QueueConsumer:
         """Competing consumers on a `semantics="queue"` topic (see bus.queues)."""
+        from bus.queues import QueueConsumer
+
         return QueueConsumer(
             self,
             topic,

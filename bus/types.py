@@ -83,6 +83,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def tp(self) -> TopicPartition:
+        """The topic and partition the message was read from."""
         return TopicPartition(self.topic, self.partition)
 
     def value(self, type: type[T] = Any) -> T:  # type: ignore[assignment]

@@ -15,7 +15,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import MAXYEAR, MINYEAR, UTC, date, datetime, timedelta, timezone
-from importlib import resources
 from typing import Any, Literal, TypeAlias
 
 import asyncpg
@@ -77,7 +76,7 @@ async def on_schema(conn: Connection, schema: str) -> AsyncIterator[None]:
 # Set on every connection the Lender borrows (the pool's reset undoes it when it goes back).
 # The hot paths' statements are keyed lookups whose best plan does not depend on the values,
 # and planning them again on every execution (what PostgreSQL does for a prepared statement
-# whose generic plan it estimates costlier) took a quarter of a queue take's time: 0.3 ms for
+# whose generic plan it estimates costlier) is a large part of a queue take's time, with
 # its CTEs and window functions. A generic plan also keeps a worker's fetch an index scan when
 # the statistics of a freshly loaded partition are stale.
 GENERIC_PLANS = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false)"
@@ -259,9 +258,8 @@ def _usable(conn: PoolConnectionProxy) -> bool:
 def int_array(values: Iterable[int]) -> str:
     """An int[] / bigint[] parameter as its text literal (`$1::text::bigint[]`), for lists of many ints.
 
-    asyncpg's binary array encoder checks every element against two ABCs:
-    3 lists of 100 ints cost 200 us a statement that way, 117 us as text
-    (the server parses the literal in C). The values are ints, so the literal
+    asyncpg's binary array encoder checks every element against two ABCs;
+    as text the server parses the literal in C, which costs far less per element. The values are ints, so the literal
     is digits, signs and commas (and it is a parameter: a wrong one fails to parse).
     """
     return "{" + ",".join(map(str, values)) + "}"
@@ -285,8 +283,8 @@ def _timestamptz_codec() -> tuple[Callable[[Any], tuple[int]], Callable[[tuple[i
     A fetched batch of messages mostly shares a handful of `created_at`
     values (a publishing statement stamps all of its messages alike), and
     asyncpg builds a new datetime for every row (a timedelta and an aware
-    addition: 1.1 us, a twentieth of a queue job's whole cost). Equal values
-    now decode to one shared (immutable) datetime. Encoding and the
+    addition, a noticeable part of a queue job's whole cost). Equal values
+    decode to one shared (immutable) datetime. Encoding and the
     infinities behave exactly as asyncpg's binary codec (pgproto/codecs/datetime.pyx).
     """
     seen: dict[int, datetime] = {}
@@ -370,6 +368,8 @@ async def connect(dsn: str, schema: str, **kwargs: Any) -> asyncpg.Connection:
 
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) for every migration file, in order."""
+    from importlib import resources  # only when connecting: `import bus` stays light
+
     found = []
     for entry in resources.files("storage.migrations").iterdir():
         match = _MIGRATION_FILE.fullmatch(entry.name)

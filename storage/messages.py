@@ -224,7 +224,7 @@ async def _append(
 ) -> list[Placed | None]:
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
     # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
-    # asyncpg's array encoder costs ~0.5 us an element.
+    # asyncpg's array encoder checks every element.
     keys_arg = None if keys.count(None) == len(keys) else keys
     headers_arg = None if headers.count(None) == len(headers) else headers
     if statement is APPEND and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):

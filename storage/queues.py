@@ -497,7 +497,7 @@ WHERE NOT EXISTS (SELECT 1 FROM queue_settings q WHERE q.topic = $1 AND q.paused
 
 
 # One job a take leased, as the row the statement returns (read by position on
-# the hot path: a struct per job cost a microsecond of a queue's ~20 per job):
+# the hot path: a struct per job would be a noticeable part of a job's cost):
 TakenJob: TypeAlias = asyncpg.Record
 REQUEST = 0  # which request of the take it went to (from 1; 0: the marker row)
 PARTITION_ID = 1

@@ -61,15 +61,12 @@ import msgspec
 import pytest
 
 import bus
+from bus.testing import FAST  # short sessions and debounce: groups join in a fraction of a second
 
 HERE = Path(__file__).resolve()
 # ../shared/API.md beside the repository clone (parents[2] is the repository itself).
 CANDIDATES = [HERE.parents[3] / "shared" / "API.md", HERE.parents[2] / "shared" / "API.md"]
 TIMEOUT = 20.0
-# Short sessions and debounce so groups join in a fraction of a second.
-FAST: dict[str, Any] = dict(
-    heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.05, max_poll_interval=0.5, lease_time=5.0
-)
 
 
 def api_md() -> Path | None:
@@ -235,7 +232,7 @@ def build(block: Block, plan: Plan, keep: str | None) -> types.CodeType:
     return compile(tree, "API.md", "exec")
 
 
-TYPE_NAMES = {k: v for k, v in vars(bus).items() if not k.startswith("_")} | {"bus": bus}
+TYPE_NAMES = {k: getattr(bus, k) for k in dir(bus) if not k.startswith("_")} | {"bus": bus}  # lazy names too
 
 
 def conforms(value: Any, tp: Any) -> bool:
