@@ -35,8 +35,16 @@ from storage.names import validate_int, validate_name, validate_seconds
 if TYPE_CHECKING:
     from bus.client import Bus
 
+
+class _Unset:
+    """ "Not given" for update_topic's arguments (None means: remove the limit)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
 #: "Not given" for update_topic's arguments (None means: remove the limit).
-UNSET: Any = object()
+UNSET: Any = _Unset()
 
 _errors_decoder = msgspec.json.Decoder(list[dict[str, Any]])
 _decoder = msgspec.json.Decoder()
