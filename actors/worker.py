@@ -84,6 +84,9 @@ class Sink(Protocol):
     handler_mode: bool
     retry: RetryPolicy
 
+    def acquired(self, partition_id: int, epoch: int, worker: ActorRef[WorkerMessage]) -> None:
+        """Poll mode: this worker holds the partition's lease of `epoch` (before any batch of it)."""
+
     def offer(self, batch: Batch) -> bool:
         """Poll mode: buffer the batch; False when the buffer is full (try again later)."""
 
@@ -282,6 +285,8 @@ class PartitionWorker(Actor[WorkerMessage]):
             return False
         self._epoch, self._position = got
         self._committed = self._handled = self._position
+        if not self._sink.handler_mode:
+            self._sink.acquired(self.spec.partition_id, self._epoch, self.self_ref)
         self._log.debug("partition_acquired", epoch=self._epoch, position=self._position)
         return True
 

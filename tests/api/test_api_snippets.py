@@ -53,7 +53,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -236,7 +236,7 @@ TYPE_NAMES = {k: getattr(bus, k) for k in dir(bus) if not k.startswith("_")} | {
 
 
 def conforms(value: Any, tp: Any) -> bool:
-    """isinstance for the annotations API.md uses: classes, `list[X]`, `set[X]`, `X | None`."""
+    """isinstance for the annotations API.md uses: classes, `list[X]`, `set[X]`, `dict[K, V]`, `X | None`."""
     if tp is None or tp is type(None):
         return value is None
     origin = typing.get_origin(tp)
@@ -245,6 +245,11 @@ def conforms(value: Any, tp: Any) -> bool:
     if origin in (list, set, tuple):
         (item,) = typing.get_args(tp)[:1]
         return isinstance(value, origin) and all(conforms(v, item) for v in value)
+    if origin is dict:
+        key, val = typing.get_args(tp)
+        return isinstance(value, dict) and all(
+            conforms(k, key) and conforms(v, val) for k, v in value.items()
+        )
     return isinstance(value, tp)
 
 
@@ -421,6 +426,45 @@ async def setup_queues(ctx: Ctx) -> Plan:
     )
 
 
+async def setup_kafka_consumer(ctx: Ctx) -> Plan:
+    """A started poll consumer `c` that owns both partitions of "orders" and polled from them."""
+    await ctx.b.create_topic("orders", partitions=2)
+    for p in ("0", "1"):
+        await ctx.b.publish_many("orders", [bus.Outgoing({"i": i}, partition=p) for i in range(3)])
+    since = datetime.now(UTC)
+    for p in ("0", "1"):
+        await ctx.b.publish_many("orders", [bus.Outgoing({"i": i}, partition=p) for i in range(3, 5)])
+    c = ctx.b.consumer("reports", topics=["orders"], start="earliest", auto_commit=False)
+    await c.start()
+    await c.wait_assigned(10)
+    tps = [bus.TopicPartition("orders", "0"), bus.TopicPartition("orders", "1")]
+    deadline = asyncio.get_running_loop().time() + 10
+    polled: set[str] = set()
+    while polled != {"0", "1"} and asyncio.get_running_loop().time() < deadline:
+        polled |= {m.partition for m in await c.poll(timeout=0.2)}
+    await c.commit()
+
+    async def check(got: dict[str, Any], _: str | None) -> None:
+        try:
+            assert _returned(ctx, "set[TopicPartition]") == [set()]  # paused, then resumed
+            (position,) = _returned(ctx, "int")
+            assert 0 < position <= 5
+            (committed,) = _returned(ctx, "int | None")
+            assert committed is not None and 0 < committed <= 5
+            assert _returned(ctx, "dict[TopicPartition, int]") == [
+                {tp: 0 for tp in tps},
+                {tp: 5 for tp in tps},
+            ]
+            assert _returned(ctx, "dict[TopicPartition, int | None]") == [{tps[0]: 3}]
+            # seek_to_end ran last: both partitions continue after their last message.
+            assert [await c.position(tp) for tp in tps] == [5, 5]
+            assert await c.poll(timeout=0.3) == []
+        finally:
+            await c.close()
+
+    return Plan(names={"c": c, "tps": tps, "tp": tps[0], "datetime": since}, check=check)
+
+
 async def setup_queue_features(ctx: Ctx) -> Plan:
     if not hasattr(bus.Bus, "schedule"):
         pytest.skip("the block's b.schedule/unschedule/schedules come with the scheduler")
@@ -585,6 +629,7 @@ SETUPS: dict[str, tuple[Setup, str | None]] = {
     "async with c.transaction() as tx:": (setup_transaction, None),
     'idempotency_key="order-42")': (setup_idempotent, None),
     "await b.admin.pause_queue(": (setup_queue_features, None),
+    "await c.offsets_for_times(": (setup_kafka_consumer, None),
 }
 
 
