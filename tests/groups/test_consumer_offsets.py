@@ -15,9 +15,9 @@ T0 = bus.TopicPartition("orders", "0")
 T1 = bus.TopicPartition("orders", "1")
 
 
-async def _poll_until(c: bus.Consumer, want: int, timeout: float = 10.0) -> list[bus.Message]:
+async def _poll_until(c: bus.Consumer, want: int, within: float = 10.0) -> list[bus.Message]:
     got: list[bus.Message] = []
-    deadline = asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + within
     while len(got) < want and asyncio.get_running_loop().time() < deadline:
         got += await c.poll(timeout=0.2)
     return got
@@ -43,7 +43,7 @@ async def test_a_paused_partition_is_skipped_by_poll_and_resumes_where_it_stoppe
         c.pause(T0)
         assert c.paused() == {T0}
         assert c.assignment() == {T0, T1}  # paused partitions stay assigned
-        got = first + await _poll_until(c, 10, timeout=1.5)
+        got = first + await _poll_until(c, 10, within=1.5)
         from_0 = [m.offset for m in got if m.partition == "0"]
         # Nothing of partition 0 after the pause (what the first poll took before it is all it gives).
         assert [m.offset for m in got if m.partition == "1"] == list(range(5))
