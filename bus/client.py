@@ -9,7 +9,7 @@ import os
 import zlib
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import asyncpg
 import msgspec
@@ -90,7 +90,9 @@ class Bus:
         # The bus's own hot-path statements (fetch, commit, queue takes and acks) run on a few pool
         # connections kept out between uses: asyncpg's acquire and release cost a round trip's worth.
         # At most half of the pool (none of a pool of 1: the Bus's other statements need one).
-        self.lender = db.Lender(pool, min(8, config.pool_max_size // 2))
+        self.lender = db.Lender(
+            pool, min(8, config.pool_max_size // 2), generic_plans=config.pooler != "transaction"
+        )
         self.embedded = embedded
         self.channels = Channels(config.schema)
         self._topics: dict[str, TopicInfo] = {}
@@ -136,8 +138,12 @@ class Bus:
         )
         self.producer_stats = stats = ProducerStats()
         dsn, schema, announce, channel = self.dsn, c.schema, system.announce, self.channels.messages
+        pooler = cast("db.Pooler", c.pooler)
         self._producer = system.root.spawn(
-            lambda: Producer(lambda: db.connect(dsn, schema), announce, settings, stats, channel), "producer"
+            lambda: Producer(
+                lambda: db.connect(dsn, schema, pooler=pooler), announce, settings, stats, channel
+            ),
+            "producer",
         )
 
     async def _group_system(self) -> GroupSystem:
@@ -147,10 +153,22 @@ class Bus:
 
         if self._system is None:
             c = self.config
+            pooler = cast("db.Pooler", c.pooler)
+            # LISTEN needs a session: through a transaction pooler it goes to direct_dsn, or nowhere (polling).
+            listen = (
+                (
+                    lambda: db.connect(
+                        c.direct_dsn or self.dsn, c.schema, pooler=None if c.direct_dsn else pooler
+                    )
+                )
+                if c.listens
+                else None
+            )
             system = GroupSystem(
                 self.pool,
                 self.lender,
-                lambda: db.connect(self.dsn, c.schema),
+                listen,
+                lambda: db.connect(self.dsn, c.schema, pooler=pooler),
                 MonitorConfig(
                     heartbeat_interval=c.heartbeat_interval,
                     lease_time=c.lease_time,
@@ -874,14 +892,15 @@ class _Connector:
 
             embedded = await asyncio.to_thread(ensure_server)
             dsn = embedded.dsn
+        pooler = cast("db.Pooler", config.pooler)
         with db.translate_errors():
-            conn = await db.connect(dsn, config.schema)
+            conn = await db.connect(dsn, config.schema, pooler=pooler)
             try:
                 await db.migrate(conn, config.schema)
             finally:
                 await conn.close()
         pool = await db.create_pool(
-            dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size
+            dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size, pooler=pooler
         )
         b = Bus(dsn, config, pool, embedded)
         try:

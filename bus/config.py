@@ -44,6 +44,22 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     linger: float = 0.0
     max_batch: int = 1000
     max_batch_bytes: int = 8 * 1024 * 1024
+    # Where the bus runs: through a pooler (None: directly; "session"; "transaction": no session state
+    # on pooled connections) and the direct DSN its LISTEN connection uses then (without it, polling).
+    pooler: str | None = None
+    direct_dsn: str | None = None
+    # How often readers look for work when no wake-up can come by LISTEN (a transaction pooler, no direct_dsn).
+    poll_interval: float = 0.25
+
+    @property
+    def listens(self) -> bool:
+        """Whether wake-ups come by LISTEN (False: through a transaction pooler without a direct DSN)."""
+        return self.pooler != "transaction" or self.direct_dsn is not None
+
+    @property
+    def fallback_poll(self) -> float:
+        """How long a reader with nothing to do waits before it looks again by itself."""
+        return self.max_poll_interval if self.listens else min(self.max_poll_interval, self.poll_interval)
 
     @property
     def lookback(self) -> float:
@@ -96,6 +112,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
             raise ValidationError(
                 "invalid configuration: cleaner_interval must be finite (0 or less disables it)"
             )
+        if self.pooler not in (None, "session", "transaction"):
+            raise ValidationError(
+                f"invalid configuration: pooler must be None, 'session' or 'transaction', not {self.pooler!r}"
+            )
+        if not 0 < self.poll_interval <= MAX_SECONDS:
+            raise ValidationError("invalid configuration: poll_interval must be > 0 (and finite)")
         if not 0 <= self.linger <= 10:
             raise ValidationError("invalid configuration: linger must be 0 to 10 seconds (0: no added wait)")
 

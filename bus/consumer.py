@@ -121,7 +121,7 @@ def _member_spec(b: Bus, m: _Member) -> MemberSpec:
         session_timeout=c.session_timeout,
         rebalance_delay=c.rebalance_delay,
         lease_time=c.lease_time,
-        poll_interval=c.max_poll_interval,
+        poll_interval=c.fallback_poll,
         fetch_size=m.fetch_size,
         groups_channel=b.channels.groups,
         messages_channel=b.channels.messages,

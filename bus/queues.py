@@ -407,7 +407,7 @@ class QueueConsumer:
 
     async def _idle_pause(self) -> float:
         """How long an empty take may sleep when no NOTIFY comes."""
-        fallback = self._bus.config.max_poll_interval
+        fallback = self._bus.config.fallback_poll
         with db.translate_errors():
             until = await sql.seconds_until_visible(self._bus.pool, self.topic)
         if until is None:
