@@ -135,7 +135,10 @@ async def job_result(b: Bus, topic: str, rec: Any, timeout: float | timedelta) -
     with db.translate_errors():
         async with b.pool.acquire() as conn:
             await sql.expire(conn)
-            await conn.add_listener(b.channels.results, heard)
+            # LISTEN needs a session of its own: through a transaction pooler the result is polled for.
+            listens = b.config.pooler != "transaction"
+            if listens:
+                await conn.add_listener(b.channels.results, heard)
             try:
                 while True:
                     rung.clear()
@@ -162,7 +165,8 @@ async def job_result(b: Bus, topic: str, rec: Any, timeout: float | timedelta) -
                     except TimeoutError:
                         pass
             finally:
-                await conn.remove_listener(b.channels.results, heard)
+                if listens:
+                    await conn.remove_listener(b.channels.results, heard)
     raise TimeoutError(f"job {topic}/{rec.partition}@{offset} has no result after {wait:g}s")
 
 

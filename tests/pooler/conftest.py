@@ -74,3 +74,55 @@ async def pooled(
     yield open_bus
     for b in reversed(opened):
         await b.close()
+
+
+@pytest.fixture
+async def connect(bouncer_dsn: str, schema: str, drop_schema: None) -> AsyncIterator[Any]:
+    """The tests imported into tests/pooler open their Buses through the transaction pooler."""
+    opened: list[bus.Bus] = []
+
+    async def open_bus(**config: Any) -> bus.Bus:
+        config.setdefault("schema", schema)
+        config.setdefault("pooler", "transaction")
+        b = await bus.connect(bouncer_dsn, **config)
+        opened.append(b)
+        return b
+
+    yield open_bus
+    for b in reversed(opened):
+        await b.close()
+
+
+@pytest.fixture(scope="module")
+async def es_bus(bouncer_dsn: str, dsn: str) -> AsyncIterator[bus.Bus]:
+    """The event store tests' shared Bus, through the transaction pooler."""
+    import uuid
+
+    import asyncpg
+
+    schema = "t_es_" + uuid.uuid4().hex[:10]
+    b = await bus.connect(bouncer_dsn, schema=schema, pooler="transaction")
+    try:
+        yield b
+    finally:
+        await b.close()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
+@pytest.fixture
+def store(es_bus: bus.Bus) -> Any:
+    """An event store no other test uses (as tests/eventstore/conftest.py's)."""
+    import uuid
+
+    return es_bus.event_store("s-" + uuid.uuid4().hex[:12])
+
+
+@pytest.fixture
+async def group(store: Any) -> str:
+    """A registered, active event store group."""
+    await store.register_group("enrollment")
+    return "enrollment"
