@@ -426,6 +426,31 @@ async def setup_queues(ctx: Ctx) -> Plan:
     )
 
 
+async def setup_where_services_run(ctx: Ctx) -> Plan:
+    """bus.connect() is lazy: the block makes connectors; the check opens nothing but reads their settings."""
+    made: list[tuple[str | None, dict[str, Any], Any]] = []
+    real = bus.connect
+
+    def recording(dsn: str | None = None, **config: Any) -> Any:
+        connector = real(dsn, **config)
+        made.append((dsn, config, connector))
+        return connector
+
+    ctx.monkeypatch.setattr(bus, "connect", recording)
+
+    async def check(got: dict[str, Any], _: str | None) -> None:
+        (pooled_dsn, pooled, _c), (ha_dsn, ha, last) = made
+        assert got["b"] is last  # the block's second connector
+        settings = bus.Config.load(pooled)
+        assert (settings.pooler, settings.direct_dsn) == ("transaction", "postgresql://app@db:5432/app")
+        assert not settings.listens or settings.direct_dsn is not None
+        assert pooled_dsn is not None and "6432" in pooled_dsn
+        assert ha == {} and ha_dsn is not None and "target_session_attrs=read-write" in ha_dsn
+        assert bus.Config.load(ha).pooler is None
+
+    return Plan(check=check)
+
+
 async def setup_kafka_consumer(ctx: Ctx) -> Plan:
     """A started poll consumer `c` that owns both partitions of "orders" and polled from them."""
     await ctx.b.create_topic("orders", partitions=2)
@@ -630,6 +655,7 @@ SETUPS: dict[str, tuple[Setup, str | None]] = {
     'idempotency_key="order-42")': (setup_idempotent, None),
     "await b.admin.pause_queue(": (setup_queue_features, None),
     "await c.offsets_for_times(": (setup_kafka_consumer, None),
+    'pooler="transaction",': (setup_where_services_run, None),
 }
 
 
