@@ -347,6 +347,19 @@ def server_start() -> None:
         console.print(f"the password is in {status.password_file} (mode 0600)", soft_wrap=True)
 
 
+@server_app.command("dsn")
+def server_dsn() -> None:
+    """Print the embedded server's full DSN, password included, for other tools (psql, spark-submit).
+
+    Starts the server if it is not running. The only command that prints the password:
+    hand it on through the environment (`PGPASSWORD`, `BUS_DSN`), not on a command line.
+    """
+    from storage.embedded import ensure_server
+
+    server = ensure_server(keep=True)
+    print(server.dsn)
+
+
 @server_app.command("stop")
 def server_stop() -> None:
     """Stop the embedded server (also when processes still use it)."""
