@@ -818,11 +818,12 @@ class _FakeProducer(BusProducer):
             payload=payload,
             created_at=datetime.now(UTC),
         )
+        # One subscriber per group gets it; subscribers without a group (a queue topic's competing
+        # consumers) are one group too.
         groups: set[str | None] = set()
         for handler in (cast("BusSubscriber", s) for b in self.brokers for s in b.subscribers):
-            if handler.topic != cmd.destination or (handler.group is not None and handler.group in groups):
+            if handler.topic != cmd.destination or handler.group in groups:
                 continue
-            if handler.group is not None:
-                groups.add(handler.group)
+            groups.add(handler.group)
             await handler.process_message(raw)
         return None

@@ -99,6 +99,20 @@ async def test_in_memory_publisher_decorator_and_groups() -> None:
         out.mock.assert_called_once_with({"receipt": 7})
 
 
+async def test_in_memory_queue_consumers_compete() -> None:
+    broker = BusBroker()
+
+    @broker.subscriber("jobs")
+    async def first(job: dict[str, int]) -> None: ...
+
+    @broker.subscriber("jobs", title="jobs-2")
+    async def second(job: dict[str, int]) -> None: ...
+
+    async with TestBusBroker(broker) as br:
+        await br.publish({"n": 1}, "jobs")
+        assert first.mock.call_count + second.mock.call_count == 1  # one consumer took the job
+
+
 async def test_in_memory_headers_and_correlation_id_reach_the_handler() -> None:
     broker = BusBroker()
     seen: dict[str, Any] = {}
