@@ -61,6 +61,7 @@ SCENARIOS: tuple[str, ...] = (
     "scale",
     "xmin",
     "imports",
+    "faststream",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"

@@ -37,6 +37,8 @@ async def test_a_readme_script_runs(dsn: str, tmp_path: Path, index: int) -> Non
         assert proc.returncode == 0, proc.stderr[-3000:]
         if "describe_group(\"billing\")" in code:
             assert "GroupDescription(name='billing'" in proc.stdout
+        if "BusRouter" in code:
+            assert "{'offset': 0} [7]" in proc.stdout
         if "ledger_example" in code:
             assert "ledger rows: 20" in proc.stdout
     finally:

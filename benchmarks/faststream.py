@@ -1,0 +1,222 @@
+"""FastStream and SQL publishing: what the FastStream broker and the SQL `publish` cost over the bus's own calls.
+
+Rows, each next to its baseline measured in the same run on the same schema:
+
+FastStream's access log (a line per message received and processed) is off (`logger=None`): both
+sides measure delivery, not a log handler.
+
+* throughput: M messages already on a topic of 4 partitions, drained by a FastStream subscriber
+  (`BusBroker`, a consumer group) and by the bus's own `subscribe` (another group), handlers that
+  only count; msg/s, higher is better. Target >= 0.8x.
+* publish->handler latency: messages published one at a time, paced, by `broker.publish` to a
+  FastStream subscriber and by `b.publish` to a `subscribe` handler (both at once, alternating, on
+  two topics); the p50 of handler time minus publish time (`time.time()` in one process).
+  Target <= 1.3x.
+* SQL publish: one message per call, one after the other, `SELECT publish(...)` on one connection
+  against `b.publish`; the mean microseconds per message, lower is better (no target: a row that
+  shows the cost).
+
+Run it alone with `bus bench faststream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+
+import asyncpg
+
+import bus
+from benchmarks.result import Result
+from bus.faststream import BusBroker
+
+SCENARIO = "faststream"
+TOPIC = "bench.fs"
+PARTITIONS = 4
+FAST = {"heartbeat_interval": 0.2, "session_timeout": 1.5, "rebalance_delay": 0.05, "cleaner_interval": 0}
+
+
+async def _until(check: Callable[[], bool], timeout: float) -> None:  # noqa: ASYNC109 - a bench's bound
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the handlers did not get every message")
+        await asyncio.sleep(0.005)
+
+
+async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple[float, float]:
+    """(FastStream msg/s, subscribe msg/s) draining the same `messages`."""
+    for first in range(0, messages, 1000):
+        await b.publish_many(TOPIC, [{"i": i} for i in range(first, min(first + 1000, messages))])
+
+    async def faststream_side(group: str) -> float:
+        broker = BusBroker(dsn, schema=schema, logger=None, **FAST)
+        count = [0]
+
+        @broker.subscriber(TOPIC, group=group, start="earliest")
+        async def handle(body: dict[str, int]) -> None:
+            count[0] += 1
+
+        async with broker:
+            started = time.perf_counter()  # from the group's start, as the subscribe side
+            await broker.start()
+            await _until(lambda: count[0] >= messages, 300)
+            elapsed = time.perf_counter() - started
+        return messages / elapsed
+
+    async def bus_side(group: str) -> float:
+        count = [0]
+
+        async def handle(m: bus.Message) -> None:
+            m.value(dict)
+            count[0] += 1
+
+        started = time.perf_counter()
+        sub = await b.subscribe(group, handle, topics=[TOPIC], start="earliest")
+        try:
+            await _until(lambda: count[0] >= messages, 300)
+            elapsed = time.perf_counter() - started
+        finally:
+            await sub.stop()
+        return messages / elapsed
+
+    # Alternate the two sides so neither gets only the warmer cache.
+    fs, own = [], []
+    for n in range(2):
+        own.append(await bus_side(f"own-{n}"))
+        fs.append(await faststream_side(f"fs-{n}"))
+    return max(fs), max(own)
+
+
+async def _latency(dsn: str, schema: str, b: bus.Bus, count: int, rate: float) -> tuple[float, float]:
+    """(FastStream p50 ms, subscribe p50 ms) publish->handler.
+
+    Both sides run at once, each on its own topic, their publishes alternating: one side measured
+    after the other got a different machine (the load of the run before it).
+    """
+    fs_topic, own_topic = TOPIC + ".lat-fs", TOPIC + ".lat-own"
+    await b.create_topic(fs_topic, partitions=PARTITIONS)
+    await b.create_topic(own_topic, partitions=PARTITIONS)
+    broker = BusBroker(dsn, schema=schema, logger=None, **FAST)
+    fs_seen: list[float] = []
+    own_seen: list[float] = []
+
+    @broker.subscriber(fs_topic, group="lat-fs", start="latest")
+    async def handle(body: dict[str, float]) -> None:
+        fs_seen.append(time.time() - body["t"])
+
+    async def own_handle(m: bus.Message) -> None:
+        own_seen.append(time.time() - m.value(dict)["t"])
+
+    async def both(i: int) -> None:
+        await broker.publish({"i": i, "t": time.time()}, fs_topic, key=str(i))
+        await b.publish(own_topic, {"i": i, "t": time.time()}, key=str(i))
+
+    sub = await b.subscribe("lat-own", own_handle, topics=[own_topic], start="latest")
+    try:
+        async with broker:
+            await broker.start()
+            # Warm up until both groups have joined and delivered from every partition.
+            for i in range(PARTITIONS * 2):
+                await both(i)
+                await asyncio.sleep(0.05)
+            await _until(lambda: len(fs_seen) >= PARTITIONS and len(own_seen) >= PARTITIONS, 30)
+            await asyncio.sleep(0.2)
+            fs_seen.clear()
+            own_seen.clear()
+            for i in range(count):
+                await both(i)
+                await asyncio.sleep(1.0 / rate)
+            await _until(lambda: len(fs_seen) >= count and len(own_seen) >= count, 60)
+    finally:
+        await sub.stop()
+    return statistics.median(fs_seen) * 1000, statistics.median(own_seen) * 1000
+
+
+async def _sql_publish(dsn: str, schema: str, b: bus.Bus, count: int) -> tuple[float, float]:
+    """(SQL publish us/message, b.publish us/message), one message per call, sequential."""
+    topic = TOPIC + ".sql"
+    await b.create_topic(topic, partitions=PARTITIONS)
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": f'"{schema}"'})
+    try:
+        statement = await conn.prepare("SELECT * FROM publish($1, $2::jsonb, key => $3)")
+        sql_times, own_times = [], []
+        for _ in range(2):  # alternate rounds
+            started = time.perf_counter()
+            for i in range(count):
+                await statement.fetchrow(topic, json.dumps({"i": i}), f"k{i}")
+            sql_times.append((time.perf_counter() - started) / count)
+            started = time.perf_counter()
+            for i in range(count):
+                await b.publish(topic, {"i": i}, key=f"k{i}")
+            own_times.append((time.perf_counter() - started) / count)
+    finally:
+        await conn.close()
+    return min(sql_times) * 1e6, min(own_times) * 1e6
+
+
+async def run(dsn: str, quick: bool) -> list[Result]:
+    schema = "bench_" + uuid.uuid4().hex[:10]
+    b = await bus.connect(dsn, schema=schema, **FAST)
+    messages, lat_count, sql_count = (2_000, 60, 300) if quick else (20_000, 400, 3_000)
+    try:
+        await b.create_topic(TOPIC, partitions=PARTITIONS)
+        fs_rate, own_rate = await _throughput(dsn, schema, b, messages)
+        fs_p50, own_p50 = await _latency(dsn, schema, b, lat_count, 100.0)
+        sql_us, own_us = await _sql_publish(dsn, schema, b, sql_count)
+    finally:
+        async with b.pool.acquire() as conn:
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')  # generated bench schema name
+        await b.close()
+    return [
+        Result(
+            SCENARIO,
+            f"FastStream subscriber throughput ({messages:,} msgs, {PARTITIONS} partitions)",
+            fs_rate,
+            "msg/s",
+            own_rate,
+            "bus subscribe",
+            True,
+            "≥ 0.8×",
+        ),
+        Result(
+            SCENARIO,
+            f"FastStream publish→handler p50 ({lat_count} msgs at 100/s)",
+            fs_p50,
+            "ms",
+            own_p50,
+            "b.publish→subscribe",
+            False,
+            "≤ 1.3×",
+        ),
+        Result(
+            SCENARIO,
+            "SQL publish, one message per call",
+            sql_us,
+            "µs/msg",
+            own_us,
+            "b.publish",
+            False,
+            None,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    import os
+
+    from storage.embedded import ensure_server
+
+    rows = asyncio.run(run(os.environ.get("BUS_DSN") or ensure_server().dsn, quick=True))
+    for row in rows:
+        print(
+            row.name,
+            f"{row.value:.1f} {row.unit}",
+            "baseline",
+            f"{row.baseline:.1f}",
+            f"ratio {row.ratio:.2f}",
+        )

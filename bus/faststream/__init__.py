@@ -1,0 +1,829 @@
+"""A FastStream broker on the bus: `BusBroker`, and `TestBusBroker` for FastStream's testing pattern.
+
+`@broker.subscriber(topic, group=...)` on a pubsub topic runs a handler-style member of the consumer
+group (`Bus.subscribe`: order within a partition, retries with backoff, dead letters); on a queue
+topic it runs competing consumers (`Bus.queue_consumer`). FastStream's ack policies map onto the
+bus: an ack commits (pubsub) or acks the job (queue); a nack retries the message (the group's
+`Retry`, or the queue's nack); a reject moves on without it (pubsub commits past it, a queue job
+goes to its dead-letter topic as a last attempt would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+import msgspec
+from fast_depends import dependency_provider
+from faststream._internal.broker import BrokerUsecase
+from faststream._internal.broker.registrator import Registrator
+from faststream._internal.configs import (
+    BrokerConfig,
+    PublisherSpecificationConfig,
+    PublisherUsecaseConfig,
+    SubscriberSpecificationConfig,
+    SubscriberUsecaseConfig,
+)
+from faststream._internal.constants import EMPTY
+from faststream._internal.context.repository import ContextRepo
+from faststream._internal.di import FastDependsConfig
+from faststream._internal.endpoint.publisher import PublisherSpecification, PublisherUsecase
+from faststream._internal.endpoint.publisher.fake import FakePublisher
+from faststream._internal.endpoint.subscriber import SubscriberSpecification, SubscriberUsecase
+from faststream._internal.endpoint.subscriber.call_item import CallsCollection
+from faststream._internal.endpoint.subscriber.mixins import TasksMixin
+from faststream._internal.logger import DefaultLoggerStorage, make_logger_state
+from faststream._internal.logger.logging import get_broker_logger
+from faststream._internal.parser import DefaultCodec
+from faststream._internal.producer import ProducerProto
+from faststream._internal.testing.broker import TestBroker, change_producer
+from faststream.exceptions import FeatureNotSupportedException, IncorrectState
+from faststream.message import StreamMessage, decode_message, gen_cor_id
+from faststream.middlewares import AckPolicy
+from faststream.response.publish_type import PublishType
+from faststream.response.response import PublishCommand
+from faststream.specification.asyncapi.utils import resolve_payloads
+from faststream.specification.schema import BrokerSpec, Operation, PublisherSpec, SubscriberSpec
+from faststream.specification.schema import Message as SpecMessage
+
+import bus as _bus
+from bus.consumer import Retry
+from bus.types import Message
+
+if TYPE_CHECKING:
+    from faststream._internal.basic_types import LoggerProto, SendableMessage
+
+    from bus.client import Bus
+    from bus.queues import QueueConsumer
+
+__all__ = ["BusBroker", "BusMessage", "BusPublishCommand", "BusPublisher", "BusSubscriber", "TestBusBroker"]
+
+_CORRELATION = "correlation_id"
+_CONTENT_TYPE = "content-type"
+_REPLY_TO = "reply_to"
+
+
+class _Retried(Exception):
+    """A nacked pubsub message: raised to the group's worker so its Retry policy runs."""
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+# The queue consumer that leased the message in hand and the list its verdict goes to (set by the
+# subscriber around each message, read by the parser), so an ack reaches the consumer that leased it.
+_current: contextvars.ContextVar[tuple[QueueConsumer | None, list[str]] | None] = contextvars.ContextVar(
+    "bus_faststream_current", default=None
+)
+
+
+class BusMessage(StreamMessage[Message]):
+    """A bus Message as FastStream sees it; ack/nack/reject decide what the subscriber does next."""
+
+    queue: QueueConsumer | None = None
+    verdicts: list[str] | None = None
+
+    def _note(self, verdict: str) -> None:
+        if self.verdicts is not None:
+            self.verdicts.append(verdict)
+
+    async def ack(self) -> None:
+        if self.committed is None:
+            self._note("ack")
+            if self.queue is not None:
+                await self.queue.ack(self.raw_message)
+        await super().ack()
+
+    async def nack(self) -> None:
+        if self.committed is None:
+            self._note("nack")
+            if self.queue is not None:
+                await self.queue.nack(self.raw_message)
+        await super().nack()
+
+    async def reject(self) -> None:
+        if self.committed is None:
+            self._note("reject")
+            if self.queue is not None:
+                await self.queue.ack(self.raw_message)
+        await super().reject()
+
+
+async def parse_message(msg: Message) -> BusMessage:
+    """FastStream's view of a bus Message (headers carry correlation id, content type, reply_to)."""
+    headers = dict(msg.headers)
+    parsed = BusMessage(
+        raw_message=msg,
+        body=msg.payload or b"",
+        headers=headers,
+        reply_to=headers.get(_REPLY_TO, ""),
+        content_type=headers.get(_CONTENT_TYPE),
+        message_id=f"{msg.topic}/{msg.partition}@{msg.offset}",
+        correlation_id=headers.get(_CORRELATION),
+    )
+    current = _current.get()
+    if current is not None:
+        parsed.queue, parsed.verdicts = current
+    return parsed
+
+
+async def decode(msg: StreamMessage[Any]) -> Any:
+    """The body decoded by its content type (JSON when the bus stored a structure)."""
+    if msg.content_type is None and msg.body[:1] in (b"{", b"[", b'"'):
+        msg.content_type = "application/json"
+    return decode_message(msg)
+
+
+# -- publishing -----------------------------------------------------------------------------
+
+
+class BusPublishCommand(PublishCommand):
+    """A publish to a bus topic: FastStream's command with the bus's key, partition and idempotency key."""
+
+    def __init__(
+        self,
+        message: SendableMessage,
+        *,
+        topic: str = "",
+        key: str | None = None,
+        partition: str | int | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        headers: dict[str, Any] | None = None,
+        reply_to: str = "",
+        _publish_type: PublishType,
+    ) -> None:
+        super().__init__(
+            message,
+            destination=topic,
+            correlation_id=correlation_id,
+            headers=headers,
+            reply_to=reply_to,
+            _publish_type=_publish_type,
+        )
+        self.key = key
+        self.partition = partition
+        self.idempotency_key = idempotency_key
+
+    @classmethod
+    def from_cmd(cls, cmd: PublishCommand) -> BusPublishCommand:
+        if isinstance(cmd, BusPublishCommand):
+            return cmd
+        return cls(
+            cmd.body,
+            topic=cmd.destination,
+            correlation_id=cmd.correlation_id,
+            headers=cmd.headers,
+            reply_to=cmd.reply_to,
+            _publish_type=cmd.publish_type,
+        )
+
+
+async def _wire(cmd: BusPublishCommand, codec: Any, serializer: Any) -> tuple[bytes, dict[str, str]]:
+    if isinstance(cmd.body, msgspec.Struct):  # the bus's own payloads, whatever the broker's serializer
+        payload, content_type = msgspec.json.encode(cmd.body), "application/json"
+    else:
+        payload, content_type = await codec.encode(cmd.body, serializer)
+    headers = {str(k): str(v) for k, v in (cmd.headers or {}).items()}
+    if content_type:
+        headers[_CONTENT_TYPE] = content_type
+    if cmd.correlation_id:
+        headers[_CORRELATION] = cmd.correlation_id
+    if cmd.reply_to:
+        headers[_REPLY_TO] = cmd.reply_to
+    return bytes(payload), headers
+
+
+class BusProducer(ProducerProto[BusPublishCommand]):
+    """Publishes FastStream commands with `Bus.publish`."""
+
+    def __init__(self) -> None:
+        self.bus: Bus | None = None
+        self.serializer: Any = None
+        self.codec: Any = DefaultCodec()
+        self._parser = parse_message
+        self._decoder = decode
+
+    def connect(self, connection: Bus, serializer: Any, codec: Any = None) -> None:
+        self.bus = connection
+        self.serializer = serializer
+        self.codec = codec or DefaultCodec()
+
+    def disconnect(self) -> None:
+        self.bus = None
+
+    async def publish(self, cmd: BusPublishCommand) -> Any:
+        if self.bus is None:
+            raise IncorrectState(
+                "BusBroker is not connected: `await broker.connect()` or `async with broker`"
+            )
+        cmd = BusPublishCommand.from_cmd(cmd)
+        payload, headers = await _wire(cmd, self.codec, self.serializer)
+        return await self.bus.publish(
+            cmd.destination,
+            payload,
+            key=cmd.key,
+            partition=cmd.partition,
+            headers=headers,
+            idempotency_key=cmd.idempotency_key,
+        )
+
+    async def request(self, cmd: BusPublishCommand) -> Any:
+        raise FeatureNotSupportedException("BusBroker has no request/reply: publish and subscribe instead")
+
+    async def publish_batch(self, cmd: BusPublishCommand) -> Any:
+        raise FeatureNotSupportedException("BusBroker publishes one message at a time; use Bus.publish_many")
+
+
+# -- configs --------------------------------------------------------------------------------
+
+
+class _LoggerStorage(DefaultLoggerStorage):
+    def __init__(self) -> None:
+        super().__init__()
+        self.logger_log_level = logging.INFO
+
+    def set_level(self, level: int) -> None:
+        self.logger_log_level = level
+
+    def register_subscriber(self, params: dict[str, Any]) -> None:
+        return None
+
+    def get_logger(self, *, context: Any) -> LoggerProto:
+        if not (lg := self._get_logger_ref()):
+            lg = get_broker_logger(  # FastStream's own access log format
+                name="bus",
+                default_context={"topic": "", "group": ""},
+                message_id_ln=10,
+                fmt="%(asctime)s %(levelname)-8s - %(topic)s | %(group)s | %(message_id)-10s - %(message)s",
+                context=context,
+                log_level=self.logger_log_level,
+            )
+            self._logger_ref.add(lg)
+        return lg
+
+
+@dataclass(kw_only=True)
+class BusBrokerConfig(BrokerConfig):
+    producer: BusProducer = field(default_factory=BusProducer)
+    bus: Bus | None = None
+
+    @property
+    def connection(self) -> Bus:
+        if self.bus is None:
+            raise IncorrectState(
+                "BusBroker is not connected: `await broker.connect()` or `async with broker`"
+            )
+        return self.bus
+
+
+@dataclass(kw_only=True)
+class BusSubscriberConfig(SubscriberUsecaseConfig):
+    _outer_config: BusBrokerConfig = field(default_factory=BusBrokerConfig)
+    topic: str
+    group: str | None
+    retry: Retry | None
+    dead_letter: str | None
+    start: Any
+    visibility_timeout: float
+
+    @property
+    def ack_policy(self) -> AckPolicy:
+        if self._ack_policy is EMPTY:
+            if self._outer_config.ack_policy is not EMPTY:
+                return self._outer_config.ack_policy
+            return AckPolicy.NACK_ON_ERROR
+        return self._ack_policy
+
+
+@dataclass(kw_only=True)
+class BusSubscriberSpecificationConfig(SubscriberSpecificationConfig):
+    topic: str
+    group: str | None
+
+
+@dataclass(kw_only=True)
+class BusPublisherConfig(PublisherUsecaseConfig):
+    _outer_config: BusBrokerConfig = field(default_factory=BusBrokerConfig)
+    topic: str
+    key: str | None
+    headers: dict[str, str] | None
+
+
+@dataclass(kw_only=True)
+class BusPublisherSpecificationConfig(PublisherSpecificationConfig):
+    topic: str
+
+
+# -- subscriber -----------------------------------------------------------------------------
+
+
+class BusSubscriberSpecification(SubscriberSpecification[BusBrokerConfig, BusSubscriberSpecificationConfig]):
+    @property
+    def channel_labels(self) -> list[str]:
+        return [f"{self._outer_config.prefix}{self.config.topic}"]
+
+    @property
+    def name(self) -> str:
+        if self.config.title_:
+            return self.config.title_
+        group = f":{self.config.group}" if self.config.group else ""
+        return f"{self._outer_config.prefix}{self.config.topic}{group}:{self.call_name}"
+
+    def get_schema(self) -> dict[str, SubscriberSpec]:
+        payloads = self.get_payloads()
+        return {
+            self.name: SubscriberSpec(
+                address=f"{self._outer_config.prefix}{self.config.topic}",
+                description=self.description,
+                operation=Operation(
+                    message=SpecMessage(title=f"{self.name}:Message", payload=resolve_payloads(payloads)),
+                    bindings=None,
+                ),
+                bindings=None,
+            )
+        }
+
+
+class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
+    """One `@broker.subscriber`: a group member on a pubsub topic, competing consumers on a queue topic."""
+
+    _outer_config: BusBrokerConfig
+
+    def __init__(
+        self,
+        config: BusSubscriberConfig,
+        specification: BusSubscriberSpecification,
+        calls: CallsCollection[Message],
+    ) -> None:
+        config.parser = parse_message
+        config.decoder = decode
+        super().__init__(config, specification, calls)
+        self._topic = config.topic
+        self.group = config.group
+        self._retry = config.retry
+        self._dead_letter = config.dead_letter
+        self._start = config.start
+        self._visibility = config.visibility_timeout
+        self._subscription: Any = None
+        self._queue: QueueConsumer | None = None
+
+    @property
+    def topic(self) -> str:
+        return f"{self._outer_config.prefix}{self._topic}"
+
+    def get_log_context(self, message: StreamMessage[Message] | None) -> dict[str, str]:
+        return {
+            "topic": self.topic,
+            "group": self.group or "",
+            "message_id": getattr(message, "message_id", ""),
+        }
+
+    def _make_response_publisher(self, message: StreamMessage[Any]) -> Sequence[Any]:
+        return (_ReplyPublisher(self._outer_config.producer, message.reply_to),)
+
+    async def start(self) -> None:
+        await super().start()
+        if self.calls:
+            connection = self._outer_config.connection
+            info = await connection.topic(self.topic)
+            if info.semantics == "queue":
+                self._queue = connection.queue_consumer(
+                    self.topic,
+                    visibility_timeout=self._visibility,
+                    max_attempts=(self._retry or Retry()).max_attempts,
+                    dead_letter=self._dead_letter,
+                )
+                await self._queue.start()
+                self.add_task(self._queue_loop)
+            else:
+                if self.group is None:
+                    raise _bus.ValidationError(
+                        f"subscriber on pubsub topic {self.topic!r} needs group=...: "
+                        "each group reads every message once"
+                    )
+                self._subscription = await connection.subscribe(
+                    self.group,
+                    self._handle,
+                    topics=[self.topic],
+                    start=self._start,
+                    retry=self._retry,
+                    dead_letter=self._dead_letter,
+                )
+        self._post_start()
+
+    async def stop(self) -> None:
+        self.running = False
+        if self._subscription is not None:
+            with suppress(Exception):
+                await self._subscription.stop()
+            self._subscription = None
+        await super().stop()
+        if self._queue is not None:
+            with suppress(Exception):
+                await self._queue.close()
+            self._queue = None
+
+    async def _handle(self, raw: Message) -> None:
+        """The group worker's handler: a nacked message raises so the group's Retry runs."""
+        verdict = await self._run(raw, None)
+        if verdict == "nack":
+            raise _Retried(f"{raw.topic}/{raw.partition}@{raw.offset} nacked by its handler")
+
+    async def _queue_loop(self) -> None:
+        queue = self._queue
+        assert queue is not None
+        while self.running:
+            for raw in await queue.take(max_messages=10, timeout=1.0):
+                await self._run(raw, queue)
+
+    async def _run(self, raw: Message, queue: QueueConsumer | None) -> str:
+        verdicts: list[str] = []
+        _current.set((queue, verdicts))
+        await self.consume(raw)
+        return verdicts[-1] if verdicts else "ack"
+
+    async def get_one(self, *, timeout: float = 5.0) -> StreamMessage[Message] | None:  # noqa: ASYNC109 - FastStream's signature
+        raise FeatureNotSupportedException("BusSubscriber.get_one: use Bus.consumer(...).poll()")
+
+    def __aiter__(self) -> Any:
+        raise FeatureNotSupportedException("iterating a BusSubscriber: use Bus.consumer(...)")
+
+
+class _ReplyPublisher(FakePublisher):
+    def __init__(self, producer: Any, topic: str) -> None:
+        super().__init__(producer=producer)
+        self.topic = topic
+
+    def patch_command(self, cmd: Any) -> BusPublishCommand:
+        cmd = super().patch_command(cmd)
+        real = BusPublishCommand.from_cmd(cmd)
+        real.destination = self.topic
+        return real
+
+
+# -- publisher ------------------------------------------------------------------------------
+
+
+class BusPublisherSpecification(PublisherSpecification[BusBrokerConfig, BusPublisherSpecificationConfig]):
+    @property
+    def name(self) -> str:
+        return self.config.title_ or f"{self._outer_config.prefix}{self.config.topic}:Publisher"
+
+    def get_schema(self) -> dict[str, PublisherSpec]:
+        payloads = self.get_payloads()
+        return {
+            self.name: PublisherSpec(
+                address=f"{self._outer_config.prefix}{self.config.topic}",
+                description=self.config.description_,
+                operation=Operation(
+                    message=SpecMessage(
+                        title=f"{self.name}:Message", payload=resolve_payloads(payloads, "Publisher")
+                    ),
+                    bindings=None,
+                ),
+                bindings=None,
+            )
+        }
+
+
+class BusPublisher(PublisherUsecase):
+    """`@broker.publisher(topic)`: publishes what the handler returns, or `await pub.publish(...)`."""
+
+    _outer_config: BusBrokerConfig
+
+    def __init__(self, config: BusPublisherConfig, specification: BusPublisherSpecification) -> None:
+        super().__init__(config, cast("PublisherSpecification[Any, Any]", specification))
+        self._topic = config.topic
+        self.key = config.key
+        self.headers = config.headers or {}
+
+    @property
+    def topic(self) -> str:
+        return f"{self._outer_config.prefix}{self._topic}"
+
+    async def publish(
+        self,
+        message: SendableMessage,
+        topic: str = "",
+        *,
+        key: str | None = None,
+        partition: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        correlation_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        cmd = BusPublishCommand(
+            message,
+            topic=topic or self.topic,
+            key=key or self.key,
+            partition=partition,
+            headers=self.headers | (headers or {}),
+            correlation_id=correlation_id or self._outer_config.id_generator(),
+            idempotency_key=idempotency_key,
+            _publish_type=PublishType.PUBLISH,
+        )
+        return await self._basic_publish(cmd, producer=self._outer_config.producer, _extra_middlewares=())
+
+    async def _publish(self, cmd: PublishCommand, *, _extra_middlewares: Iterable[Any]) -> None:
+        real = BusPublishCommand.from_cmd(cmd)
+        real.destination = real.destination or self.topic
+        real.key = real.key or self.key
+        real.add_headers(self.headers, override=False)
+        await self._basic_publish(
+            real, producer=self._outer_config.producer, _extra_middlewares=_extra_middlewares
+        )
+
+    async def request(self, *args: Any, **kwargs: Any) -> Any:
+        raise FeatureNotSupportedException("BusBroker has no request/reply: publish and subscribe instead")
+
+
+# -- registrator and broker -----------------------------------------------------------------
+
+
+class BusRegistrator(Registrator[Message, BusBrokerConfig]):
+    """`subscriber` and `publisher` of a BusBroker (and of its routers)."""
+
+    def subscriber(  # type: ignore[override]
+        self,
+        topic: str,
+        *,
+        group: str | None = None,
+        start: Any = None,
+        retry: Retry | None = None,
+        dead_letter: str | None = None,
+        visibility_timeout: float = 30.0,
+        ack_policy: AckPolicy = EMPTY,
+        no_reply: bool = False,
+        dependencies: Sequence[Any] = (),
+        parser: Any = None,
+        decoder: Any = None,
+        persistent: bool = True,
+        title: str | None = None,
+        description: str | None = None,
+        include_in_schema: bool = True,
+    ) -> BusSubscriber:
+        """Handle `topic`: as consumer group `group` on a pubsub topic, as a competing consumer on a queue."""
+        config = cast("BusBrokerConfig", self.config)
+        calls = CallsCollection[Message]()
+        spec = BusSubscriberSpecification(
+            config,
+            BusSubscriberSpecificationConfig(
+                topic=topic,
+                group=group,
+                title_=title,
+                description_=description,
+                include_in_schema=include_in_schema,
+            ),
+            calls,
+        )
+        sub = BusSubscriber(
+            BusSubscriberConfig(
+                topic=topic,
+                group=group,
+                retry=retry,
+                dead_letter=dead_letter,
+                start=start,
+                visibility_timeout=visibility_timeout,
+                no_reply=no_reply,
+                _outer_config=config,
+                _ack_policy=ack_policy,
+            ),
+            spec,
+            calls,
+        )
+        super().subscriber(sub, persistent=persistent)
+        return sub.add_call(
+            parser_=parser or self._parser,
+            decoder_=decoder or self._decoder,
+            dependencies_=dependencies,
+        )
+
+    def publisher(  # type: ignore[override]
+        self,
+        topic: str,
+        *,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+        persistent: bool = True,
+        title: str | None = None,
+        description: str | None = None,
+        schema: Any = None,
+        include_in_schema: bool = True,
+    ) -> BusPublisher:
+        """A publisher to `topic` (decorating a handler publishes what it returns)."""
+        config = cast("BusBrokerConfig", self.config)
+        pub = BusPublisher(
+            BusPublisherConfig(topic=topic, key=key, headers=headers, _outer_config=config),
+            BusPublisherSpecification(
+                _outer_config=config,
+                specification_config=BusPublisherSpecificationConfig(
+                    topic=topic,
+                    schema_=schema,
+                    title_=title,
+                    description_=description,
+                    include_in_schema=include_in_schema,
+                ),
+            ),
+        )
+        super().publisher(pub, persistent=persistent)
+        return pub
+
+
+class BusBroker(BusRegistrator, BrokerUsecase[Message, "Bus", BusBrokerConfig]):
+    """A FastStream broker on the bus. Takes `bus.connect()`'s arguments (`dsn`, then its settings)."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        middlewares: Sequence[Any] = (),
+        dependencies: Sequence[Any] = (),
+        parser: Any = None,
+        decoder: Any = None,
+        ack_policy: AckPolicy = EMPTY,
+        graceful_timeout: float | None = 15.0,
+        routers: Iterable[Any] = (),
+        description: str | None = None,
+        tags: Iterable[Any] = (),
+        specification_url: str | None = None,
+        logger: LoggerProto | None = EMPTY,
+        log_level: int = logging.INFO,
+        apply_types: bool = True,
+        serializer: Any = EMPTY,
+        **settings: Any,
+    ) -> None:
+        super().__init__(
+            dsn=dsn,
+            settings=settings,
+            routers=routers,
+            config=BusBrokerConfig(
+                producer=BusProducer(),
+                broker_middlewares=middlewares,
+                broker_parser=parser,
+                broker_decoder=decoder,
+                logger=make_logger_state(
+                    logger=logger, log_level=log_level, default_storage_cls=_LoggerStorage
+                ),
+                fd_config=FastDependsConfig(
+                    use_fastdepends=apply_types,
+                    serializer=serializer,
+                    provider=dependency_provider,
+                    context=ContextRepo(),
+                ),
+                broker_dependencies=dependencies,
+                graceful_timeout=graceful_timeout,
+                ack_policy=ack_policy,
+                id_generator=gen_cor_id,
+                extra_context={"broker": self},
+            ),
+            specification=BrokerSpec(
+                description=description,
+                url=[specification_url or "postgresql://"],
+                protocol="postgresql",
+                protocol_version="pgactorbus",
+                tags=tags,
+                security=None,
+            ),
+        )
+
+    @property
+    def bus(self) -> Bus:
+        """The connected Bus (IncorrectState before `connect()`)."""
+        return self.config.broker_config.connection
+
+    async def _connect(self) -> Bus:
+        kwargs = dict(self._connection_kwargs)
+        connection = await _bus.connect(kwargs["dsn"], **kwargs["settings"])
+        self._attach(connection)
+        return connection
+
+    def _attach(self, connection: Any) -> None:
+        config = self.config.broker_config
+        config.bus = connection
+        config.producer.connect(connection, config.fd_config._serializer, config.broker_codec)
+
+    async def start(self) -> None:
+        await self.connect()
+        await super().start()
+
+    async def stop(self, exc_type: Any = None, exc_val: Any = None, exc_tb: Any = None) -> None:
+        await super().stop(exc_type, exc_val, exc_tb)
+        config = self.config.broker_config
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            config.bus = None
+            if isinstance(config.producer, BusProducer):
+                config.producer.disconnect()
+            with suppress(AttributeError):
+                await connection.close()
+
+    async def ping(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - FastStream's signature
+        if self._connection is None:
+            return False
+        try:
+            async with asyncio.timeout(timeout or 5.0):
+                await self._connection.list_topics()
+        except Exception:
+            return False
+        return True
+
+    async def publish(
+        self,
+        message: SendableMessage = None,
+        topic: str = "",
+        *,
+        key: str | None = None,
+        partition: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        correlation_id: str | None = None,
+        idempotency_key: str | None = None,
+        reply_to: str = "",
+    ) -> Any:
+        """Publish to `topic` (the bus's Record back; None under the in-memory TestBusBroker).
+
+        A broker not connected yet connects first (a script that only publishes needs no app).
+        """
+        if self._connection is None:
+            await self.connect()
+        cmd = BusPublishCommand(
+            message,
+            topic=topic,
+            key=key,
+            partition=partition,
+            headers=headers,
+            correlation_id=correlation_id or self.config.id_generator(),
+            idempotency_key=idempotency_key,
+            reply_to=reply_to,
+            _publish_type=PublishType.PUBLISH,
+        )
+        return await self._basic_publish(cmd, producer=self.config.producer)
+
+    async def request(self, *args: Any, **kwargs: Any) -> Any:
+        raise FeatureNotSupportedException("BusBroker has no request/reply: publish and subscribe instead")
+
+
+# -- testing --------------------------------------------------------------------------------
+
+
+class TestBusBroker(TestBroker[BusBroker, Any], broker=BusBroker):
+    """FastStream's TestBroker for BusBroker: in memory, or `with_real=True` against a real schema."""
+
+    def create_publisher_fake_subscriber(self, broker: BusBroker, publisher: Any) -> tuple[Any, bool]:
+        for handler in (s for b in self.brokers for s in b.subscribers):
+            if cast("BusSubscriber", handler).topic == publisher.topic:
+                return handler, True
+        return broker.subscriber(publisher.topic, group="test", persistent=False), False
+
+    @contextmanager
+    def _patch_producer(self, broker: BusBroker) -> Any:
+        with change_producer(broker.config.broker_config, _FakeProducer(broker, self.brokers)):
+            yield
+
+    async def _fake_connect(self, broker: BusBroker, *args: Any, **kwargs: Any) -> Any:
+        return _InMemoryBus()
+
+
+class _InMemoryBus:
+    """The connection of a BusBroker under the in-memory TestBusBroker: publishes are routed, not stored."""
+
+
+class _FakeProducer(BusProducer):
+    """Routes a publish straight to the subscribers of its topic, as the bus would deliver it."""
+
+    def __init__(self, broker: BusBroker, brokers: Sequence[BusBroker]) -> None:
+        super().__init__()
+        self.broker = broker
+        self.brokers = brokers
+        self.codec = broker.config.broker_codec or DefaultCodec()
+        self._offsets: dict[str, int] = {}
+
+    async def publish(self, cmd: BusPublishCommand) -> Any:
+        cmd = BusPublishCommand.from_cmd(cmd)
+        payload, headers = await _wire(cmd, self.codec, self.broker.config.fd_config._serializer)
+        offset = self._offsets.get(cmd.destination, 0)
+        self._offsets[cmd.destination] = offset + 1
+        raw = Message(
+            topic=cmd.destination,
+            partition=str(cmd.partition or "0"),
+            offset=offset,
+            key=cmd.key,
+            headers=headers,
+            payload=payload,
+            created_at=datetime.now(UTC),
+        )
+        # One subscriber per group gets it; subscribers without a group (a queue topic's competing
+        # consumers) are one group too.
+        groups: set[str | None] = set()
+        for handler in (cast("BusSubscriber", s) for b in self.brokers for s in b.subscribers):
+            if handler.topic != cmd.destination or handler.group in groups:
+                continue
+            groups.add(handler.group)
+            await handler.process_message(raw)
+        return None
