@@ -57,7 +57,6 @@ DECLARE
     data bytea;
     claimed boolean;
     original published;
-    queue_features boolean;
 BEGIN
     IF publish.topic IS NULL THEN
         RAISE EXCEPTION 'publish: topic is NULL' USING ERRCODE = '22023', HINT = 'pass the name of an existing topic';
@@ -100,13 +99,6 @@ BEGIN
         END IF;
         IF publish.delay < interval '0' THEN
             RAISE EXCEPTION 'publish: delay must not be negative, got %', publish.delay USING ERRCODE = '22023';
-        END IF;
-        -- The queue's priority and not-before columns come with the queue features migration.
-        queue_features := EXISTS (SELECT 1 FROM pg_attribute
-                                  WHERE attrelid = 'queue_jobs'::regclass AND attname = 'priority' AND NOT attisdropped);
-        IF NOT queue_features THEN
-            RAISE EXCEPTION 'publish: delay and priority need the queue features (queue_jobs.priority), which this schema does not have yet'
-                USING ERRCODE = '0A000', HINT = 'upgrade the bus (its migrations add them), or publish without delay and priority';
         END IF;
     END IF;
 
@@ -168,13 +160,14 @@ BEGIN
     VALUES (pid, base, publish.key, publish.headers, data, at);
 
     IF t.semantics = 'queue' THEN
-        IF publish.delay IS NULL AND publish.priority IS NULL THEN
+        IF publish.delay IS NULL AND coalesce(publish.priority, 0) = 0 THEN
             INSERT INTO queue_jobs (partition_id, "offset", topic, key) VALUES (pid, base, t.name, publish.key);
         ELSE
-            -- Columns of the queue features migration: named at run time, values bound.
-            EXECUTE 'INSERT INTO queue_jobs (partition_id, "offset", topic, key, visible_at, priority) '
-                    'VALUES ($1, $2, $3, $4, $5, $6)'
-            USING pid, base, t.name, publish.key, at + coalesce(publish.delay, interval '0'), coalesce(publish.priority, 0);
+            -- A delayed or prioritized job, as the Python publish writes it (storage/messages.py,
+            -- APPEND_QUEUE_TIMED): detached, visible from its delivery time, with its priority.
+            INSERT INTO queue_jobs (partition_id, "offset", topic, key, detached, visible_at, priority)
+            VALUES (pid, base, t.name, publish.key, true, at + coalesce(publish.delay, interval '0'),
+                    coalesce(publish.priority, 0));
         END IF;
     END IF;
 
