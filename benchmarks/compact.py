@@ -46,8 +46,8 @@ import psutil
 import bus
 from benchmarks.result import Result
 from bus.compaction import run_compaction
-from storage.compaction.bulk import ANALYZE_MESSAGES, SQL_BASELINE_COMPACT, SQL_BASELINE_VACUUM, bulk_append
 from bus.compaction.spark import spark_session, submit_command
+from storage.compaction.bulk import ANALYZE_MESSAGES, SQL_BASELINE_COMPACT, SQL_BASELINE_VACUUM, bulk_append
 from storage.logs import get_logger
 
 log = get_logger(__name__)
@@ -167,7 +167,8 @@ class StageClock:
 
 def _fresh(dsn: str, schema: str, archive: str, master: str) -> tuple[float, float, dict[str, float]]:
     """(seconds, peak MiB, where the time went) of one `spark-submit` run in a new process."""
-    argv, env = submit_command(["--dsn", dsn, "--schema", schema, "--archive", archive], master=master)
+    argv, env = submit_command(["--schema", schema, "--archive", archive], master=master)
+    env["BUS_DSN"] = dsn  # the password through the environment, not the command line
     wall0 = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -69,7 +69,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--members", type=int, default=1)
     p.add_argument("--partitions", default="", help="raw mode: comma-separated partition ids")
     p.add_argument("--out", default=None, help="subscribe mode: append 'partition offset pid' per delivery")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.dsn == "-":  # the DSN (with its password) from the environment, not the command line
+        args.dsn = os.environ["BUS_DSN"]
+    return args
 
 
 async def _wait_for_line(reader: asyncio.StreamReader, wanted: str) -> bool:

@@ -238,8 +238,13 @@ class ChaosRun:
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         log = open(self.out / log_name, "ab")  # noqa: SIM115 (the child owns it for its life)
         try:
+            # The DSN (with its password) reaches the child through its environment, not its command line.
             return subprocess.Popen(
-                [sys.executable, "-m", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-m", *args],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "BUS_DSN": self.dsn},
             )
         finally:
             log.close()
@@ -252,7 +257,7 @@ class ChaosRun:
         slot.proc = self._spawn(
             [
                 "tests.chaos.member",
-                self.dsn,
+                "-",  # the DSN: $BUS_DSN
                 SCHEMA,
                 str(self.out / f"{tag}.tsv"),
                 "1" if slot.slow else "0",
@@ -570,7 +575,7 @@ class ChaosRun:
                     self._spawn(
                         [
                             "tests.chaos.producer",
-                            self.dsn,
+                            "-",  # the DSN: $BUS_DSN
                             SCHEMA,
                             what,
                             str(PARTITIONS),

@@ -669,6 +669,7 @@ async def run_pattern(ctx: Ctx, pattern: str) -> None:
 
 async def main() -> None:
     dsn, schema, out, slow, spec = sys.argv[1:6]
+    dsn = os.environ["BUS_DSN"] if dsn == "-" else dsn  # "-": from the environment (no password in argv)
     config: dict[str, Any] = {"schema": schema}
     slow_seconds = 0.0
     for kv in sys.argv[6:]:

@@ -15,6 +15,7 @@ and the checker only holds the bus to what was acknowledged. SIGTERM stops it.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -25,6 +26,7 @@ from tests.chaos.member import Item, plain_tracebacks
 
 async def main() -> None:
     dsn, schema, topic, parts, out, rate = sys.argv[1:7]
+    dsn = os.environ["BUS_DSN"] if dsn == "-" else dsn  # "-": from the environment (no password in argv)
     prefix = sys.argv[7] if len(sys.argv) > 7 else "p"
     partitions, interval = int(parts), 1.0 / float(rate)
     plain_tracebacks()

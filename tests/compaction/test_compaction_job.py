@@ -205,9 +205,10 @@ async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(
     async with b.pool.acquire() as conn:
         rows, parts = await snapshot(conn)
     argv, env = submit_command(
-        ["--dsn", b.dsn, "--schema", b.config.schema, "--archive", str(tmp_path / "archive")],
+        ["--schema", b.config.schema, "--archive", str(tmp_path / "archive")],
         master="local[2]",
     )
+    env["BUS_DSN"] = b.dsn  # the password through the environment, not the command line
     argv[argv.index(str(Path(job.__file__)))] = str(Path(crashes.__file__))  # the job, with a crash installed
     env["BUS_COMPACT_CRASH_AT"] = "mid_delete"
     proc = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=240)

@@ -19,6 +19,7 @@ import bus
 
 async def main() -> None:
     dsn, schema, group, topic, out = sys.argv[1:6]
+    dsn = os.environ["BUS_DSN"] if dsn == "-" else dsn
     config: dict[str, float | str] = {"schema": schema}
     for kv in sys.argv[6:]:
         k, v = kv.split("=", 1)

@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def start_member(dsn: str, schema: str, group: str, topic: str, out: Path) -> subprocess.Popen[bytes]:
     args = [f"{k}={v}" for k, v in FAST.items()]
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.groups.member_proc", dsn, schema, group, topic, str(out), *args],
+        [sys.executable, "-m", "tests.groups.member_proc", "-", schema, group, topic, str(out), *args],
         cwd=ROOT,
+        env={**os.environ, "BUS_DSN": dsn},  # the password through the environment
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
@@ -73,7 +74,9 @@ async def test_sigkilled_member_partitions_are_taken_over_within_the_bound_and_n
         d = await b.admin.describe_group("g")
         victim = procs[0]
         victim_member = next(m.member_id for m in d.members if m.pid == victim.pid)
-        victim_parts = {tp.partition for m in d.members if m.member_id == victim_member for tp in m.partitions}
+        victim_parts = {
+            tp.partition for m in d.members if m.member_id == victim_member for tp in m.partitions
+        }
         assert victim_parts
         t0 = time.monotonic()
         victim.send_signal(signal.SIGKILL)
@@ -142,7 +145,9 @@ async def test_leader_process_dying_moves_leadership(connect, dsn, schema, tmp_p
         async def moved():
             leader = await _leader(b)
             owners = await leased_by(b, "g")
-            return leader not in (None, leader_before) and len(owners) == 4 and set(owners.values()) == {leader}
+            return (
+                leader not in (None, leader_before) and len(owners) == 4 and set(owners.values()) == {leader}
+            )
 
         await eventually(moved, timeout=30)
         second.send_signal(signal.SIGTERM)
@@ -174,7 +179,9 @@ async def test_a_member_silent_past_its_session_is_removed_once_even_with_two_sw
     assert d.state == "empty"  # its only member is gone
 
 
-async def test_a_paused_member_past_its_session_is_fenced_and_rejoins_when_it_wakes(connect, dsn, schema, tmp_path) -> None:
+async def test_a_paused_member_past_its_session_is_fenced_and_rejoins_when_it_wakes(
+    connect, dsn, schema, tmp_path
+) -> None:
     b = await connect(**FAST)
     await b.create_topic("t", partitions=4)
     out = tmp_path / "d.txt"
@@ -182,6 +189,7 @@ async def test_a_paused_member_past_its_session_is_fenced_and_rejoins_when_it_wa
     procs = [start_member(dsn, schema, "g", "t", out) for _ in range(2)]
     samples: list[dict[int, int]] = []
     try:
+
         async def two_own_all():
             owners = await leased_by(b, "g")
             return len(owners) == 4 and len(set(owners.values())) == 2
@@ -213,7 +221,11 @@ async def test_a_paused_member_past_its_session_is_fenced_and_rejoins_when_it_wa
             await sample()
             d = await b.admin.describe_group("g")
             pids = {m.pid for m in d.members if m.live}
-            return zombie.pid in pids and zombie_member not in {m.member_id for m in d.members} and d.total_lag == 0
+            return (
+                zombie.pid in pids
+                and zombie_member not in {m.member_id for m in d.members}
+                and d.total_lag == 0
+            )
 
         await eventually(zombie_rejoined_and_all_done, timeout=30)
         got = {(p, o) for p, o, _ in deliveries(out)}

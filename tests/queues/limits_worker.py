@@ -13,6 +13,7 @@ wait (timeout 0: a take's interval is one statement's), an empty one sleeps 20 m
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
@@ -48,4 +49,5 @@ async def main(dsn: str, schema: str, topic: str, path: str, work: float, idle: 
 
 if __name__ == "__main__":
     dsn, schema, topic, path, work, idle = sys.argv[1:7]
+    dsn = os.environ["BUS_DSN"] if dsn == "-" else dsn
     asyncio.run(main(dsn, schema, topic, path, float(work), float(idle)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 def _start(dsn: str, schema: str, topic: str, out: Path, work: float, idle: float) -> subprocess.Popen[bytes]:
-    args = ["tests.queues.limits_worker", dsn, schema, topic, str(out), str(work), str(idle)]
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT)
+    args = ["tests.queues.limits_worker", "-", schema, topic, str(out), str(work), str(idle)]
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env={**os.environ, "BUS_DSN": dsn})
 
 
 async def _run(dsn: str, schema: str, topic: str, tmp: Path, work: float, idle: float) -> list[list[str]]:
