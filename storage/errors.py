@@ -61,3 +61,8 @@ class OffsetOutOfRangeError(BusError, IndexError):
 
 class GroupHasMembersError(BusError):
     """An admin operation needs the group to have no live members."""
+
+
+class SchemaVersionError(BusError):
+    """The schema and this library do not fit: the library is older than the schema's minimum
+    compatible release, or an applied migration's file changed after it was applied."""
