@@ -21,6 +21,7 @@ import pytest
 
 import bus
 from bus.testing import FAST
+from storage import db
 from tests.versions.rolling_worker import Enrolled
 
 pytestmark = pytest.mark.slow
@@ -113,7 +114,18 @@ async def test_old_and_new_releases_share_a_group_a_queue_and_an_event_store(
         published: list[bus.Record] = []
         jobs: list[bus.Record] = []
         loading = asyncio.Event()
-        async with bus.connect(dsn, schema=schema, **FAST) as b:  # the current release migrates beside it
+        # The current release migrates the schema the previous one is running on.
+        conn = await db.connect(dsn, schema)
+        try:
+            await db.migrate(conn, schema)
+        except Exception as exc:
+            raise AssertionError(
+                f"the current release cannot migrate a schema on which release {PREVIOUS} runs "
+                f"(a migration must accept the rows that release writes): {exc!r}"
+            ) from exc
+        finally:
+            await conn.close()
+        async with bus.connect(dsn, schema=schema, **FAST) as b:
 
             async def load() -> None:
                 n = 0
@@ -132,9 +144,12 @@ async def test_old_and_new_releases_share_a_group_a_queue_and_an_event_store(
                 ("roll back: start old #3", lambda: start(PREVIOUS)),
                 ("roll back: stop current #1", lambda: asyncio.to_thread(procs[2].stop)),
             ]
-            for _, step in steps:
+            for label, step in steps:
                 await asyncio.sleep(PHASE)
-                await step()
+                try:
+                    await step()
+                except AssertionError as exc:
+                    raise AssertionError(f"rolling deploy step {label!r} failed: {exc}") from exc
             await asyncio.sleep(PHASE)
             loading.set()
             await loader
@@ -197,4 +212,11 @@ async def test_old_and_new_releases_share_a_group_a_queue_and_an_event_store(
     )
     assert sum(fences.values()) <= 20, f"fence storm: fence failures per process {fences}"
     for p in procs:
-        assert "Traceback" not in p.log.read_text(), f"{p.name} logged an error:\n{p.tail()}"
+        errors = [
+            ln for ln in p.log.read_text().splitlines() if ln.startswith(("ERROR", "CRITICAL", "Traceback"))
+        ]
+        assert not errors, f"{p.name} logged errors: {errors[:5]}\n{p.tail()}"
+    # Every process, of either release, took part in every role: a member that cannot
+    # join the group (or take, or claim) beside the other release shows here.
+    idle = {p.name: role for p in procs for role in "gqea" if by_release[p.name][role] == 0}
+    assert not idle, f"processes that never did a role (g group, q queue, e claim, a append): {idle}; {ctx}"
