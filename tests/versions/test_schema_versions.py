@@ -4,6 +4,7 @@ migration is refused with its file named, earlier texts of edited migrations sti
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -155,3 +156,28 @@ async def test_bus_migrate_status_dry_run_and_apply(dsn: str, schema: str, drop_
 def test_the_library_release_is_the_project_version() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert f'\nversion = "{versions.LIBRARY_RELEASE}"\n' in text
+
+
+async def test_a_later_release_migration_is_listed_and_ignored(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    conn = await _conn(dsn, schema)
+    try:
+        await db.migrate(conn, schema)
+        # A later release's migration, expand only, with a minimum release this library meets.
+        await conn.execute(versions.RECORD, 999, "later_release", "f" * 64)
+        assert await db.migrate(conn, schema) == []
+        status = await db.migration_status(conn, schema)
+        assert status.schema_version == 999
+        assert [(m.file, m.state) for m in status.migrations][-1] == ("999_later_release.sql", "unknown")
+    finally:
+        await conn.close()
+
+
+def test_releases_json_the_changelog_and_the_project_agree() -> None:
+    releases = json.loads((ROOT / "releases.json").read_text())
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert releases["current"] == versions.LIBRARY_RELEASE
+    assert f"\n## {versions.LIBRARY_RELEASE}\n" in changelog
+    for release, entry in releases["releases"].items():
+        assert f"\n## {release}\n" in changelog and entry["commit"] in changelog
