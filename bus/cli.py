@@ -271,6 +271,21 @@ def reset_offsets(
 
 
 @app.command()
+def migrate(
+    status: bool = typer.Option(
+        False, "--status", help="list applied and pending migrations; change nothing"
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the SQL of the pending migrations; change nothing"
+    ),
+) -> None:
+    """Apply the pending migrations of the schema (connect does it too), or list them, or print their SQL."""
+    from bus.migrate import migrate_command
+
+    run(lambda: migrate_command(console, status=status, dry_run=dry_run))
+
+
+@app.command()
 def compact(
     master: str = typer.Option(None, "--master", help="local[*] (default), local[2], spark://host:7077"),
     archive: str = typer.Option(None, "--archive", help="archive URI/dir (default $BUS_HOME/archive)"),

@@ -19,9 +19,11 @@ from datetime import MAXYEAR, MINYEAR, UTC, date, datetime, timedelta, timezone
 from typing import Any, Literal, TypeAlias
 
 import asyncpg
+import msgspec
 from asyncpg.pool import PoolConnectionProxy
 
-from storage.errors import StorageUnavailableError
+from storage import versions
+from storage.errors import BusError, StorageUnavailableError
 from storage.logs import get_logger
 from storage.names import validate_schema
 
@@ -535,21 +537,124 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
         # An identifier cannot be a bind parameter: the schema name, validated by migrate(), is quoted.
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         await conn.execute(SET_LOCAL_SEARCH_PATH, search_path(schema))
-        await conn.execute(
-            """CREATE TABLE IF NOT EXISTS bus_migrations (
-                   version integer PRIMARY KEY,
-                   name text NOT NULL,
-                   applied_at timestamptz NOT NULL DEFAULT now())"""
-        )
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM bus_migrations")}
-        for version, name, sql in migrations():
+        await conn.execute(versions.CREATE_MIGRATIONS)
+        # A library too old for the schema refuses before it writes anything.
+        if await conn.fetchval(versions.RELEASE_EXISTS):
+            row = await conn.fetchrow(versions.READ_RELEASE)
+            if row is not None:
+                schema_version = await conn.fetchval(versions.SCHEMA_VERSION)
+                versions.check_library(schema, schema_version, row["min_release"])
+        await conn.execute(versions.ADD_CHECKSUM)
+        await conn.execute(versions.CREATE_RELEASE)
+        rows = await conn.fetch(versions.APPLIED)
+        files = migrations()
+        by_version = {version: (name, sql) for version, name, sql in files}
+        for r in rows:
+            if r["version"] not in by_version:
+                continue  # a later release's migration: expand-only, so this release runs beside it
+            name, sql = by_version[r["version"]]
+            current = versions.checksum(sql)
+            if not versions.check_checksum(migration_file(r["version"], name), r.get("checksum"), current):
+                await conn.execute(versions.BACKFILL, r["version"], current)
+        done = {r["version"] for r in rows}
+        for version, name, sql in files:
             if version in done:
                 continue
             await conn.execute(sql)
-            await conn.execute("INSERT INTO bus_migrations (version, name) VALUES ($1, $2)", version, name)
+            await conn.execute(versions.RECORD, version, name, versions.checksum(sql))
             applied_now.append(version)
             log.info("migration_applied", schema=schema, version=version, name=name)
+        row = await conn.fetchrow(versions.READ_RELEASE)
+        floor = versions.MIN_COMPATIBLE_RELEASE
+        if row is None or versions.later(row["min_release"], floor) != row["min_release"]:
+            await conn.execute(versions.WRITE_RELEASE, floor, versions.LIBRARY_RELEASE)
     return applied_now
+
+
+def migration_file(version: int, name: str) -> str:
+    """The file name of migration `version` (`007_segments.sql`)."""
+    return f"{version:03d}_{name}.sql"
+
+
+class AppliedMigration(msgspec.Struct, frozen=True):
+    """One migration as `bus migrate --status` lists it."""
+
+    version: int
+    file: str
+    state: str  # "applied" | "pending" | "changed" | "unknown" (a later release's)
+    applied_at: datetime | None
+
+
+class MigrationStatus(msgspec.Struct, frozen=True):
+    """The schema's version, its minimum release, and every migration's state."""
+
+    schema: str
+    schema_version: int
+    min_release: str | None
+    library_release: str
+    migrations: list[AppliedMigration]
+
+
+async def migration_status(conn: asyncpg.Connection, schema: str) -> MigrationStatus:
+    """Applied and pending migrations of `schema` (writes nothing)."""
+    validate_schema(schema)
+    async with conn.transaction(readonly=True):
+        await conn.execute(SET_LOCAL_SEARCH_PATH, search_path(schema))
+        rows: list[Any] = []
+        if await conn.fetchval(versions.MIGRATIONS_EXIST):
+            rows = (
+                list(await conn.fetch(versions.APPLIED))
+                if await _has_checksum(conn)
+                else [{**dict(r), "checksum": None} for r in await conn.fetch(_APPLIED_NO_CHECKSUM)]
+            )
+        min_release = None
+        if await conn.fetchval(versions.RELEASE_EXISTS):
+            row = await conn.fetchrow(versions.READ_RELEASE)
+            min_release = None if row is None else row["min_release"]
+    applied = {r["version"]: r for r in rows}
+    out: list[AppliedMigration] = []
+    files = migrations()
+    for version, name, sql in files:
+        file = migration_file(version, name)
+        r = applied.get(version)
+        if r is None:
+            out.append(AppliedMigration(version, file, "pending", None))
+            continue
+        try:
+            versions.check_checksum(file, r["checksum"], versions.checksum(sql))
+            state = "applied"
+        except BusError:
+            state = "changed"
+        out.append(AppliedMigration(version, file, state, r["applied_at"]))
+    known = {v for v, _, _ in files}
+    for version, r in sorted(applied.items()):
+        if version not in known:
+            out.append(
+                AppliedMigration(version, migration_file(version, r["name"]), "unknown", r["applied_at"])
+            )
+    out.sort(key=lambda m: m.version)
+    return MigrationStatus(
+        schema=schema,
+        schema_version=max(applied, default=0),
+        min_release=min_release,
+        library_release=versions.LIBRARY_RELEASE,
+        migrations=out,
+    )
+
+
+_APPLIED_NO_CHECKSUM = "SELECT version, name, applied_at FROM bus_migrations ORDER BY version"
+_HAS_CHECKSUM = """SELECT EXISTS (SELECT 1 FROM information_schema.columns
+    WHERE table_schema = current_schema() AND table_name = 'bus_migrations' AND column_name = 'checksum')"""
+
+
+async def _has_checksum(conn: asyncpg.Connection) -> bool:
+    return bool(await conn.fetchval(_HAS_CHECKSUM))
+
+
+def pending_sql(status: MigrationStatus) -> list[tuple[str, str]]:
+    """(file, sql) of every pending migration, in the order `bus migrate` would apply them."""
+    pending = {m.version for m in status.migrations if m.state == "pending"}
+    return [(migration_file(v, name), sql) for v, name, sql in migrations() if v in pending]
 
 
 #: A lost, refused or dropped connection (asyncpg's own state errors included).

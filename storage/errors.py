@@ -76,3 +76,8 @@ class JobFailedError(BusError):
         super().__init__(message)
         self.status = status
         self.errors = errors if errors is not None else []
+
+
+class SchemaVersionError(BusError):
+    """The schema and this library do not fit: the library is older than the schema's minimum
+    compatible release, or an applied migration's file changed after it was applied."""

@@ -7,6 +7,7 @@ Membership changes never rebalance on the spot: they set `rebalance_due_at`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
@@ -14,7 +15,7 @@ import asyncpg
 from storage.db import Conn, Connection
 
 # $1 group, $2 member_id, $3 instance_id, $4 client_id, $5 host, $6 pid, $7 topics,
-# $8 session_timeout, $9 rebalance_delay. A static member (instance_id) that comes
+# $8 session_timeout, $9 rebalance_delay, $10 the member's group protocol. A static member (instance_id) that comes
 # back before its session expired takes its row over: same member id, same
 # assignment, no rebalance.
 JOIN = """
@@ -23,11 +24,12 @@ WITH prev AS (
     WHERE group_name = $1 AND member_id = $2
       AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)
 ), up AS (
-    INSERT INTO members (group_name, member_id, instance_id, client_id, host, pid, topics, session_timeout)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    INSERT INTO members (group_name, member_id, instance_id, client_id, host, pid, topics, session_timeout,
+                         protocol)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
     ON CONFLICT (group_name, member_id) DO UPDATE
        SET client_id = EXCLUDED.client_id, host = EXCLUDED.host, pid = EXCLUDED.pid,
-           topics = EXCLUDED.topics, session_timeout = EXCLUDED.session_timeout,
+           topics = EXCLUDED.topics, session_timeout = EXCLUDED.session_timeout, protocol = EXCLUDED.protocol,
            last_heartbeat = clock_timestamp()
     RETURNING member_id, generation
 ), g AS (
@@ -157,7 +159,7 @@ FROM groups WHERE name = $1 FOR NO KEY UPDATE
 """
 
 LIVE_MEMBERS = """
-SELECT member_id, instance_id, topics, assignment, joined_at
+SELECT member_id, instance_id, topics, assignment, joined_at, COALESCE(protocol, 1) AS protocol
 FROM members
 WHERE group_name = $1 AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)
 ORDER BY member_id
@@ -183,7 +185,8 @@ WHERE m.group_name = $1 AND m.member_id = u.mid
 """
 
 FINISH_REBALANCE = """
-UPDATE groups SET generation = $2, state = $3, rebalance_due_at = NULL, updated_at = clock_timestamp()
+UPDATE groups SET generation = $2, state = $3, protocol = $4, rebalance_due_at = NULL,
+                  updated_at = clock_timestamp()
 WHERE name = $1
 """
 
@@ -207,10 +210,29 @@ RETURNING name
 NOTIFY = "SELECT pg_notify($1, $2)"
 
 
+#: The group protocol this release speaks: what a member records at join. Release 0.1.0
+#: records none (protocol 1). Raise it with a change to what members and leaders exchange
+#: (the member rows, the assignment), and keep serving every lower version still released.
+PROTOCOL = 1
+
+SELECT_GROUP_PROTOCOL = "SELECT protocol FROM groups WHERE name = $1"
+
+
+def group_protocol(spoken: Iterable[int | None]) -> int:
+    """The protocol a group runs on: the lowest its members speak (none recorded: 1)."""
+    return min((p or 1 for p in spoken), default=PROTOCOL)
+
+
+async def current_protocol(conn: Conn, group: str) -> int | None:
+    """The protocol of the group's current generation (None before the first rebalance)."""
+    value = await conn.fetchval(SELECT_GROUP_PROTOCOL, group)
+    return None if value is None else int(value)
+
+
 async def join(conn: Connection, *args: Any) -> asyncpg.Record:
     async with conn.transaction():
         await conn.execute(LOCK_GROUPS, [args[0]])
-        row = await conn.fetchrow(JOIN, *args)
+        row = await conn.fetchrow(JOIN, *args, PROTOCOL)
     assert row is not None, "group row missing at join: record_group must run first"
     return row
 
@@ -269,8 +291,11 @@ async def mark_stable(conn: Conn, group: str, generation: int) -> bool:
 class RebalanceOutcome:
     """What one rebalance wrote (or why it did not)."""
 
-    def __init__(self, ran: bool, generation: int, moved: int = 0, reason: str = "") -> None:
+    def __init__(
+        self, ran: bool, generation: int, moved: int = 0, reason: str = "", protocol: int | None = None
+    ) -> None:
         self.ran = ran
+        self.protocol = protocol
         self.generation = generation
         self.moved = moved
         self.reason = reason
@@ -319,6 +344,7 @@ async def rebalance(
             ["{" + ",".join(str(p) for p in sorted(plan.get(mid, []))) + "}" for mid in mids],
         )
         state = "empty" if not members else ("rebalancing" if moved else "stable")
-        await conn.execute(FINISH_REBALANCE, group, generation, state)
+        protocol = group_protocol(m["protocol"] for m in members)
+        await conn.execute(FINISH_REBALANCE, group, generation, state, protocol)
         await conn.execute(NOTIFY, channel, group)
-    return RebalanceOutcome(True, generation, moved)
+    return RebalanceOutcome(True, generation, moved, protocol=protocol)
