@@ -43,6 +43,10 @@ _MIGRATION_FILE = re.compile(r"(\d{3})_([a-z0-9_]+)\.sql")
 _MIGRATION_LOCK = 0x6275_735F
 
 
+SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', $1, true)"
+MIGRATION_LOCK_TIMEOUT = "400ms"
+MIGRATION_ATTEMPTS = 40
+
 SHOW_SEARCH_PATH = "SELECT current_setting('search_path')"
 SET_LOCAL_SEARCH_PATH = "SELECT set_config('search_path', $1, true)"
 
@@ -513,7 +517,21 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
     """Apply the pending migrations into `schema`; returns the versions applied."""
     validate_schema(schema)
     try:
-        return await _migrate(conn, schema)
+        for attempt in range(MIGRATION_ATTEMPTS):
+            try:
+                return await _migrate(conn, schema)
+            except asyncpg.LockNotAvailableError:
+                # A migration's DDL waited past MIGRATION_LOCK_TIMEOUT for a table that running
+                # processes (of this release or the previous one) use: it gave way, so it can never
+                # be the one that makes their statements fail with a deadlock. Try again shortly.
+                if attempt == MIGRATION_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+        raise AssertionError("unreachable")
+    except asyncpg.LockNotAvailableError as exc:
+        raise StorageUnavailableError(
+            f"could not migrate schema {schema!r}: its tables stayed locked by other sessions ({exc}); retry"
+        ) from exc
     except (asyncpg.InsufficientPrivilegeError, asyncpg.InvalidSchemaNameError) as exc:
         # The bus needs only its own schema: say which right is missing instead of a raw server error.
         raise StorageUnavailableError(
@@ -534,6 +552,9 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
     applied_now: list[int] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _MIGRATION_LOCK, schema)
+        # Below the server's deadlock_timeout (1 s by default): a migration that meets a running
+        # statement's locks fails first and is retried, instead of PostgreSQL failing that statement.
+        await conn.execute(SET_LOCAL_LOCK_TIMEOUT, MIGRATION_LOCK_TIMEOUT)
         # An identifier cannot be a bind parameter: the schema name, validated by migrate(), is quoted.
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         await conn.execute(SET_LOCAL_SEARCH_PATH, search_path(schema))
