@@ -45,6 +45,7 @@ from bus.eventstore import (
     QueryCondition,
 )
 from bus.queues import QueueConsumer
+from bus.schedules import ScheduleInfo
 from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "TopicConflictError",
     "TopicInfo",
     "TopicNotFoundError",
+    "ScheduleInfo",
     "TopicPartition",
     "ValidationError",
     "connect",

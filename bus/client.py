@@ -18,7 +18,9 @@ from actors import metrics as _metrics
 from actors.cleaner import start_cleaner
 from actors.heartbeat import MonitorConfig
 from actors.producer import Prepared, Producer, ProducerSettings, ProducerStats, Publish, Vanished
+from actors.scheduler import start_scheduler
 from actors.system import GroupSystem
+from bus import schedules as schedules_api
 from bus import tracing
 from bus.admin import Admin
 from bus.claims import Claim, claim
@@ -100,6 +102,7 @@ class Bus:
         self._closed = False
         self._system: GroupSystem | None = None
         self._cleaner: Any = None  # the retention cleaner actor (actors/cleaner.py)
+        self._scheduler: Any = None  # the periodic jobs' scheduler actor (actors/scheduler.py)
         self._producer: Any = None  # the Producer actor (actors/producer.py): pool publishes go through it
         self._lookups: dict[tuple[str, ...], asyncio.Future[Any]] = {}
 
@@ -112,6 +115,8 @@ class Bus:
         self._closed = True
         if self._cleaner is not None:
             await self._cleaner.stop(drain=False)
+        if self._scheduler is not None:
+            await self._scheduler.stop(drain=False)
         if self._system is not None:
             await self._system.stop()
         await self.lender.close()
@@ -123,6 +128,8 @@ class Bus:
         self._start_producer(system)
         if self.config.cleaner_interval > 0:  # 0 (or less) disables this process's cleaner
             self._cleaner = start_cleaner(self, system.root)
+        if self.config.scheduler_interval > 0:  # 0 (or less): this process fires no periodic jobs
+            self._scheduler = start_scheduler(self, system.root)
 
     def _start_producer(self, system: Any) -> None:
         """Spawn the Producer under the Bus's root supervisor (before any member: members stop first)."""
@@ -618,6 +625,32 @@ class Bus:
             return records
 
     # -- the other delivery modes (each in its own module) ------------------------------
+
+    async def schedule(
+        self,
+        name: str,
+        *,
+        cron: str,
+        topic: str,
+        payload: Any,
+        timezone: str = "UTC",
+        catch_up: str = "one",
+    ) -> bool:
+        """Publish `payload` to `topic` at every tick of `cron` in `timezone`, once per tick across processes.
+
+        `catch_up` says what happens to ticks missed while no bus ran: "one" publishes the latest,
+        "none" skips them, "all" publishes each. The same definition again writes nothing (False);
+        a different one replaces it from its next tick on. Bad input raises ValidationError.
+        """
+        return await schedules_api.define(self, name, cron, topic, payload, timezone, catch_up)
+
+    async def unschedule(self, name: str) -> bool:
+        """Delete the schedule `name` (no tick of it is published after this returns); False if none."""
+        return await schedules_api.remove(self, name)
+
+    async def schedules(self) -> list[schedules_api.ScheduleInfo]:
+        """Every schedule of the schema, by name."""
+        return await schedules_api.list_schedules(self)
 
     def event_store(self, name: str) -> EventStore:
         """The event store `name`: one globally ordered log with attribute partitions (see bus.eventstore)."""
