@@ -15,6 +15,7 @@ replacement may take) when found.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -84,7 +85,7 @@ class Scheduler(Actor[Check]):
         self._interval = interval
         self._lease_time = lease_time
         self._clock = clock or (lambda: datetime.now(UTC))
-        self._owner = f"scheduler-{uuid.uuid4().hex[:12]}"
+        self._owner = f"scheduler-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the pid: operators see who leads
         self._epoch: int | None = None
         self._timer: Timer | None = None
         self._log = get_logger(__name__, actor="scheduler")
