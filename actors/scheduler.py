@@ -106,6 +106,8 @@ class Scheduler(Actor[Check]):
 
     async def receive(self, message: Check) -> Any:
         """One pass; a failure is logged and the next pass tries again (the database may be back)."""
+        if self._timer is not None:  # one timer at a time: a Check sent from outside replaces it
+            self._timer.cancel()
         delay = self._interval
         try:
             delay = await self._pass()

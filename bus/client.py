@@ -18,7 +18,7 @@ from actors import metrics as _metrics
 from actors.cleaner import start_cleaner
 from actors.heartbeat import MonitorConfig
 from actors.producer import Prepared, Producer, ProducerSettings, ProducerStats, Publish, Vanished
-from actors.scheduler import start_scheduler
+from actors.scheduler import Check, start_scheduler
 from actors.system import GroupSystem
 from bus import schedules as schedules_api
 from bus import tracing
@@ -642,7 +642,12 @@ class Bus:
         "none" skips them, "all" publishes each. The same definition again writes nothing (False);
         a different one replaces it from its next tick on. Bad input raises ValidationError.
         """
-        return await schedules_api.define(self, name, cron, topic, payload, timezone, catch_up)
+        changed = await schedules_api.define(self, name, cron, topic, payload, timezone, catch_up)
+        if (
+            changed and self._scheduler is not None
+        ):  # this process's scheduler learns of it before its next tick
+            self._scheduler.try_tell(Check())
+        return changed
 
     async def unschedule(self, name: str) -> bool:
         """Delete the schedule `name` (no tick of it is published after this returns); False if none."""
