@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,bench,metrics,spark,dashboard]'
 	@sh scripts/ensure-jdbc.sh || true
 	@sh scripts/ensure-chromium.sh || true
+	@sh scripts/ensure-pgbouncer.sh || true
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -154,6 +154,12 @@ class RetryDue(Message, frozen=True):
     epoch: int
 
 
+class CommitDue(Message, frozen=True):
+    """Handler mode: the commit interval is over; commit what was handled under the lease of `epoch`."""
+
+    epoch: int
+
+
 class Rewind(Message, frozen=True):
     """Continue from the group's committed offset (buffered messages of the partition are dropped).
 
@@ -168,4 +174,4 @@ NotifierMessage = Subscribe | Unsubscribe | Notified | CheckConnection
 MonitorMessage = RegisterMember | UnregisterMember | Beat | SweepNow | LeaderSeen
 CoordinatorMessage = HeartbeatReply | MemberFenced | GroupChanged | Sync | WorkerFailed | LeaseLost
 RebalancerMessage = RebalanceCheck | SetLeader
-WorkerMessage = Wake | Seek | Rewind | RetryDue
+WorkerMessage = Wake | Seek | Rewind | RetryDue | CommitDue

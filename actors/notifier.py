@@ -51,7 +51,7 @@ class Notifier(Actor[NotifierMessage]):
 
     def __init__(
         self,
-        connect: Connect,
+        connect: Connect | None,
         channels: list[str],
         check_interval: float = 1.0,
         lazy: frozenset[str] = frozenset(),
@@ -104,6 +104,8 @@ class Notifier(Actor[NotifierMessage]):
         self.self_ref.signal(CheckConnection())
 
     async def _ensure_connected(self, wake_all: bool) -> None:
+        if self._connect is None:  # no LISTEN possible here: subscribers find work by their own polls
+            return
         if self._conn is not None and not self._conn.is_closed():
             return
         self._listening.clear()

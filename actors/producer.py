@@ -68,6 +68,7 @@ class Prepared:
         "payloads",
         "pids",
         "queue",
+        "timing",
         "topic",
         "window",
     )
@@ -82,6 +83,7 @@ class Prepared:
         self.headers: list[str | None] = []
         self.payloads: list[bytes | None] = []
         self.ikeys: list[str | None] | None = None  # None: no message of the call has an idempotency key
+        self.timing: log_sql.Timing | None = None  # None: no message of the call is delayed or prioritized
         self.nbytes = 0
 
     def keyed(self) -> log_sql.Keyed | None:
@@ -105,6 +107,7 @@ class Prepared:
             queue=self.queue,
             keyed=self.keyed(),
             notify=notify,
+            timing=self.timing,
         )
 
 

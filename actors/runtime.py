@@ -4,9 +4,9 @@ An actor is one asyncio task that owns its state and handles one message at a
 time. Others only ever hold an :class:`ActorRef`. A :class:`Supervisor`
 restarts a failed child from its factory with exponential backoff, keeps its
 mailbox, and escalates to its owner once the child fails too often
-(OTP's restart intensity). The shape follows pykka's asyncio actor loop:
-start hook, receive loop, stop hook, failure hook, and a clear "stopped"
-error for whatever is still waiting when the actor ends.
+(OTP's restart intensity). Each actor's loop is the classic one: start
+hook, receive loop, stop hook, failure hook, and a clear "stopped" error for
+whatever is still waiting when the actor ends.
 """
 
 from __future__ import annotations
@@ -666,8 +666,7 @@ def start_eagerly(coro: Coroutine[Any, Any, T], name: str | None = None) -> asyn
     """A task whose coroutine runs at once, in the caller's turn, up to its first real wait.
 
     A task made by `create_task` takes its first step on the event loop's next
-    turn: a statement it writes leaves one turn later than it could (~20 us
-    here). This is Python 3.12's eager start (`eager_start=True`), with a
+    turn: a statement it writes leaves one turn later than it could. This is Python 3.12's eager start (`eager_start=True`), with a
     backport for 3.11: the coroutine is stepped here, and a task resumes it
     from the future it waits on. Under the backport the coroutine runs as part
     of the caller until that first wait (`asyncio.current_task()` is the

@@ -33,13 +33,15 @@ class GroupSystem:
         self,
         pool: asyncpg.Pool,
         lender: Lender,
-        listen: Callable[[], Awaitable[asyncpg.Connection]],
+        listen: Callable[[], Awaitable[asyncpg.Connection]] | None,
+        notify: Callable[[], Awaitable[asyncpg.Connection]],
         monitor_config: MonitorConfig,
         messages_channel: str,
     ) -> None:
         self._pool = pool
         self._lender = lender
-        self._listen = listen
+        self._listen = listen  # None: no LISTEN (a transaction pooler without a direct DSN): readers poll
+        self._notify = notify
         self.monitor_config = monitor_config
         self.messages_channel = messages_channel
         self._names = itertools.count()
@@ -67,7 +69,7 @@ class GroupSystem:
             ),
             "notifier",
         )
-        self.announcer = self.root.spawn(lambda: Announcer(self._listen, self.messages_channel), "announcer")
+        self.announcer = self.root.spawn(lambda: Announcer(self._notify, self.messages_channel), "announcer")
         notifier = self.notifier
         self.monitor = self.root.spawn(lambda: HeartbeatMonitor(cfg, self._pool, notifier), "heartbeat")
 

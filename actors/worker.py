@@ -19,6 +19,7 @@ import asyncpg
 from actors import metrics
 from actors.committer import Commit
 from actors.messages import (
+    CommitDue,
     CoordinatorMessage,
     LeaseLost,
     NotifierMessage,
@@ -36,6 +37,10 @@ from storage import leases
 from storage.db import TRANSIENT_ERRORS, Lender
 from storage.logs import get_logger
 from storage.names import validate_int, validate_seconds
+
+#: Handler mode: the shortest time between two commits of one partition (seconds). A position
+#: handled meanwhile is committed by a timer at the end of the interval, or as the partition is let go.
+COMMIT_INTERVAL = 0.2
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,9 @@ class Sink(Protocol):
 
     handler_mode: bool
     retry: RetryPolicy
+
+    def acquired(self, partition_id: int, epoch: int, worker: ActorRef[WorkerMessage]) -> None:
+        """Poll mode: this worker holds the partition's lease of `epoch` (before any batch of it)."""
 
     def offer(self, batch: Batch) -> bool:
         """Poll mode: buffer the batch; False when the buffer is full (try again later)."""
@@ -144,6 +152,10 @@ class PartitionWorker(Actor[WorkerMessage]):
         self._epoch: int | None = None
         self._position = 0  # next offset to fetch
         self._committed = 0  # last committed position (handler mode)
+        # Handler mode: the position handled through (committed at most every COMMIT_INTERVAL).
+        self._handled = 0
+        self._last_commit = 0.0  # loop time of the last commit write
+        self._commit_timer: Timer | None = None
         self._pending: Batch | None = None
         self._fetch_size = spec.fetch_size
         # Handler mode: the rows left when a handler failed, and the next attempt number.
@@ -172,8 +184,9 @@ class PartitionWorker(Actor[WorkerMessage]):
         epoch, self._epoch = self._epoch, None
         committed: int | None = None
         try:
+            self._cancel_commit_timer()
             if self._sink.handler_mode:
-                position: int | None = self._committed
+                position: int | None = max(self._committed, self._handled)
             else:
                 position = self._sink.consumed(self.spec.partition_id, epoch)
                 self._sink.revoked(self.spec.partition_id, epoch)
@@ -229,6 +242,14 @@ class PartitionWorker(Actor[WorkerMessage]):
                 except TRANSIENT_ERRORS as exc:
                     self._log.warning("retry_failed", error=repr(exc))
                     self._resume_from_committed()
+            case CommitDue(epoch=epoch):
+                self._commit_timer = None
+                if epoch == self._epoch:
+                    try:
+                        await self._commit(self._handled)
+                    except TRANSIENT_ERRORS as exc:
+                        self._log.warning("commit_failed", error=repr(exc))
+                        self._resume_from_committed()
         return None
 
     async def _rewind(self) -> bool:
@@ -247,7 +268,7 @@ class PartitionWorker(Actor[WorkerMessage]):
             await self._lost()
             return True
         self._position = max(int(row["committed"]), int(row["log_start"]))
-        self._committed = self._position
+        self._committed = self._handled = self._position
         self.self_ref.signal(Wake())
         return True
 
@@ -263,7 +284,9 @@ class PartitionWorker(Actor[WorkerMessage]):
         if got is None:
             return False
         self._epoch, self._position = got
-        self._committed = self._position
+        self._committed = self._handled = self._position
+        if not self._sink.handler_mode:
+            self._sink.acquired(self.spec.partition_id, self._epoch, self.self_ref)
         self._log.debug("partition_acquired", epoch=self._epoch, position=self._position)
         return True
 
@@ -337,7 +360,8 @@ class PartitionWorker(Actor[WorkerMessage]):
         """
         if self._sink.handler_mode:
             self._cancel_retry()
-            self._position = self._committed
+            self._cancel_commit_timer()
+            self._position = self._handled = self._committed
 
     def _cancel_retry(self) -> None:
         self._retry = None
@@ -390,7 +414,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                     return
             attempt = 1
             done = row["offset"] + 1
-        await self._commit(done)
+        await self._commit_soon(done)
 
     async def _retry_due(self, epoch: int) -> None:
         if self._retry is None or epoch != self._epoch:
@@ -401,9 +425,35 @@ class PartitionWorker(Actor[WorkerMessage]):
         if self._retry is None and not self._stopped_on_error:
             self.self_ref.signal(Wake())
 
+    async def _commit_soon(self, position: int) -> None:
+        """Handler mode, after a batch: commit now if the last commit is COMMIT_INTERVAL old, else on a timer.
+
+        Every commit writes a new version of the group's cursor row; at one
+        commit per message a busy partition writes hundreds a second, and an old
+        snapshot held by any session keeps every one of them (each later read
+        of the row walks them all). Coalescing bounds the versions to a few per
+        second; what was handled and not yet committed is committed when the
+        timer fires or the partition is let go, and comes again only after a
+        crash in between (at-least-once, as any uncommitted message).
+        """
+        self._handled = max(self._handled, position)
+        if self._epoch is None or position <= self._committed:
+            return
+        wait = self._last_commit + COMMIT_INTERVAL - asyncio.get_running_loop().time()
+        if wait <= 0:
+            await self._commit(position)
+        elif self._commit_timer is None:
+            self._commit_timer = self.self_ref.schedule_once(wait, CommitDue(self._epoch))
+
+    def _cancel_commit_timer(self) -> None:
+        if self._commit_timer is not None:
+            self._commit_timer.cancel()
+            self._commit_timer = None
+
     async def _commit(self, position: int) -> None:
         if self._epoch is None or position <= self._committed:
             return
+        self._last_commit = asyncio.get_running_loop().time()
         if await self._commit_applied(position, self._epoch):
             self._committed = position
         else:

@@ -8,7 +8,7 @@ scales with executor threads).
 Measured in this run, each on a fresh schema with identical data:
 
 * baseline: `DELETE ... USING (newest offset per key)` then `VACUUM` (no archive);
-* fresh: `spark-submit storage/compaction/job.py` in a new process (JVM start-up included);
+* fresh: `spark-submit bus/compaction/job.py` in a new process (JVM start-up included);
 * warm: a second run in one in-process SparkSession, on fresh data (what a
   scheduled run of the sidecar, `bus compact --every`, does).
 
@@ -45,9 +45,9 @@ import psutil
 
 import bus
 from benchmarks.result import Result
-from storage.compaction import run_compaction
+from bus.compaction import run_compaction
 from storage.compaction.bulk import ANALYZE_MESSAGES, SQL_BASELINE_COMPACT, SQL_BASELINE_VACUUM, bulk_append
-from storage.compaction.spark import spark_session, submit_command
+from bus.compaction.spark import spark_session, submit_command
 from storage.logs import get_logger
 
 log = get_logger(__name__)

@@ -60,6 +60,8 @@ SCENARIOS: tuple[str, ...] = (
     "compact",
     "soak",
     "scale",
+    "xmin",
+    "imports",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"

@@ -38,6 +38,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -59,6 +60,8 @@ PGQ_DATABASE = "pgq_bench"
 WAKE_RATE = 200.0  # jobs/s offered in the wake-up latency rounds
 WAKE_WARMUP = 20  # samples dropped at the start of a latency round
 ROUNDS = 3  # drains of the bus and of raw SQL at 2 x 100, turn about (the median counts)
+FEATURE_DELAY = 1.0  # s: the delay of the delayed jobs (passed before their drain starts)
+UNREACHED = 1000  # a limit the load never reaches (in flight per key / per entrypoint; rate: x 1000 per s)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -112,16 +115,34 @@ async def _bus_drop(b: bus.Bus, schema: str) -> None:
         await conn.close()
 
 
-async def _bus_drain(dsn: str, jobs: int, consumers: int, take: int) -> tuple[float, float]:
-    """(enqueue jobs/s, drain jobs/s): `consumers` queue consumers looping take(`take`) + ack_many."""
+async def _bus_drain(
+    dsn: str, jobs: int, consumers: int, take: int, feature: str | None = None
+) -> tuple[float, float]:
+    """(enqueue jobs/s, drain jobs/s): `consumers` queue consumers looping take(`take`) + ack_many.
+
+    `feature` (see FEATURES): "delayed" publishes every job with a delay that has passed when
+    the drain starts; "per_key" / "rate" drain a queue with a limit the load never reaches.
+    """
     b, schema = await _bus(dsn)
     try:
+        if feature == "per_key":
+            await b.admin.update_topic(TOPIC, max_in_flight_per_key=UNREACHED)
+        elif feature == "rate":
+            await b.admin.update_topic(TOPIC, rate_limit=bus.Rate(UNREACHED * 1000, per=1.0))
+        delay = FEATURE_DELAY if feature == "delayed" else None
+        keyed = feature == "per_key"
         started = time.perf_counter()
         for first in range(0, jobs, BATCH):
             await b.publish_many(
-                TOPIC, [bus.Outgoing(_payload(i)) for i in range(first, min(first + BATCH, jobs))]
+                TOPIC,
+                [
+                    bus.Outgoing(_payload(i), key=f"cust-{i % 1000}" if keyed else None, delay=delay)
+                    for i in range(first, min(first + BATCH, jobs))
+                ],
             )
         enqueue = jobs / (time.perf_counter() - started)
+        if delay is not None:
+            await asyncio.sleep(delay)
         # The steady state: statistics of the loaded tables, as autovacuum keeps them (bench SQL).
         await b.pool.execute("ANALYZE queue_jobs, messages")
         handled = 0
@@ -252,8 +273,15 @@ async def _pgq_install(pool: asyncpg.Pool) -> Any:
     return queries
 
 
-async def _pgq_drain(dsn: str, jobs: int, consumers: int, batch: int) -> tuple[float, float]:
-    """(enqueue jobs/s, drain jobs/s): `consumers` PgQueuer instances in drain mode, batch_size=`batch`."""
+async def _pgq_drain(
+    dsn: str, jobs: int, consumers: int, batch: int, feature: str | None = None
+) -> tuple[float, float]:
+    """(enqueue jobs/s, drain jobs/s): `consumers` PgQueuer instances in drain mode, batch_size=`batch`.
+
+    `feature`: "delayed" enqueues with `execute_after` (passed when the drain starts); "limit"
+    registers the entrypoint with a `concurrency_limit` the load never reaches (pgqueuer's
+    limit, enforced in its dequeue across workers; it has no per-key or rate limit).
+    """
     from pgqueuer import AsyncpgDriver, Job, PgQueuer
     from pgqueuer.types import QueueExecutionMode
 
@@ -264,8 +292,13 @@ async def _pgq_drain(dsn: str, jobs: int, consumers: int, batch: int) -> tuple[f
         started = time.perf_counter()
         for first in range(0, jobs, BATCH):
             n = min(BATCH, jobs - first)
-            await queries.enqueue([ENTRYPOINT] * n, [_payload(i) for i in range(first, first + n)], [0] * n)
+            after = [timedelta(seconds=FEATURE_DELAY)] * n if feature == "delayed" else None
+            await queries.enqueue(
+                [ENTRYPOINT] * n, [_payload(i) for i in range(first, first + n)], [0] * n, execute_after=after
+            )
         enqueue = jobs / (time.perf_counter() - started)
+        if feature == "delayed":
+            await asyncio.sleep(FEATURE_DELAY)
         await pool.execute("ANALYZE pgqueuer")  # the same steady state for pgqueuer's table
         handled = 0
         workers = []
@@ -274,7 +307,7 @@ async def _pgq_drain(dsn: str, jobs: int, consumers: int, batch: int) -> tuple[f
             conns.append(conn)
             pgq = PgQueuer(AsyncpgDriver(conn))
 
-            @pgq.entrypoint(ENTRYPOINT)
+            @pgq.entrypoint(ENTRYPOINT, concurrency_limit=UNREACHED if feature == "limit" else 0)
             async def work(job: Job) -> None:
                 nonlocal handled
                 handled += 1  # the "work"
@@ -338,7 +371,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     extra: dict[str, Any] = {"jobs": jobs}
 
     # A drain lasts half a second: each peer drains ROUNDS times, turn about, and the
-    # median counts (one slow moment of the host no longer decides a ratio).
+    # median counts (one slow moment of the host does not decide a ratio).
     rounds = 1 if quick else ROUNDS
     bus_runs: list[tuple[float, float]] = []
     raw_runs: list[float] = []
@@ -426,7 +459,88 @@ async def run(dsn: str, quick: bool) -> list[Result]:
                 extra=wake,
             )
         )
+    results += await run_features(dsn, quick)
     return results
+
+
+async def run_features(dsn: str, quick: bool) -> list[Result]:
+    """Queue features at 2 x take(100): delayed jobs, and the cost of a limit the load never reaches.
+
+    Every row's baseline is measured in the same run: the delayed drain beside pgqueuer's drain of
+    jobs enqueued with `execute_after`; the limited drains beside the bus's own unlimited drain
+    (target >= 0.8x), and pgqueuer's drain with a `concurrency_limit` beside its unlimited one
+    (its cost of a limit, for comparison).
+    """
+    jobs = 3_000 if quick else 20_000
+    extra: dict[str, Any] = {"jobs": jobs, "consumers": 2, "batch": 100}
+    _, plain = await _bus_drain(dsn, jobs, 2, 100)
+    _, delayed = await _bus_drain(dsn, jobs, 2, 100, "delayed")
+    _, per_key = await _bus_drain(dsn, jobs, 2, 100, "per_key")
+    _, rate = await _bus_drain(dsn, jobs, 2, 100, "rate")
+    _, pgq_plain = await _pgq_drain(dsn, jobs, 2, 100)
+    _, pgq_delayed = await _pgq_drain(dsn, jobs, 2, 100, "delayed")
+    _, pgq_limited = await _pgq_drain(dsn, jobs, 2, 100, "limit")
+    log.info(
+        "queue_features",
+        plain=round(plain),
+        delayed=round(delayed),
+        per_key=round(per_key),
+        rate=round(rate),
+        pgq_plain=round(pgq_plain),
+        pgq_delayed=round(pgq_delayed),
+        pgq_limited=round(pgq_limited),
+    )
+    unlimited = "bus, no limit (same run)"
+    return [
+        Result(
+            SCENARIO,
+            "delayed jobs drained, 2 × take(100)",
+            delayed,
+            "jobs/s",
+            pgq_delayed,
+            f"{PGQ} QueueManager, execute_after",
+            target=">= 1x pgqueuer",
+            extra=extra,
+        ),
+        Result(
+            SCENARIO,
+            f"max_in_flight_per_key={UNREACHED} (never reached), 2 × take(100)",
+            per_key,
+            "jobs/s",
+            plain,
+            unlimited,
+            target=">= 0.8x",
+            extra=extra,
+        ),
+        Result(
+            SCENARIO,
+            f"rate_limit {UNREACHED * 1000}/s (never reached), 2 × take(100)",
+            rate,
+            "jobs/s",
+            plain,
+            unlimited,
+            target=">= 0.8x",
+            extra=extra,
+        ),
+        Result(
+            SCENARIO,
+            f"pgqueuer concurrency_limit={UNREACHED} (never reached), 2 × batch 100",
+            pgq_limited,
+            "jobs/s",
+            pgq_plain,
+            f"{PGQ}, no limit (same run)",
+            extra=extra,
+        ),
+        Result(
+            SCENARIO,
+            "limited drain, bus per-key vs pgqueuer concurrency_limit",
+            per_key,
+            "jobs/s",
+            pgq_limited,
+            f"{PGQ} concurrency_limit={UNREACHED}",
+            extra=extra,
+        ),
+    ]
 
 
 if __name__ == "__main__":
@@ -436,7 +550,8 @@ if __name__ == "__main__":
     from storage.embedded import ensure_server
 
     target = os.environ.get("BUS_DSN") or ensure_server().dsn
-    for row in asyncio.run(run(target, quick="--quick" in sys.argv)):
+    scenario = run_features if "--features" in sys.argv else run
+    for row in asyncio.run(scenario(target, quick="--quick" in sys.argv)):
         ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
         print(
             f"{row.name:45s} {row.value:10.1f} {row.unit}  vs {row.baseline_name} {row.baseline or 0:10.1f}  {ratio}"

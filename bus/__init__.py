@@ -7,25 +7,17 @@ async with bus.connect() as b:
     await b.publish("orders", {"id": 1}, key="cust-1")
 """
 
-from bus.admin import (
-    Admin,
-    GroupDescription,
-    GroupSummary,
-    MemberInfo,
-    PartitionLag,
-    ResetRow,
-    SubscriptionInfo,
-)
-from bus.claims import Claim
+from typing import TYPE_CHECKING, Any
+
 from bus.client import Bus, connect
 from bus.config import Config
-from bus.consumer import Consumer, Retry, Subscription
 from bus.errors import (
     BusError,
     ConcurrentAppendError,
     GroupHasMembersError,
     GroupNotFoundError,
     GroupStoppedError,
+    JobFailedError,
     LeaseLostError,
     OffsetOutOfRangeError,
     RebalanceInProgressError,
@@ -35,18 +27,80 @@ from bus.errors import (
     TopicNotFoundError,
     ValidationError,
 )
-from bus.eventstore import (
-    Event,
-    EventClaim,
-    EventStore,
-    Guard,
-    PartitionCursor,
-    PositionedEvent,
-    QueryCondition,
-)
-from bus.queues import QueueConsumer
-from bus.schedules import ScheduleInfo
-from bus.types import Message, Outgoing, PartitionStats, Record, TopicInfo, TopicPartition
+from bus.types import Message, Outgoing, PartitionStats, Rate, Record, TopicInfo, TopicPartition
+
+# Consumer groups, claims, queues, the event store and admin are what only some services use (and the
+# pytest plugin, loaded in every pytest run, needs none of them): their modules load on the first
+# use of one of their names (`bus.EventStore`, `b.subscribe(...)`), not with `import bus`.
+_LAZY = {
+    "Admin": "bus.admin",
+    "GroupDescription": "bus.admin",
+    "GroupSummary": "bus.admin",
+    "MemberInfo": "bus.admin",
+    "PartitionLag": "bus.admin",
+    "ResetRow": "bus.admin",
+    "SubscriptionInfo": "bus.admin",
+    "Consumer": "bus.consumer",
+    "Retry": "bus.consumer",
+    "Subscription": "bus.consumer",
+    "Claim": "bus.claims",
+    "QueueConsumer": "bus.queues",
+    "Event": "bus.eventstore",
+    "EventClaim": "bus.eventstore",
+    "EventStore": "bus.eventstore",
+    "Guard": "bus.eventstore",
+    "PartitionCursor": "bus.eventstore",
+    "PositionedEvent": "bus.eventstore",
+    "QueryCondition": "bus.eventstore",
+    "ScheduleInfo": "bus.schedules",
+}
+
+if TYPE_CHECKING:
+    from bus.admin import (
+        Admin,
+        GroupDescription,
+        GroupSummary,
+        MemberInfo,
+        PartitionLag,
+        ResetRow,
+        SubscriptionInfo,
+    )
+    from bus.claims import Claim
+    from bus.consumer import Consumer, Retry, Subscription
+    from bus.eventstore import (
+        Event,
+        EventClaim,
+        EventStore,
+        Guard,
+        PartitionCursor,
+        PositionedEvent,
+        QueryCondition,
+    )
+    from bus.queues import QueueConsumer
+    from bus.schedules import ScheduleInfo
+
+
+def __getattr__(name: str) -> Any:
+    """The names of `_LAZY`, and the package's modules (`bus.eventstore`), imported when first asked for."""
+    import importlib
+
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_"):
+        try:
+            return importlib.import_module(f"bus.{name}")  # importing a module sets it on the package
+        except ModuleNotFoundError as exc:
+            if exc.name != f"bus.{name}":
+                raise
+    raise AttributeError(f"module 'bus' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Claim",
@@ -68,12 +122,14 @@ __all__ = [
     "GroupHasMembersError",
     "GroupNotFoundError",
     "GroupStoppedError",
+    "JobFailedError",
     "LeaseLostError",
     "Message",
     "OffsetOutOfRangeError",
     "Outgoing",
     "PartitionStats",
     "RebalanceInProgressError",
+    "Rate",
     "Record",
     "StaleGenerationError",
     "StorageUnavailableError",

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bus.types import PartitionStats, TopicPartition
+from bus import queue_features
+from bus.types import PartitionStats, Rate, Record, TopicPartition
 from storage import db
 from storage import groups as group_sql
+from storage import queue_controls as queue_sql
 from storage import topics as topic_sql
 from storage.errors import GroupHasMembersError, GroupNotFoundError, TopicNotFoundError, ValidationError
 from storage.names import MAX_OFFSET, validate_int, validate_name, validate_seconds
@@ -30,6 +32,8 @@ class GroupSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MemberInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One member of a group: where it runs, its last heartbeat, whether it is live, what it owns."""
+
     member_id: str
     instance_id: str | None
     host: str
@@ -49,6 +53,8 @@ class SubscriptionInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PartitionLag(msgspec.Struct, frozen=True, kw_only=True):
+    """A group's position on one partition: committed offset, log bounds, lag, owner."""
+
     topic: str
     partition: str
     committed: int | None
@@ -75,10 +81,13 @@ class GroupDescription(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_lag(self) -> int:
+        """The group's lag summed over every partition it reads."""
         return sum(p.lag for p in self.partitions)
 
 
 class ResetRow(msgspec.Struct, frozen=True):
+    """One partition of `reset_offsets`: its committed offset now and the one it gets."""
+
     topic: str
     partition: str
     current: int | None
@@ -222,6 +231,52 @@ class Admin:
         with db.translate_errors():
             async with self._bus.pool.acquire() as conn:
                 return int(await retention.force_complete(conn, topic, seconds))
+
+    async def update_topic(
+        self,
+        name: str,
+        *,
+        max_in_flight_per_key: Any = queue_features.UNSET,
+        rate_limit: Any = queue_features.UNSET,
+        result_ttl: Any = queue_features.UNSET,
+    ) -> None:
+        """Change a queue topic's limits (None removes one; an argument not given is kept) or result_ttl.
+
+        Every consumer in every process applies them from its next take.
+        """
+        current = await self.queue_settings(name)
+        per_key = current[0] if max_in_flight_per_key is queue_features.UNSET else max_in_flight_per_key
+        rate = current[1] if rate_limit is queue_features.UNSET else rate_limit
+        limited = queue_features.limits(per_key, rate)
+        ttl = None if result_ttl is queue_features.UNSET else queue_features.result_ttl(result_ttl)
+        await queue_features.apply(self._bus, name, limited=limited, ttl=ttl)
+
+    async def queue_settings(self, name: str) -> tuple[int | None, Rate | None, bool, timedelta]:
+        """A queue topic's (max_in_flight_per_key, rate_limit, paused, result_ttl)."""
+        validate_name(name, "topic name")
+        with db.translate_errors():
+            row = await queue_sql.get(self._bus.pool, name)
+        if row is None:
+            await self._bus.topic(name)  # TopicNotFoundError for an unknown topic
+            return None, None, False, timedelta(days=1)
+        rate = None if row["rate_limit"] is None else Rate(row["rate_limit"], per=row["rate_per"])
+        return row["max_in_flight_per_key"], rate, row["paused"], timedelta(seconds=row["result_ttl"])
+
+    async def pause_queue(self, topic: str) -> None:
+        """Stop every consumer of the queue in every process from taking jobs (taken ones still ack)."""
+        await queue_features.apply(self._bus, validate_name(topic, "topic name"), paused=True)
+
+    async def resume_queue(self, topic: str) -> None:
+        """Let the queue's consumers take jobs again (the waiting ones are woken)."""
+        await queue_features.apply(self._bus, validate_name(topic, "topic name"), paused=False)
+
+    async def cancel_job(self, topic: str, rec: Record) -> bool:
+        """Cancel a queue job: False if it is no longer there (acked, dead-lettered, cancelled before).
+
+        A job not yet taken is never handed out; a taken one is not retried after its nack or expiry
+        (its ack still works). `b.job_result` raises JobFailedError for it.
+        """
+        return await queue_features.cancel_job(self._bus, topic, rec)
 
     async def topic_stats(self, topic: str) -> list[PartitionStats]:
         """Per partition: log start, end offset, stored messages, oldest and newest timestamps."""

@@ -3,7 +3,7 @@
 Database and schema come from `BUS_DSN` / `BUS_SCHEMA` like every command
 (neither set: the embedded server under `$BUS_HOME`). This is the one place
 that configures logging, and the only module that builds rich tables for the
-admin commands, so that `import bus` loads neither rich nor typer.
+admin commands (with `bus.tables`), so that `import bus` loads neither rich nor typer.
 
 Tables fold long cells onto more lines instead of cutting them: a topic or
 group name is what people copy, and a cut number is a wrong number. `--json`
@@ -22,13 +22,12 @@ from typing import Any, TypeVar
 import msgspec
 import structlog
 import typer
-from rich import box
-from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
 import bus
 from bus.admin import GroupDescription
+from bus.tables import fit, table
 from storage.errors import BusError
 
 app = typer.Typer(
@@ -67,61 +66,6 @@ def run(fn: Callable[[], Awaitable[T]]) -> T:
     except BusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-
-
-# Columns are separated by two spaces (one of padding, one blank separator) and the
-# table has no outer frame: more room for cells in 80 columns, and a name copies cleanly.
-_GAP = 2
-
-
-def table(*columns: str, numeric: tuple[str, ...] = (), title: str | None = None) -> Table:
-    """A table whose cells wrap, and fold inside long words, instead of being cut with an ellipsis."""
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    for name in columns:
-        t.add_column(name, overflow="fold", no_wrap=False, justify="right" if name in numeric else "left")
-    return t
-
-
-def fit(t: Table, rows: list[list[str]], names: tuple[int, ...] = (0,), width: int | None = None) -> Table:
-    """Add `rows` to `t`, choosing column widths when the natural layout is wider than `width`.
-
-    Rich alone shrinks every column alike, folding names and numbers as soon as
-    the table is a little too wide. Here headers fold first, then free text,
-    then long names (what people copy) down to 24 characters, and numbers only
-    when nothing else is left.
-    """
-    width = width if width is not None else console.width
-    n = len(t.columns)
-    room = width - _GAP * (n - 1)
-    heads = [cell_len(str(c.header)) for c in t.columns]
-    data = [max((cell_len(row[i]) for row in rows), default=0) for i in range(n)]
-    widths = [max(h, d, 1) for h, d in zip(heads, data, strict=True)]
-    if sum(widths) > room:
-        numbers = [i for i, c in enumerate(t.columns) if c.justify == "right" and i not in names]
-        text = [i for i in range(n) if i not in names and i not in numbers]
-        # (columns, the width each may shrink to), in the order they give way.
-        steps = [
-            (list(range(n)), [max(d, 5) for d in data]),  # headers fold
-            (text, [6] * n),
-            (list(names), [24] * n),
-            (text + numbers, [max(d, 3) if i in numbers else 3 for i, d in enumerate(data)]),
-            (list(names), [8] * n),
-            (list(range(n)), [1] * n),
-        ]
-        excess = sum(widths) - room
-        for group, floors in steps:
-            while excess > 0:
-                wide = [i for i in group if widths[i] > floors[i]]
-                if not wide:
-                    break
-                widest = max(wide, key=lambda i: widths[i] - floors[i])
-                widths[widest] -= 1
-                excess -= 1
-        for column, w in zip(t.columns, widths, strict=True):
-            column.width = w
-    for row in rows:
-        t.add_row(*row)
-    return t
 
 
 def print_json(data: object) -> None:
@@ -347,33 +291,26 @@ def compact(
         raise typer.Exit(code)
 
 
-def _benchmarks_main() -> Callable[..., int]:
-    """The harness of the checkout in the working directory (benchmarks/ is not part of the wheel)."""
-    import importlib
-    import sys
+@app.command()
+def bench(
+    scenario: str = typer.Argument(
+        None, help="publish | groups | queue | fanout | claims | eventstore | compact | xmin (default: all)"
+    ),
+    quick: bool = typer.Option(False, help="smaller sizes, for a smoke run"),
+) -> None:
+    """Run the benchmark harness from a checkout; writes benchmarks/results/<date>.json and .md there."""
+    import subprocess
     from pathlib import Path
 
+    # benchmarks/ is not part of the wheel and not a dependency of bus/: it runs as its own
+    # program (`python -m benchmarks`) from the checkout in the working directory.
     if not (Path.cwd() / "benchmarks" / "harness.py").is_file():
         console.print(
             "bus bench runs from a checkout of the project: cd into it (benchmarks/ is not installed)"
         )
         raise typer.Exit(2)
-    sys.path.insert(0, str(Path.cwd()))
-    main: Callable[..., int] = importlib.import_module("benchmarks.harness").main
-    return main
-
-
-@app.command()
-def bench(
-    scenario: str = typer.Argument(
-        None, help="publish | groups | queue | fanout | claims | eventstore | compact (default: all)"
-    ),
-    quick: bool = typer.Option(False, help="smaller sizes, for a smoke run"),
-) -> None:
-    """Run the benchmark harness from a checkout; writes benchmarks/results/<date>.json and .md there."""
-    bench_main = _benchmarks_main()
-
-    code = bench_main(scenario, quick=quick, console=console)
+    args = [scenario] if scenario else []
+    code = subprocess.call([sys.executable, "-m", "benchmarks", *args, *(["--quick"] if quick else [])])
     if code:
         raise typer.Exit(code)
 

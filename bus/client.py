@@ -8,29 +8,18 @@ import itertools
 import os
 import zlib
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import asyncpg
 import msgspec
 
 from actors import metrics as _metrics
-from actors.cleaner import start_cleaner
-from actors.heartbeat import MonitorConfig
 from actors.producer import Prepared, Producer, ProducerSettings, ProducerStats, Publish, Vanished
-from actors.scheduler import Check, start_scheduler
-from actors.system import GroupSystem
-from bus import schedules as schedules_api
-from bus import tracing
-from bus.admin import Admin
-from bus.claims import Claim, claim
+from bus import queue_features, tracing
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
 from bus.config import Config
-from bus.consumer import Consumer, Retry, Subscription
-from bus.eventstore import EventStore
-from bus.handoff import Callback
-from bus.queues import QueueConsumer
-from bus.types import Message, Outgoing, Record, TopicInfo
+from bus.types import Message, Outgoing, Rate, Record, TopicInfo
 from storage import db
 from storage import messages as log_sql
 from storage import topics as topic_sql
@@ -47,6 +36,15 @@ from storage.names import validate_int, validate_name, validate_offset, validate
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from actors.system import GroupSystem
+    from bus.admin import Admin
+    from bus.claims import Claim
+    from bus.consumer import Consumer, Retry, Subscription
+    from bus.eventstore import EventStore
+    from bus.handoff import Callback
+    from bus.queues import QueueConsumer
+    from bus.schedules import ScheduleInfo
 
 log = get_logger(__name__)
 
@@ -93,7 +91,9 @@ class Bus:
         # The bus's own hot-path statements (fetch, commit, queue takes and acks) run on a few pool
         # connections kept out between uses: asyncpg's acquire and release cost a round trip's worth.
         # At most half of the pool (none of a pool of 1: the Bus's other statements need one).
-        self.lender = db.Lender(pool, min(8, config.pool_max_size // 2))
+        self.lender = db.Lender(
+            pool, min(8, config.pool_max_size // 2), generic_plans=config.pooler != "transaction"
+        )
         self.embedded = embedded
         self.channels = Channels(config.schema)
         self._topics: dict[str, TopicInfo] = {}
@@ -127,8 +127,12 @@ class Bus:
         system = await self._group_system()
         self._start_producer(system)
         if self.config.cleaner_interval > 0:  # 0 (or less) disables this process's cleaner
+            from actors.cleaner import start_cleaner
+
             self._cleaner = start_cleaner(self, system.root)
         if self.config.scheduler_interval > 0:  # 0 (or less): this process fires no periodic jobs
+            from actors.scheduler import start_scheduler
+
             self._scheduler = start_scheduler(self, system.root)
 
     def _start_producer(self, system: Any) -> None:
@@ -142,17 +146,37 @@ class Bus:
         )
         self.producer_stats = stats = ProducerStats()
         dsn, schema, announce, channel = self.dsn, c.schema, system.announce, self.channels.messages
+        pooler = cast("db.Pooler", c.pooler)
         self._producer = system.root.spawn(
-            lambda: Producer(lambda: db.connect(dsn, schema), announce, settings, stats, channel), "producer"
+            lambda: Producer(
+                lambda: db.connect(dsn, schema, pooler=pooler), announce, settings, stats, channel
+            ),
+            "producer",
         )
 
     async def _group_system(self) -> GroupSystem:
+        # The actor system loads with the first Bus, not with `import bus`.
+        from actors.heartbeat import MonitorConfig
+        from actors.system import GroupSystem
+
         if self._system is None:
             c = self.config
+            pooler = cast("db.Pooler", c.pooler)
+            # LISTEN needs a session: through a transaction pooler it goes to direct_dsn, or nowhere (polling).
+            listen = (
+                (
+                    lambda: db.connect(
+                        c.direct_dsn or self.dsn, c.schema, pooler=None if c.direct_dsn else pooler
+                    )
+                )
+                if c.listens
+                else None
+            )
             system = GroupSystem(
                 self.pool,
                 self.lender,
-                lambda: db.connect(self.dsn, c.schema),
+                listen,
+                lambda: db.connect(self.dsn, c.schema, pooler=pooler),
                 MonitorConfig(
                     heartbeat_interval=c.heartbeat_interval,
                     lease_time=c.lease_time,
@@ -190,6 +214,8 @@ class Bus:
 
         `start`: "earliest" | "latest" | a datetime | {(topic, partition): offset}.
         """
+        from bus.consumer import Consumer
+
         return Consumer(
             self,
             group,
@@ -224,6 +250,8 @@ class Bus:
         on_revoke: Callback | None = None,
     ) -> Subscription:
         """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it."""
+        from bus.consumer import Subscription
+
         sub = Subscription(
             self,
             group,
@@ -252,6 +280,8 @@ class Bus:
     @property
     def admin(self) -> Admin:
         """Group and topic administration (see bus.admin.Admin)."""
+        from bus.admin import Admin
+
         return Admin(self)
 
     async def __aenter__(self) -> Bus:
@@ -275,6 +305,9 @@ class Bus:
         task: str | None = None,
         max_message_bytes: int | None = None,
         dedupe_window: timedelta | float | None = _DEDUPE_WINDOW,
+        max_in_flight_per_key: int | None = None,
+        rate_limit: Rate | None = None,
+        result_ttl: timedelta | float | None = None,
     ) -> TopicInfo:
         """Create a topic; an identical one already there is a no-op, a different one raises TopicConflictError.
 
@@ -305,6 +338,14 @@ class Bus:
             tombstone_retention, "tombstone_retention (None: keep)", allow_none=True
         )
         dedupe_s = validate_seconds(dedupe_window, "dedupe_window (None: for ever)", allow_none=True)
+        # Queue settings (bus.queue_features): set on the queue after it is created.
+        limited = queue_features.limits(max_in_flight_per_key, rate_limit)
+        ttl = None if result_ttl is None else queue_features.result_ttl(result_ttl)
+        queued = limited != (None, None, None) or ttl is not None
+        if queued and semantics != "queue":
+            raise ValidationError(
+                "max_in_flight_per_key, rate_limit and result_ttl are for queue topics (semantics='queue')"
+            )
         wanted = TopicInfo(
             name=name,
             partitions=partitions,
@@ -342,6 +383,8 @@ class Bus:
                 "use another name, or delete the topic first"
             )
         self._topics[name] = existing
+        if queued:
+            await queue_features.apply(self, name, limited=limited, ttl=ttl)
         return existing
 
     async def list_topics(self, namespace: str | None = None, task: str | None = None) -> list[TopicInfo]:
@@ -463,6 +506,12 @@ class Bus:
                 out.ikeys.append(validate_idempotency_key(msg.idempotency_key))
             elif out.ikeys is not None:
                 out.ikeys.append(None)
+            if msg.delay is not None or msg.deliver_at is not None or msg.priority is not None:
+                out.timing = _timing(info, msg, out.timing, len(names))
+            elif out.timing is not None:
+                out.timing.delays.append(None)
+                out.timing.times.append(None)
+                out.timing.priorities.append(None)
             if hashed and key is not None and msg.partition is None:
                 names.append(key_partition(key, hashed))
             else:
@@ -515,7 +564,7 @@ class Bus:
 
     async def _write(self, call: Prepared, connection: asyncpg.Connection | None) -> list[Record]:
         """Append one prepared call: through the Producer, or directly (outbox, or no Producer)."""
-        if connection is None and self._producer is not None:
+        if connection is None and self._producer is not None and call.timing is None:
             reply: asyncio.Future[list[Placed | None]] = asyncio.get_running_loop().create_future()
             message = Publish(call, reply)
             if not self._producer.try_tell(message):  # the mailbox is full: wait for room (back-pressure)
@@ -547,18 +596,30 @@ class Bus:
         headers: dict[str, str] | None = None,
         connection: asyncpg.Connection | None = None,
         idempotency_key: str | None = None,
+        delay: timedelta | float | None = None,
+        deliver_at: datetime | None = None,
+        priority: int | None = None,
     ) -> Record:
         """Append one message. With `connection`, inside the caller's transaction (outbox).
 
         With `idempotency_key`, a publish repeated within the topic's `dedupe_window` writes nothing
         and returns the original Record: retry a publish whose outcome is unknown with the same key.
+        `delay`/`deliver_at` (not taken before) and `priority` (higher first among due jobs) are for
+        queue topics; on a pubsub topic they raise ValidationError and nothing is written.
         """
+        timed = (
+            None
+            if delay is None and deliver_at is None and priority is None
+            else (delay, deliver_at, priority)
+        )
         if tracing.wanted():
             with tracing.publishing(topic, 1) as trace:
                 return await self._publish(
-                    topic, payload, key, partition, headers, connection, idempotency_key, trace
+                    topic, payload, key, partition, headers, connection, idempotency_key, trace, timed
                 )
-        return await self._publish(topic, payload, key, partition, headers, connection, idempotency_key, None)
+        return await self._publish(
+            topic, payload, key, partition, headers, connection, idempotency_key, None, timed
+        )
 
     async def _publish(
         self,
@@ -570,6 +631,7 @@ class Bus:
         connection: asyncpg.Connection | None,
         idempotency_key: Any,
         trace: dict[str, str] | None,
+        timed: tuple[Any, Any, Any] | None = None,
     ) -> Record:
         """`publish` inside its PRODUCER span (`trace`: the headers that carry it on; None: not traced)."""
         # _choose_partition takes an int partition as well (Outgoing does not check its fields).
@@ -579,6 +641,7 @@ class Bus:
             partition,
             tracing.with_trace_headers(_plain_headers(headers), trace),
             idempotency_key,
+            *(timed or ()),
         )
         for attempt in range(2):
             info = await self._topic(topic)
@@ -624,7 +687,7 @@ class Bus:
             _metrics.published(topic, len(records))
             return records
 
-    # -- the other delivery modes (each in its own module) ------------------------------
+    # -- the other delivery modes (each in its own module, imported on first use) --------
 
     async def schedule(
         self,
@@ -642,23 +705,30 @@ class Bus:
         "none" skips them, "all" publishes each. The same definition again writes nothing (False);
         a different one replaces it from its next tick on. Bad input raises ValidationError.
         """
-        changed = await schedules_api.define(self, name, cron, topic, payload, timezone, catch_up)
-        if (
-            changed and self._scheduler is not None
-        ):  # this process's scheduler learns of it before its next tick
+        from actors.scheduler import Check
+        from bus import schedules
+
+        changed = await schedules.define(self, name, cron, topic, payload, timezone, catch_up)
+        if changed and self._scheduler is not None:  # this process's scheduler learns of it at once
             self._scheduler.try_tell(Check())
         return changed
 
     async def unschedule(self, name: str) -> bool:
         """Delete the schedule `name` (no tick of it is published after this returns); False if none."""
-        return await schedules_api.remove(self, name)
+        from bus import schedules
 
-    async def schedules(self) -> list[schedules_api.ScheduleInfo]:
+        return await schedules.remove(self, name)
+
+    async def schedules(self) -> list[ScheduleInfo]:
         """Every schedule of the schema, by name."""
-        return await schedules_api.list_schedules(self)
+        from bus import schedules
+
+        return await schedules.list_schedules(self)
 
     def event_store(self, name: str) -> EventStore:
         """The event store `name`: one globally ordered log with attribute partitions (see bus.eventstore)."""
+        from bus.eventstore import EventStore
+
         return EventStore(self, validate_name(name, "event store name"))
 
     async def claim(
@@ -674,6 +744,8 @@ class Bus:
         start: Any = None,
     ) -> Claim | None:
         """Lease the free partition with the earliest pending message (see bus.claims); None when nothing is pending."""
+        from bus.claims import claim
+
         return await claim(
             self,
             group,
@@ -696,6 +768,8 @@ class Bus:
         ordered_by_key: bool = False,
     ) -> QueueConsumer:
         """Competing consumers on a `semantics="queue"` topic (see bus.queues)."""
+        from bus.queues import QueueConsumer
+
         return QueueConsumer(
             self,
             topic,
@@ -704,6 +778,14 @@ class Bus:
             dead_letter=dead_letter,
             ordered_by_key=ordered_by_key,
         )
+
+    async def job_result(self, topic: str, rec: Record, *, timeout: float | timedelta = 30.0) -> Any:  # noqa: ASYNC109 - the public API's shape
+        """The result a queue job was acked with (None: acked without one), waiting up to `timeout` seconds.
+
+        Raises bus.errors.JobFailedError (with the error history) if the job was dead-lettered or
+        cancelled, TimeoutError if neither happened in time (see bus.queue_features).
+        """
+        return await queue_features.job_result(self, topic, rec, timeout)
 
     # -- reading -------------------------------------------------------------------
 
@@ -743,6 +825,32 @@ def _records(call: Prepared, placed: list[Placed | None]) -> list[Record]:
             raise Vanished(call.topic)
         records.append(Record(call.topic, place[3] or name, place[1], place[2]))
     return records
+
+
+def _timing(info: TopicInfo, msg: Outgoing, timing: log_sql.Timing | None, index: int) -> log_sql.Timing:
+    """`timing` (created for a call's first delayed or prioritized message) with `msg`'s appended."""
+    if info.semantics != "queue":
+        raise ValidationError(
+            f"delay, deliver_at and priority are for queue topics; {info.name!r} is a pubsub topic, whose "
+            "groups read a partition in offset order (create the topic with semantics='queue')"
+        )
+    if msg.delay is not None and msg.deliver_at is not None:
+        raise ValidationError("give delay or deliver_at, not both")
+    delay = None if msg.delay is None else validate_seconds(msg.delay, "delay", allow_zero=True)
+    at = msg.deliver_at
+    if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
+        raise ValidationError(
+            "deliver_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc))"
+        )
+    priority = msg.priority
+    if priority is not None:
+        validate_int(priority, "priority", -(1 << 31), (1 << 31) - 1)
+    if timing is None:
+        timing = log_sql.Timing([None] * index, [None] * index, [None] * index)
+    timing.delays.append(delay)
+    timing.times.append(at)
+    timing.priorities.append(priority)
+    return timing
 
 
 def _window(info: TopicInfo) -> float | None:
@@ -797,6 +905,7 @@ class Channels:
         self.messages = f"{schema}.messages"
         self.topics = f"{schema}.topics"
         self.groups = f"{schema}.groups"
+        self.results = f"{schema}.results"
 
 
 class _Connector:
@@ -827,14 +936,15 @@ class _Connector:
 
             embedded = await asyncio.to_thread(ensure_server)
             dsn = embedded.dsn
+        pooler = cast("db.Pooler", config.pooler)
         with db.translate_errors():
-            conn = await db.connect(dsn, config.schema)
+            conn = await db.connect(dsn, config.schema, pooler=pooler)
             try:
                 await db.migrate(conn, config.schema)
             finally:
                 await conn.close()
         pool = await db.create_pool(
-            dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size
+            dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size, pooler=pooler
         )
         b = Bus(dsn, config, pool, embedded)
         try:

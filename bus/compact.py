@@ -1,7 +1,7 @@
 """`bus compact`: run the Spark compaction and archive job with a progress display, or show past runs.
 
-The job itself lives in `storage/compaction/` (also runnable with
-`spark-submit storage/compaction/job.py`). Database and schema come from
+The job itself lives in `bus/compaction/` (also runnable with
+`spark-submit bus/compaction/job.py`). Database and schema come from
 `BUS_DSN` / `BUS_SCHEMA` like every command; without `BUS_DSN` the embedded
 server under `$BUS_HOME` is used (it listens on TCP, which JDBC needs).
 """
@@ -197,7 +197,7 @@ def compact_command(
     console: Console, master: str | None, archive: str | None, topics: list[str] | None, status: bool
 ) -> int:
     """Run the job (or with `status`, list recorded runs); returns the process exit code."""
-    from storage.compaction import run_compaction
+    from bus.compaction import run_compaction
 
     try:
         dsn, schema = asyncio.run(_target())
@@ -322,7 +322,7 @@ def sidecar_command(
     run does not end the sidecar; SIGTERM or Ctrl-C lets the current run
     finish and stops it. `max_runs` / `stop` are for tests and scripts.
     """
-    from storage.compaction import CompactionBusyError, run_compaction, spark_session
+    from bus.compaction import CompactionBusyError, run_compaction, spark_session
 
     try:
         seconds = parse_every(every)

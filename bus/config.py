@@ -12,6 +12,16 @@ from storage.names import MAX_SECONDS, validate_schema
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
+#: Short timings for tests and the demo's `--fast` run: heartbeats every 0.2 s, sessions of 1.5 s,
+#: rebalances after 0.05 s, the poll fallback every 0.25 s. `bus.testing.FAST` is this.
+FAST_TIMINGS: dict[str, float] = {
+    "heartbeat_interval": 0.2,
+    "session_timeout": 1.5,
+    "rebalance_delay": 0.05,
+    "max_poll_interval": 0.25,
+    "lease_time": 5.0,
+}
+
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
     """Every tunable of a Bus. Times are seconds."""
@@ -37,6 +47,22 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     linger: float = 0.0
     max_batch: int = 1000
     max_batch_bytes: int = 8 * 1024 * 1024
+    # Where the bus runs: through a pooler (None: directly; "session"; "transaction": no session state
+    # on pooled connections) and the direct DSN its LISTEN connection uses then (without it, polling).
+    pooler: str | None = None
+    direct_dsn: str | None = None
+    # How often readers look for work when no wake-up can come by LISTEN (a transaction pooler, no direct_dsn).
+    poll_interval: float = 0.25
+
+    @property
+    def listens(self) -> bool:
+        """Whether wake-ups come by LISTEN (False: through a transaction pooler without a direct DSN)."""
+        return self.pooler != "transaction" or self.direct_dsn is not None
+
+    @property
+    def fallback_poll(self) -> float:
+        """How long a reader with nothing to do waits before it looks again by itself."""
+        return self.max_poll_interval if self.listens else min(self.max_poll_interval, self.poll_interval)
 
     @property
     def lookback(self) -> float:
@@ -63,40 +89,54 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
             config = msgspec.convert(values, cls, strict=False)
         except (msgspec.ValidationError, UnicodeEncodeError) as exc:  # str -> number parses via UTF-8
             raise ValidationError(f"invalid configuration: {exc}") from exc
-        validate_schema(config.schema)
+        config._check_times()
+        config._check_sizes()
+        return config
+
+    def _check_times(self) -> None:
+        """Refuse a schema name, durations and a start that no Bus can run with."""
+        validate_schema(self.schema)
         for name in ("heartbeat_interval", "session_timeout", "lease_time", "max_poll_interval"):
-            if not 0 < getattr(config, name) <= MAX_SECONDS:  # also refuses NaN and infinity
+            if not 0 < getattr(self, name) <= MAX_SECONDS:  # also refuses NaN and infinity
                 raise ValidationError(f"invalid configuration: {name} must be > 0 (and finite)")
-        if config.heartbeat_interval >= config.session_timeout:
+        if self.heartbeat_interval >= self.session_timeout:
             raise ValidationError(
                 "invalid configuration: heartbeat_interval must be shorter than session_timeout"
             )
-        if config.default_start not in ("earliest", "latest"):
+        if self.default_start not in ("earliest", "latest"):
             raise ValidationError("invalid configuration: default_start must be 'earliest' or 'latest'")
-        if not 0 < config.max_message_bytes <= 1 << 30:
-            raise ValidationError("invalid configuration: max_message_bytes must be > 0 and at most 1 GiB")
         for name in ("rebalance_delay", "group_heartbeat_timeout", "claim_ttl", "new_lookback"):
-            value = getattr(config, name)
+            value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_SECONDS:
                 raise ValidationError(
                     f"invalid configuration: {name} must be a finite number of seconds >= 0"
                 )
-        if not config.cleaner_interval <= MAX_SECONDS:  # <= 0 disables the cleaner; NaN/inf are mistakes
+        if not self.cleaner_interval <= MAX_SECONDS:  # <= 0 disables the cleaner; NaN/inf are mistakes
             raise ValidationError(
                 "invalid configuration: cleaner_interval must be finite (0 or less disables it)"
             )
-        if not config.scheduler_interval <= MAX_SECONDS:  # <= 0 runs no scheduler; NaN/inf are mistakes
+        if not self.scheduler_interval <= MAX_SECONDS:  # <= 0 runs no scheduler; NaN/inf are mistakes
             raise ValidationError(
                 "invalid configuration: scheduler_interval must be finite (0 or less runs no scheduler)"
             )
-        if not 0 <= config.linger <= 10:
+        if self.pooler not in (None, "session", "transaction"):
+            raise ValidationError(
+                f"invalid configuration: pooler must be None, 'session' or 'transaction', not {self.pooler!r}"
+            )
+        if not 0 < self.poll_interval <= MAX_SECONDS:
+            raise ValidationError("invalid configuration: poll_interval must be > 0 (and finite)")
+        if not 0 <= self.linger <= 10:
             raise ValidationError("invalid configuration: linger must be 0 to 10 seconds (0: no added wait)")
-        if not 1 <= config.max_batch <= 100_000 or not 1024 <= config.max_batch_bytes <= 1 << 30:
+
+    def _check_sizes(self) -> None:
+        """Refuse message, batch and pool sizes out of their ranges."""
+        if not 0 < self.max_message_bytes <= 1 << 30:
+            raise ValidationError("invalid configuration: max_message_bytes must be > 0 and at most 1 GiB")
+        if not 1 <= self.max_batch <= 100_000 or not 1024 <= self.max_batch_bytes <= 1 << 30:
             raise ValidationError(
                 "invalid configuration: max_batch must be 1 to 100000 messages, max_batch_bytes 1 KiB to 1 GiB"
             )
-        if not 0 <= config.pool_min_size <= config.pool_max_size <= 10_000 or config.pool_max_size < 1:
+        if not 0 <= self.pool_min_size <= self.pool_max_size <= 10_000 or self.pool_max_size < 1:
             raise ValidationError(
                 "invalid configuration: need 0 <= pool_min_size <= pool_max_size <= 10000, pool_max_size >= 1"
             )
-        return config

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from actors.assignors import ASSIGNORS
@@ -120,7 +121,7 @@ def _member_spec(b: Bus, m: _Member) -> MemberSpec:
         session_timeout=c.session_timeout,
         rebalance_delay=c.rebalance_delay,
         lease_time=c.lease_time,
-        poll_interval=c.max_poll_interval,
+        poll_interval=c.fallback_poll,
         fetch_size=m.fetch_size,
         groups_channel=b.channels.groups,
         messages_channel=b.channels.messages,
@@ -483,13 +484,108 @@ class Consumer(_MemberBase):
                 f"{tp} is not assigned to this consumer (assignment: {sorted(h.assignment)})"
             )
         pid = next((p for p, t in h.tp_of.items() if t == tp), None)
-        worker = h.workers.get(pid) if pid is not None else None
+        if pid is None:  # nothing polled from it yet: its id from the database
+            (row,) = await self._offsets([tp])
+            pid = row.partition_id
+            h.tp_of[pid] = tp
+        worker = h.workers.get(pid)
         if worker is None:
             raise BusError(f"{tp} has no running worker yet; retry after the first poll")
         assert pid is not None
         h.drop_buffered(pid, None)
         h.polled.pop(pid, None)
         await worker.ask(Seek(offset), timeout=30.0)  # answered once nothing older can be polled
+        h.sought[pid] = offset
+
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Continue each partition (default: every assigned one) from the first offset still kept."""
+        for row in await self._offsets(self._assigned(partitions, default_all=True)):
+            await self.seek(TopicPartition(row.topic, row.partition), row.log_start)
+
+    async def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Continue each partition (default: every assigned one) after its last message (new ones only)."""
+        for row in await self._offsets(self._assigned(partitions, default_all=True)):
+            await self.seek(TopicPartition(row.topic, row.partition), row.next_offset)
+
+    # -- flow control and offsets (aiokafka's names) ---------------------------------------
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop returning messages of these assigned partitions from poll; they stay assigned (sync)."""
+        self._h.pause(self._assigned(partitions))
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        """Return messages of these paused partitions from poll again, from where they stopped (sync)."""
+        self._h.resume(self._assigned(partitions))
+
+    def paused(self) -> set[TopicPartition]:
+        """The partitions paused now (a partition revoked and assigned again comes back unpaused)."""
+        return set(self._h.paused)
+
+    async def position(self, tp: TopicPartition) -> int:
+        """The offset of the next message poll returns from assigned partition `tp`."""
+        self._assigned((tp,))
+        (row,) = await self._offsets([tp])
+        known = self._h.next_offset(row.partition_id)
+        if known is not None:
+            return known
+        return max(row.committed if row.committed is not None else row.log_start, row.log_start)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset on `tp` (None: the group has no cursor there yet)."""
+        (row,) = await self._offsets([tp])
+        return row.committed
+
+    async def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The first offset still kept of each partition (retention and compaction move it)."""
+        return {TopicPartition(r.topic, r.partition): r.log_start for r in await self._offsets(partitions)}
+
+    async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The offset the next message published to each partition gets (its last offset + 1)."""
+        return {TopicPartition(r.topic, r.partition): r.next_offset for r in await self._offsets(partitions)}
+
+    async def offsets_for_times(
+        self, times: Mapping[TopicPartition, datetime]
+    ) -> dict[TopicPartition, int | None]:
+        """The first offset of each partition created at or after its time (None: none is)."""
+        for when in times.values():
+            if not isinstance(when, datetime) or when.tzinfo is None:
+                raise ValidationError(f"offsets_for_times wants timezone-aware datetimes, got {when!r}")
+        rows = await self._offsets(times.keys(), list(times.values()))
+        return {TopicPartition(r.topic, r.partition): r.at_offset for r in rows}
+
+    def _assigned(
+        self, partitions: Iterable[TopicPartition], *, default_all: bool = False
+    ) -> set[TopicPartition]:
+        tps = set(partitions)
+        if not tps and default_all:
+            return set(self._h.assignment)
+        for tp in tps:
+            if not isinstance(tp, TopicPartition):
+                raise ValidationError(f"expected bus.TopicPartition, got {tp!r}")
+        missing = tps - self._h.assignment
+        if missing:
+            raise ValidationError(
+                f"{sorted(missing)} not assigned to this consumer (assignment: {sorted(self._h.assignment)})"
+            )
+        return tps
+
+    async def _offsets(
+        self, partitions: Iterable[TopicPartition], times: list[datetime] | None = None
+    ) -> list[group_sql.PartitionOffsetsRow]:
+        tps = list(partitions)
+        for tp in tps:
+            if not isinstance(tp, TopicPartition):
+                raise ValidationError(f"expected bus.TopicPartition, got {tp!r}")
+        rows = await group_sql.partition_offsets(
+            self._bus.pool,
+            self.group,
+            [(tp.topic, tp.partition) for tp in tps],
+            list(times) if times else None,
+        )
+        if len(rows) != len(tps):
+            found = {TopicPartition(r.topic, r.partition) for r in rows}
+            raise ValidationError(f"no such partition: {sorted(set(tps) - found)}")
+        return rows
 
 
 class Subscription(_MemberBase):

@@ -31,16 +31,14 @@ from rich.live import Live
 from rich.table import Table
 
 import bus
-from bus.cli import fit, table
+from bus.config import FAST_TIMINGS
+from bus.tables import fit, table
 from storage.embedded import EmbeddedServer, ServerStatus, mask_dsn, server_status
 
 TOPIC = "demo.orders"
 PARTITIONS = 12
 TIMINGS = dict(
     heartbeat_interval=0.5, session_timeout=3.0, rebalance_delay=0.3, max_poll_interval=1.0, lease_time=10.0
-)
-FAST_TIMINGS = dict(
-    heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.1, max_poll_interval=0.5, lease_time=5.0
 )
 
 
@@ -122,152 +120,211 @@ def _lag_table(d: bus.GroupDescription, title: str) -> Table:
 async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -> bool:
     """Run the demo; True when the final check passed."""
     timings = FAST_TIMINGS if fast else TIMINGS
-    run_id = uuid.uuid4().hex[:6]
-    group = f"demo-billing-{run_id}"
+    group = f"demo-billing-{uuid.uuid4().hex[:6]}"
     async with bus.connect(None, **timings) as b:
         console.rule("[bold]1. The log")
         console.print(f"database: {mask_dsn(b.dsn)} · schema {b.config.schema}")
-        try:
-            await b.delete_topic(TOPIC)
-        except bus.TopicNotFoundError:
-            pass
-        await b.create_topic(TOPIC, partitions=PARTITIONS)
-        t0 = time.perf_counter()
-        first = messages // 2
-        records: list[bus.Record] = []
-        for start in range(0, first, 500):
-            batch = [
-                bus.Outgoing({"order": i, "amount": i % 97}, key=f"customer-{i % 50}")
-                for i in range(start, min(first, start + 500))
-            ]
-            records += await b.publish_many(TOPIC, batch)
-        elapsed = time.perf_counter() - t0
-        console.print(
-            f"published {len(records)} messages in {elapsed:.2f}s ({len(records) / elapsed:,.0f}/s)"
-        )
-        rows: list[list[str]] = []
-        for p in range(PARTITIONS):
-            msgs: list[bus.Message] = []
-            offset = 0
-            while True:
-                chunk = await b.read(TOPIC, partition=str(p), offset=offset, max_messages=1000)
-                if not chunk:
-                    break
-                msgs += chunk
-                offset = chunk[-1].offset + 1
-            rows.append(
-                [
-                    str(p),
-                    str(len(msgs)),
-                    str(msgs[0].offset if msgs else "-"),
-                    str(msgs[-1].offset if msgs else "-"),
-                    (msgs[0].key or "-") if msgs else "-",
-                ]
-            )
+        records = await _publish_first_half(b, console, messages // 2)
         numbers = ("messages", "first offset", "last offset")
+        rows = await _partition_rows(b)
         console.print(fit(table("partition", *numbers, "first key", numeric=numbers), rows, names=(0, 4)))
 
         console.rule("[bold]2. A consumer group of three processes, one killed mid-run")
-        tmp = Path(tempfile.mkdtemp(prefix="bus-demo-"))
-        files = [tmp / f"member-{i}.txt" for i in range(4)]
-        for f in files:
-            f.touch()
-        env = {**os.environ, "BUS_DSN": b.dsn}
-        procs = [
-            subprocess.Popen(  # noqa: ASYNC220 - long-lived children, not awaited
-                _member_cmd(b.config.schema, group, files[i], timings, 2.0),
-                stdout=subprocess.DEVNULL,
-                env=env,
-            )
-            for i in range(3)
-        ]
-        ok = False
-        try:
-            acked = list(records)
-            rest = messages - first
-            published = 0
-            killed: _Killed = {}
-            done_at: float | None = None
-            deadline = time.monotonic() + 120
-            with Live(console=console, refresh_per_second=4) as live:
-                while time.monotonic() < deadline:
-                    if published < rest:
-                        n = min(200, rest - published)
-                        acked += await b.publish_many(
-                            TOPIC,
-                            [
-                                bus.Outgoing({"order": first + published + i}, key=f"customer-{i % 50}")
-                                for i in range(n)
-                            ],
-                        )
-                        published += n
-                    try:
-                        d = await b.admin.describe_group(group)
-                    except bus.GroupNotFoundError:
-                        await asyncio.sleep(0.2)
-                        continue
-                    owners = {p.owner for p in d.partitions if p.owner}
-                    if (
-                        not killed
-                        and len(owners) == 3
-                        and d.state == "stable"
-                        and published >= min(rest, 600)
-                    ):
-                        victim = procs[0]
-                        member = next((m for m in d.members if m.pid == victim.pid), None)
-                        victim.send_signal(signal.SIGKILL)
-                        victim.wait()
-                        killed = {
-                            "at": time.monotonic(),
-                            "member": member.member_id if member else "?",
-                            "partitions": [tp.partition for tp in member.partitions] if member else [],
-                        }
-                    if killed and "took_over" not in killed:
-                        still = {p.owner for p in d.partitions}
-                        if killed["member"] not in still and all(p.owner for p in d.partitions):
-                            killed["took_over"] = time.monotonic() - killed["at"]
-                    note = ""
-                    if killed:
-                        note = f"killed {killed['member']} (pid {procs[0].pid}) owning partitions {killed['partitions']}"
-                        if "took_over" in killed:
-                            note += f" · taken over after {killed['took_over']:.1f}s"
-                    live.update(
-                        Group(_lag_table(d, f"group {group} · published {len(acked)}/{messages}"), note)
-                    )
-                    if published >= rest and d.total_lag == 0 and "took_over" in killed:
-                        done_at = done_at or time.monotonic()
-                        if time.monotonic() - done_at > 0.5:
-                            break
-                    await asyncio.sleep(0.25)
-            console.print()
-            delivered = _deliveries(files)
-            missing = [(r.partition, r.offset) for r in acked if (r.partition, r.offset) not in delivered]
-            console.rule("[bold]Result")
-            summary = [
-                ["messages acknowledged", str(len(acked))],
-                ["distinct messages delivered to the group", str(len(delivered))],
-                ["member killed", str(killed.get("member", "-"))],
-                ["takeover time", f"{killed['took_over']:.2f}s" if "took_over" in killed else "-"],
-                ["lost (acknowledged, never delivered)", str(len(missing))],
-            ]
-            console.print(fit(table("check", "value"), summary, names=(1,)))
-            ok = not missing and "took_over" in killed
-            console.print("[green]nothing lost[/green]" if ok else f"[red]FAILED[/red]: {missing[:10]}")
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        ok = await _group_with_a_kill(b, console, group, timings, records, messages)
         ok = await _other_modes(b, console) and ok
         dsn, schema, embedded = b.dsn, b.config.schema, b.embedded
     status = None if embedded is None else await asyncio.to_thread(server_status, embedded.home)
     console.rule("[bold]Where the data is")
     console.print(where_the_data_is(dsn, schema, embedded, status), soft_wrap=True)
     return ok
+
+
+async def _publish_first_half(b: bus.Bus, console: Console, first: int) -> list[bus.Record]:
+    """A fresh demo topic with `first` messages published in batches of 500."""
+    try:
+        await b.delete_topic(TOPIC)
+    except bus.TopicNotFoundError:
+        pass
+    await b.create_topic(TOPIC, partitions=PARTITIONS)
+    t0 = time.perf_counter()
+    records: list[bus.Record] = []
+    for start in range(0, first, 500):
+        batch = [
+            bus.Outgoing({"order": i, "amount": i % 97}, key=f"customer-{i % 50}")
+            for i in range(start, min(first, start + 500))
+        ]
+        records += await b.publish_many(TOPIC, batch)
+    elapsed = time.perf_counter() - t0
+    console.print(f"published {len(records)} messages in {elapsed:.2f}s ({len(records) / elapsed:,.0f}/s)")
+    return records
+
+
+async def _partition_rows(b: bus.Bus) -> list[list[str]]:
+    """Each partition read back: its count, first and last offset, first key."""
+    rows: list[list[str]] = []
+    for p in range(PARTITIONS):
+        msgs: list[bus.Message] = []
+        offset = 0
+        while chunk := await b.read(TOPIC, partition=str(p), offset=offset, max_messages=1000):
+            msgs += chunk
+            offset = chunk[-1].offset + 1
+        first, last = (msgs[0], msgs[-1]) if msgs else (None, None)
+        rows.append(
+            [
+                str(p),
+                str(len(msgs)),
+                str(first.offset) if first else "-",
+                str(last.offset) if last else "-",
+                (first.key or "-") if first else "-",
+            ]
+        )
+    return rows
+
+
+async def _group_with_a_kill(
+    b: bus.Bus,
+    console: Console,
+    group: str,
+    timings: dict[str, float],
+    records: list[bus.Record],
+    messages: int,
+) -> bool:
+    """Three member processes consume while the rest is published; one is killed. True: nothing lost."""
+    tmp = Path(tempfile.mkdtemp(prefix="bus-demo-"))
+    files = [tmp / f"member-{i}.txt" for i in range(4)]
+    for f in files:
+        f.touch()
+    env = {**os.environ, "BUS_DSN": b.dsn}
+    procs = [
+        subprocess.Popen(  # noqa: ASYNC220 - long-lived children, not awaited
+            _member_cmd(b.config.schema, group, files[i], timings, 2.0),
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
+        for i in range(3)
+    ]
+    try:
+        watch = _Watch(b, group, procs, list(records), first=len(records), rest=messages - len(records))
+        with Live(console=console, refresh_per_second=4) as live:
+            await watch.run(live, messages)
+        console.print()
+        return _result(console, files, watch.acked, watch.killed)
+    finally:
+        _stop(procs)
+
+
+class _Watch:
+    """Publishes the rest of the messages, kills a member once the group is stable, shows the lag live."""
+
+    def __init__(
+        self,
+        b: bus.Bus,
+        group: str,
+        procs: list[subprocess.Popen[bytes]],
+        acked: list[bus.Record],
+        first: int,
+        rest: int,
+    ) -> None:
+        self.b, self.group, self.procs = b, group, procs
+        self.acked, self.first, self.rest = acked, first, rest
+        self.published = 0
+        self.killed: _Killed = {}
+
+    async def run(self, live: Live, messages: int) -> None:
+        """Until the backlog is drained after a takeover (at most 120 s)."""
+        done_at: float | None = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            await self._publish_some()
+            try:
+                d = await self.b.admin.describe_group(self.group)
+            except bus.GroupNotFoundError:
+                await asyncio.sleep(0.2)
+                continue
+            self._maybe_kill(d)
+            self._note_takeover(d)
+            title = f"group {self.group} · published {len(self.acked)}/{messages}"
+            live.update(Group(_lag_table(d, title), self._note()))
+            if self.published >= self.rest and d.total_lag == 0 and "took_over" in self.killed:
+                done_at = done_at or time.monotonic()
+                if time.monotonic() - done_at > 0.5:
+                    return
+            await asyncio.sleep(0.25)
+
+    async def _publish_some(self) -> None:
+        if self.published >= self.rest:
+            return
+        n = min(200, self.rest - self.published)
+        base = self.first + self.published
+        self.acked += await self.b.publish_many(
+            TOPIC, [bus.Outgoing({"order": base + i}, key=f"customer-{i % 50}") for i in range(n)]
+        )
+        self.published += n
+
+    def _maybe_kill(self, d: bus.GroupDescription) -> None:
+        """SIGKILL the first member once three own partitions, the group is stable and 600 were published."""
+        owners = {p.owner for p in d.partitions if p.owner}
+        if self.killed or len(owners) != 3 or d.state != "stable" or self.published < min(self.rest, 600):
+            return
+        victim = self.procs[0]
+        member = next((m for m in d.members if m.pid == victim.pid), None)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        self.killed = {
+            "at": time.monotonic(),
+            "member": member.member_id if member else "?",
+            "partitions": [tp.partition for tp in member.partitions] if member else [],
+        }
+
+    def _note_takeover(self, d: bus.GroupDescription) -> None:
+        """Record when every partition has an owner again and none is the killed member."""
+        if not self.killed or "took_over" in self.killed:
+            return
+        if self.killed["member"] not in {p.owner for p in d.partitions} and all(
+            p.owner for p in d.partitions
+        ):
+            self.killed["took_over"] = time.monotonic() - self.killed["at"]
+
+    def _note(self) -> str:
+        if not self.killed:
+            return ""
+        note = (
+            f"killed {self.killed['member']} (pid {self.procs[0].pid}) "
+            f"owning partitions {self.killed['partitions']}"
+        )
+        if "took_over" in self.killed:
+            note += f" · taken over after {self.killed['took_over']:.1f}s"
+        return note
+
+
+def _result(console: Console, files: list[Path], acked: list[bus.Record], killed: _Killed) -> bool:
+    """The final check: every acknowledged message was delivered, and the killed member was taken over."""
+    delivered = _deliveries(files)
+    missing = [(r.partition, r.offset) for r in acked if (r.partition, r.offset) not in delivered]
+    console.rule("[bold]Result")
+    summary = [
+        ["messages acknowledged", str(len(acked))],
+        ["distinct messages delivered to the group", str(len(delivered))],
+        ["member killed", str(killed.get("member", "-"))],
+        ["takeover time", f"{killed['took_over']:.2f}s" if "took_over" in killed else "-"],
+        ["lost (acknowledged, never delivered)", str(len(missing))],
+    ]
+    console.print(fit(table("check", "value"), summary, names=(1,)))
+    ok = not missing and "took_over" in killed
+    console.print("[green]nothing lost[/green]" if ok else f"[red]FAILED[/red]: {missing[:10]}")
+    return ok
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM the members still running (they leave the group), SIGKILL those that do not exit in 15 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def where_the_data_is(

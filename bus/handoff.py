@@ -127,8 +127,21 @@ class PollHandoff(MemberState):
         # partition id -> the worker being revoked (on_revoke has run or is running):
         # nothing more of its batches is handed out.
         self._revoking: dict[int, ActorRef[WorkerMessage] | None] = {}
+        # Partitions the user paused (Consumer.pause): their buffered batches wait aside in
+        # `held` (not counted against the capacity) and their workers' further batches are
+        # refused (the worker keeps one) until they are resumed.
+        self.paused: set[TopicPartition] = set()
+        self.held: dict[int, deque[tuple[Batch, int]]] = {}
+        self._paused_workers: dict[int, ActorRef[WorkerMessage]] = {}
+        # partition id -> the offset a seek moved it to, until something is polled from it.
+        self.sought: dict[int, int] = {}
 
     # -- the workers' side ---------------------------------------------------------
+
+    def acquired(self, partition_id: int, epoch: int, worker: ActorRef[WorkerMessage]) -> None:
+        """Know the partition's worker from its lease on (a seek of an empty partition reaches it)."""
+        self.workers[partition_id] = worker
+        self._worker_epoch[partition_id] = epoch
 
     def offer(self, batch: Batch) -> bool:
         """Buffer a batch; False when it does not fit (the worker keeps it and tries again)."""
@@ -136,6 +149,10 @@ class PollHandoff(MemberState):
             if self._revoking[batch.partition_id] is batch.worker:
                 return False  # being revoked: the worker drops it when it stops
             del self._revoking[batch.partition_id]  # a new worker: the partition came back
+        if self.paused and TopicPartition(batch.topic, batch.partition) in self.paused:
+            self._paused_workers[batch.partition_id] = batch.worker
+            self.tp_of[batch.partition_id] = TopicPartition(batch.topic, batch.partition)
+            return False
         if self.buffered and self.buffered + len(batch.rows) > self.capacity:
             self._refused[batch.partition_id] = (batch.worker, len(batch.rows))
             return False
@@ -176,6 +193,8 @@ class PollHandoff(MemberState):
         for pid in [pid for pid, tp in self.tp_of.items() if tp in tps]:
             self._revoking[pid] = self.workers.get(pid)
             self.drop_buffered(pid, None)
+            self._paused_workers.pop(pid, None)
+        self.paused -= tps  # a partition that comes back comes back unpaused
         await super().on_revoke(partitions)
 
     def released(self, partition_id: int, epoch: int, committed: int | None) -> None:
@@ -224,6 +243,7 @@ class PollHandoff(MemberState):
             self.buffered -= len(rows)
             _metrics.consumed(self.group, batch.topic, len(rows))
             self.polled[batch.partition_id] = (batch.epoch, rows[-1]["offset"] + 1)
+            self.sought.pop(batch.partition_id, None)
             if index + len(rows) < len(batch.rows):
                 self.buffer.appendleft((batch, index + len(rows)))
         if out and self._refused:
@@ -249,6 +269,48 @@ class PollHandoff(MemberState):
             else:
                 kept.append((batch, index))
         self.buffer = kept
+        held = self.held.get(partition_id)
+        if held is not None:
+            remaining = deque((b, i) for b, i in held if epoch is not None and b.epoch != epoch)
+            if remaining:
+                self.held[partition_id] = remaining
+            else:
+                del self.held[partition_id]
+
+    def pause(self, tps: set[TopicPartition]) -> None:
+        """Set these partitions' buffered batches aside and refuse their further batches."""
+        self.paused |= tps
+        kept: deque[tuple[Batch, int]] = deque()
+        for batch, index in self.buffer:
+            if TopicPartition(batch.topic, batch.partition) in self.paused:
+                self.held.setdefault(batch.partition_id, deque()).append((batch, index))
+                self.buffered -= len(batch.rows) - index
+            else:
+                kept.append((batch, index))
+        self.buffer = kept
+
+    def resume(self, tps: set[TopicPartition]) -> None:
+        """Hand these partitions' batches out again and wake their workers."""
+        self.paused -= tps
+        for pid in [pid for pid in self.held if self.tp_of.get(pid) in tps]:
+            for batch, index in self.held.pop(pid):
+                self.buffer.append((batch, index))
+                self.buffered += len(batch.rows) - index
+        for pid in [pid for pid in self._paused_workers if self.tp_of.get(pid) in tps]:
+            self._paused_workers.pop(pid).signal(Wake())
+        if self.buffer:
+            self.ready.set()
+
+    def next_offset(self, partition_id: int) -> int | None:
+        """The offset the next poll returns from this partition, when this consumer knows it."""
+        for batch, index in (*self.held.get(partition_id, ()), *self.buffer):
+            if batch.partition_id == partition_id:
+                offset: int = batch.rows[index]["offset"]
+                return offset
+        polled = self.polled.get(partition_id)
+        if polled is not None:
+            return polled[1]
+        return self.sought.get(partition_id)
 
     def pending(self) -> list[tuple[int, int, int]]:
         """(partition id, offset, epoch) of every polled position not known to be committed."""
@@ -267,15 +329,16 @@ class PollHandoff(MemberState):
         self.unconfirmed.update({pid: (epoch, offset) for pid, offset, epoch in written})
 
     def forget(self, partition_id: int) -> None:
-        for table in (self.polled, self.committed, self.unconfirmed):
+        for table in (self.polled, self.committed, self.unconfirmed, self.sought):
             table.pop(partition_id, None)
 
     def reset_positions(self) -> None:
         """Forget every position and drop the buffer (a rewind: the database's committed offsets rule)."""
         self.moved.clear()
-        for table in (self.polled, self.committed, self.unconfirmed):
+        for table in (self.polled, self.committed, self.unconfirmed, self.sought):
             table.clear()
         self.buffer.clear()
+        self.held.clear()
         self.buffered = 0
 
 
@@ -301,6 +364,9 @@ class HandlerHandoff(MemberState):
         self.dead_letter_topic = dead_letter_topic
         self.processed = 0
         self.dead_lettered = 0
+
+    def acquired(self, partition_id: int, epoch: int, worker: ActorRef[WorkerMessage]) -> None:
+        return None
 
     def offer(self, batch: Batch) -> bool:
         raise RuntimeError("a subscription handles messages itself")

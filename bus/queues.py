@@ -57,10 +57,11 @@ from actors.lane import Lane
 from actors.messages import Subscribe, Unsubscribe
 from actors.runtime import Actor, ActorRef
 from actors.runtime import Message as ActorMessage
-from bus import tracing
+from bus import queue_features, tracing
 from bus.codec import decode_headers
 from bus.types import Message, Outgoing
 from storage import db
+from storage import queue_controls as controls
 from storage import queues as sql
 from storage.db import Connection
 from storage.errors import LeaseLostError, TopicNotFoundError, ValidationError
@@ -311,6 +312,7 @@ class QueueConsumer:
         self._acking: dict[tuple[str, int], asyncio.Future[set[tuple[int, int]]]] = {}
         self._writer = _writer_of(bus)
         self._giving_back: set[asyncio.Task[None]] = set()
+        self._missed = 0  # empty takes in a row while a job was visible
         self._open = False
         self._log = log.bind(topic=topic, consumer=self.consumer_id)
 
@@ -395,6 +397,7 @@ class QueueConsumer:
             got = await self._take_once(max_messages)
             remaining = deadline - time.monotonic()
             if got:
+                self._missed = 0
                 tracing.received("take", got)
                 return got
             if remaining <= 0:
@@ -404,14 +407,18 @@ class QueueConsumer:
 
     async def _idle_pause(self) -> float:
         """How long an empty take may sleep when no NOTIFY comes."""
-        fallback = self._bus.config.max_poll_interval
+        fallback = self._bus.config.fallback_poll
         with db.translate_errors():
             until = await sql.seconds_until_visible(self._bus.pool, self.topic)
         if until is None:
             return fallback
         if until <= 0:
             # Ordered: a visible job may wait behind its key's earlier one, whose ack announces it.
-            return fallback if self.ordered_by_key else _RETRY_SOON
+            # A visible job a take did not get again and again is held back by the queue's limits
+            # (a key at its limit, the rate used up): look again less and less often.
+            self._missed += 1
+            soon = min(_RETRY_SOON * (1 << min(self._missed, 5)), fallback)
+            return fallback if self.ordered_by_key else soon
         return min(until, fallback)
 
     async def _take_once(self, limit: int) -> list[Message]:
@@ -432,7 +439,7 @@ class QueueConsumer:
                     raise
                 exhausted: list[_DeadRow] = []
                 topic, max_attempts, in_flight = self.topic, self.max_attempts, self._in_flight
-                for _, pid, offset, attempts, epoch, lease_id, key, text, payload, created_at, _ in rows:
+                for _, pid, offset, attempts, epoch, lease_id, key, text, payload, created_at, _, _ in rows:
                     name = self._partitions.get(pid)
                     if name is None:
                         name = await self._refresh_partitions(pid)
@@ -553,14 +560,38 @@ class QueueConsumer:
             # The keys' next jobs are free now; nobody publishes to say so.
             self._announce(pids)
 
-    async def ack(self, msg: Message) -> None:
+    async def ack(self, msg: Message, result: Any = None) -> None:
         """Done: remove the job. LeaseLostError if it came back and another consumer took it meanwhile.
 
         Acking a message this consumer already acked is a no-op. Acks sent at
         the same time from several tasks go to the database in one statement.
+        `result` (JSON-encodable): kept for the topic's result_ttl, for `b.job_result`.
         """
-        if await self._ack([msg]):
+        if result is not None:
+            await self._ack_with_result(msg, queue_features.encode_result(result))
+        elif await self._ack([msg]):
             raise self._lost(msg, "ack")
+
+    async def _ack_with_result(self, msg: Message, result: str) -> None:
+        """One ack statement that also keeps the job's result and announces it."""
+        key = (msg.partition, msg.offset)
+        lease = self._lease(msg)
+        if lease is None:
+            return
+        sharing = self._acking.get(key)
+        if sharing is not None:  # a plain ack of it is on its way: that one answers
+            await asyncio.shield(sharing)
+            return
+        with db.translate_errors():
+            ok = await controls.ack_with_result(
+                self._bus.lender, lease[0], msg.offset, lease[1], result, self._bus.channels.results
+            )
+        self._in_flight.pop(key, None)
+        if not ok:
+            raise self._lost(msg, "ack")
+        _metrics.queue_acked(self.topic, 1)
+        if self.ordered_by_key:
+            self._announce({lease[0]})
 
     async def ack_many(self, msgs: list[Message]) -> None:
         """Ack several jobs in one statement; LeaseLostError (after acking the others) if any was lost."""
@@ -633,6 +664,16 @@ class QueueConsumer:
             errors = _errors_decoder.decode(removed.errors) if removed.errors else []
             if error is not None:
                 errors.append({"attempt": r.attempts, "error": error})
+            await controls.record(
+                conn,
+                r.partition_id,
+                r.offset,
+                self.topic,
+                "failed",
+                None,
+                _encoder.encode(errors).decode(),
+                self._bus.channels.results,
+            )
             last_error = str(errors[-1].get("error", "")) if errors else "unknown"
             headers = dict(r.headers)
             headers.update(

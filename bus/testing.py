@@ -16,8 +16,9 @@ Fixtures:
 - `bus_connect`: opens more Buses on the same schema (several members or
   services in one test); all closed after the test.
 
-Helper: `await wait_consumed(b, "group")` returns once the group has
-committed everything published to its topics before the call.
+Helpers: `await wait_consumed(b, "group")` returns once the group has
+committed everything published to its topics before the call;
+`await eventually(check)` waits for a condition instead of a blind sleep.
 
     from bus.testing import wait_consumed
 
@@ -39,15 +40,18 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import pytest
 
 import bus
-from bus.admin import GroupDescription
+from bus.config import FAST_TIMINGS
 from storage.db import drop_schema
 from storage.errors import GroupNotFoundError
+
+if TYPE_CHECKING:
+    from bus.admin import GroupDescription
 
 try:
     import pytest_asyncio
@@ -56,16 +60,35 @@ except ImportError:  # the entry point loads this module in every pytest run: ne
 
 _NEEDS_ASYNCIO = "bus.testing's fixtures need pytest-asyncio: pip install 'pgactorbus[testing]'"
 
-__all__ = ["FAST", "wait_consumed"]
+__all__ = ["FAST", "eventually", "wait_consumed"]
 
-#: Timings for tests: heartbeats every 0.2 s, sessions of 1.5 s, rebalances after 0.05 s.
-FAST: dict[str, Any] = {
-    "heartbeat_interval": 0.2,
-    "session_timeout": 1.5,
-    "rebalance_delay": 0.05,
-    "max_poll_interval": 0.25,
-    "lease_time": 5.0,
-}
+#: Timings for tests (`bus.config.FAST_TIMINGS`): heartbeats every 0.2 s, sessions of 1.5 s,
+#: rebalances after 0.05 s. The project's own tests use them too (the `fast` fixture).
+FAST: dict[str, Any] = dict(FAST_TIMINGS)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any] | Any],
+    timeout: float = 15.0,  # noqa: ASYNC109 - a test helper: the deadline is the point
+    every: float = 0.05,
+) -> Any:
+    """Call `check` (plain or async) until it returns something truthy, and return that.
+
+    Raises AssertionError with the last value after `timeout` seconds: a test
+    waits for a condition instead of sleeping for a guessed time.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Any = None
+    while True:
+        last = check()
+        if isinstance(last, Awaitable):
+            last = await last
+        if last:
+            return last
+        if loop.time() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} s (last value: {last!r})")
+        await asyncio.sleep(every)
 
 
 async def wait_consumed(

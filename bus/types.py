@@ -55,6 +55,18 @@ class Outgoing(msgspec.Struct, frozen=True):
     partition: str | None = None
     headers: dict[str, str] | None = None
     idempotency_key: str | None = None
+    # Queue topics only (a ValidationError on a pubsub topic): not taken before `delay` (seconds or a
+    # timedelta from the write) or `deliver_at`; among due jobs, a higher `priority` is taken first.
+    delay: timedelta | float | None = None
+    deliver_at: datetime | None = None
+    priority: int | None = None
+
+
+class Rate(msgspec.Struct, frozen=True):
+    """A rate limit: at most `limit` jobs taken in any `per` seconds (across every consumer and process)."""
+
+    limit: int
+    per: float = 1.0
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,6 +83,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def tp(self) -> TopicPartition:
+        """The topic and partition the message was read from."""
         return TopicPartition(self.topic, self.partition)
 
     def value(self, type: type[T] = Any) -> T:  # type: ignore[assignment]

@@ -10,12 +10,12 @@ and recorded in `bus_migrations`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import MAXYEAR, MINYEAR, UTC, date, datetime, timedelta, timezone
-from importlib import resources
 from typing import Any, Literal, TypeAlias
 
 import asyncpg
@@ -77,7 +77,7 @@ async def on_schema(conn: Connection, schema: str) -> AsyncIterator[None]:
 # Set on every connection the Lender borrows (the pool's reset undoes it when it goes back).
 # The hot paths' statements are keyed lookups whose best plan does not depend on the values,
 # and planning them again on every execution (what PostgreSQL does for a prepared statement
-# whose generic plan it estimates costlier) took a quarter of a queue take's time: 0.3 ms for
+# whose generic plan it estimates costlier) is a large part of a queue take's time, with
 # its CTEs and window functions. A generic plan also keeps a worker's fetch an index scan when
 # the statistics of a freshly loaded partition are stale.
 GENERIC_PLANS = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false)"
@@ -99,8 +99,10 @@ class Lender:
     `b.pool.acquire()` gets the rest and is reset on release as asyncpg always does.
     """
 
-    def __init__(self, pool: asyncpg.Pool, size: int) -> None:
+    def __init__(self, pool: asyncpg.Pool, size: int, *, generic_plans: bool = True) -> None:
         self._pool = pool
+        # Through a transaction pooler no session setting stays with a connection: PostgreSQL's own plan choice.
+        self._generic_plans = generic_plans
         self._size = size  # 0: nothing kept out, every use acquires from the pool (a pool of 1)
         self._idle: list[PoolConnectionProxy] = []
         self._borrowed = 0  # out of the pool: idle here, or lent
@@ -199,7 +201,8 @@ class Lender:
                     self._wake()
                     raise
                 try:
-                    await conn.execute(GENERIC_PLANS)
+                    if self._generic_plans:
+                        await conn.execute(GENERIC_PLANS)
                 except BaseException:
                     self._return(conn)
                     self._wake()
@@ -259,9 +262,8 @@ def _usable(conn: PoolConnectionProxy) -> bool:
 def int_array(values: Iterable[int]) -> str:
     """An int[] / bigint[] parameter as its text literal (`$1::text::bigint[]`), for lists of many ints.
 
-    asyncpg's binary array encoder checks every element against two ABCs:
-    3 lists of 100 ints cost 200 us a statement that way, 117 us as text
-    (the server parses the literal in C). The values are ints, so the literal
+    asyncpg's binary array encoder checks every element against two ABCs;
+    as text the server parses the literal in C, which costs far less per element. The values are ints, so the literal
     is digits, signs and commas (and it is a parameter: a wrong one fails to parse).
     """
     return "{" + ",".join(map(str, values)) + "}"
@@ -285,8 +287,8 @@ def _timestamptz_codec() -> tuple[Callable[[Any], tuple[int]], Callable[[tuple[i
     A fetched batch of messages mostly shares a handful of `created_at`
     values (a publishing statement stamps all of its messages alike), and
     asyncpg builds a new datetime for every row (a timedelta and an aware
-    addition: 1.1 us, a twentieth of a queue job's whole cost). Equal values
-    now decode to one shared (immutable) datetime. Encoding and the
+    addition, a noticeable part of a queue job's whole cost). Equal values
+    decode to one shared (immutable) datetime. Encoding and the
     infinities behave exactly as asyncpg's binary codec (pgproto/codecs/datetime.pyx).
     """
     seen: dict[int, datetime] = {}
@@ -337,39 +339,162 @@ async def _setup_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+#: How the bus reaches PostgreSQL: directly (None), or through a pooler in session or transaction mode.
+Pooler: TypeAlias = Literal["transaction", "session"] | None
+POOLERS: tuple[Pooler, ...] = (None, "session", "transaction")
+
+
+class TransactionPooledConnection(asyncpg.Connection):
+    """A connection through a pooler in transaction mode (PgBouncer `pool_mode = transaction`).
+
+    Such a pooler gives each transaction whichever server connection is free,
+    so nothing may live in the session: no startup `search_path`, no session
+    `SET`, no named prepared statements (`statement_cache_size=0`). Every
+    statement therefore runs in a transaction that names the bus schema with
+    `SET LOCAL search_path`: a statement outside one gets its own (`BEGIN;
+    SET LOCAL ...`, the statement, `COMMIT`: asyncpg's unnamed statement is
+    parsed and executed under one server connection), and a transaction the
+    bus opens sets it right after its `BEGIN`. `bus_schema` is set on a
+    subclass per schema (`pooled_connection_class`).
+    """
+
+    bus_schema = "bus"
+
+    def _set_local(self) -> str:
+        # An identifier cannot be a bind parameter: the schema is validated (a plain identifier) and quoted.
+        return f"SET LOCAL search_path TO {search_path(self.bus_schema)}"
+
+    async def execute(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109 - asyncpg's signature
+    ) -> str:
+        run = super().execute
+        if args or self.is_in_transaction():
+            return await run(query, *args, timeout=timeout)
+        if query.lstrip()[:5].upper() in ("BEGIN", "START"):  # a transaction's start (asyncpg's Transaction)
+            status = await run(query, timeout=timeout)
+            await run(self._set_local(), timeout=timeout)
+            return status
+        result: str = await self._in_transaction(run(query, timeout=timeout))
+        return result
+
+    async def _do_execute(
+        self,
+        query: str,
+        executor: Any,
+        timeout: Any,  # noqa: ASYNC109 - asyncpg's signature
+        retry: bool = True,
+        **kw: Any,
+    ) -> Any:
+        # asyncpg's one path for statements with parameters (fetch, fetchrow, fetchval, execute, executemany).
+        run = super()._do_execute  # type: ignore[misc]
+        if self.is_in_transaction():
+            return await run(query, executor, timeout, retry, **kw)
+        return await self._in_transaction(run(query, executor, timeout, retry, **kw))
+
+    async def _simple(self, sql: str) -> None:
+        await self._protocol.query(sql, None)  # type: ignore[attr-defined]
+
+    async def _in_transaction(self, statement: Any) -> Any:
+        try:
+            await self._simple("BEGIN; " + self._set_local())
+        except BaseException:
+            statement.close()
+            raise
+        try:
+            result = await statement
+        except BaseException:
+            if not self.is_closed() and self.is_in_transaction():
+                await self._simple("ROLLBACK")
+            raise
+        await self._simple("COMMIT")
+        return result
+
+
+def through_transaction_pooler(conn: Any) -> bool:
+    """Whether `conn` (a connection or a pool's proxy of one) goes through a transaction pooler."""
+    return isinstance(getattr(conn, "_con", conn), TransactionPooledConnection)
+
+
+@functools.cache
+def pooled_connection_class(schema: str) -> type[TransactionPooledConnection]:
+    """The TransactionPooledConnection subclass of `schema` (one per schema, made once)."""
+    validate_schema(schema)
+    return type(
+        f"TransactionPooledConnection_{schema}", (TransactionPooledConnection,), {"bus_schema": schema}
+    )
+
+
+async def _set_session_search_path(conn: asyncpg.Connection, schema: str) -> None:
+    await conn.execute(SET_SESSION_SEARCH_PATH, search_path(schema))
+
+
+SET_SESSION_SEARCH_PATH = "SELECT set_config('search_path', $1, false)"
+
+
+def _connect_kwargs(schema: str, pooler: Pooler) -> dict[str, Any]:
+    """How asyncpg opens a bus connection: startup settings directly, none through a pooler."""
+    if pooler is None:
+        return {"server_settings": server_settings(schema)}
+    if pooler == "transaction":
+        return {"statement_cache_size": 0, "connection_class": pooled_connection_class(schema)}
+    return {}  # session: the search_path is SET once the connection is open (no startup parameters)
+
+
+def _unavailable(exc: BaseException, pooler: Pooler) -> StorageUnavailableError:
+    text = str(exc)
+    if pooler is None and "unsupported startup parameter" in text:
+        return StorageUnavailableError(
+            f"cannot connect to PostgreSQL ({text}): this DSN reaches a connection pooler (PgBouncer); "
+            "pass pooler='transaction' (or pooler='session' for a session pooler) to bus.connect(), "
+            "and direct_dsn= for wake-ups by LISTEN"
+        )
+    return StorageUnavailableError(
+        f"cannot connect to PostgreSQL ({text}); check the DSN and that the server runs"
+    )
+
+
 async def create_pool(
-    dsn: str, schema: str, *, min_size: int = 1, max_size: int = 20, **kwargs: Any
+    dsn: str, schema: str, *, min_size: int = 1, max_size: int = 20, pooler: Pooler = None, **kwargs: Any
 ) -> asyncpg.Pool:
-    """An asyncpg pool whose connections use `schema` as their search_path."""
+    """An asyncpg pool whose connections run bus statements in `schema` (see `Pooler`)."""
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if pooler == "session":
+            await _set_session_search_path(conn, schema)
+        await _setup_connection(conn)
+
     try:
         pool = await asyncpg.create_pool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
-            server_settings=server_settings(schema),
-            init=_setup_connection,
-            **kwargs,
+            dsn, min_size=min_size, max_size=max_size, init=init, **_connect_kwargs(schema, pooler), **kwargs
         )
     except (OSError, asyncpg.PostgresError) as exc:
-        raise StorageUnavailableError(
-            f"cannot connect to PostgreSQL ({exc}); check the DSN and that the server runs"
-        ) from exc
+        raise _unavailable(exc, pooler) from exc
     assert pool is not None
     return pool
 
 
-async def connect(dsn: str, schema: str, **kwargs: Any) -> asyncpg.Connection:
-    """One connection with the bus's search_path (listeners, migrations)."""
+async def connect(dsn: str, schema: str, *, pooler: Pooler = None, **kwargs: Any) -> asyncpg.Connection:
+    """One connection that runs bus statements in `schema` (listeners, migrations, the Producer)."""
     try:
-        return await asyncpg.connect(dsn, server_settings=server_settings(schema), **kwargs)
+        conn: asyncpg.Connection = await asyncpg.connect(dsn, **_connect_kwargs(schema, pooler), **kwargs)
     except (OSError, asyncpg.PostgresError) as exc:
-        raise StorageUnavailableError(
-            f"cannot connect to PostgreSQL ({exc}); check the DSN and that the server runs"
-        ) from exc
+        raise _unavailable(exc, pooler) from exc
+    if pooler == "session":
+        try:
+            await _set_session_search_path(conn, schema)
+        except BaseException:
+            await conn.close()
+            raise
+    return conn
 
 
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) for every migration file, in order."""
+    from importlib import resources  # only when connecting: `import bus` stays light
+
     found = []
     for entry in resources.files("storage.migrations").iterdir():
         match = _MIGRATION_FILE.fullmatch(entry.name)

@@ -61,3 +61,18 @@ class OffsetOutOfRangeError(BusError, IndexError):
 
 class GroupHasMembersError(BusError):
     """An admin operation needs the group to have no live members."""
+
+
+class JobFailedError(BusError):
+    """A queue job will never succeed: it was dead-lettered or cancelled.
+
+    `status` is "failed" (dead-lettered) or "cancelled"; `errors` the job's error history
+    (one dict per failed attempt: attempt, error, at).
+    """
+
+    def __init__(
+        self, message: str, *, status: str = "failed", errors: list[dict[str, object]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errors = errors if errors is not None else []

@@ -58,8 +58,8 @@ WITH s AS (
 SELECT position, created_at FROM e ORDER BY position
 """
 
-# A guarded append in one round trip (the function es_append_guarded of
-# migration 005, made cheaper by 009): lock the counter, check the conditions
+# A guarded append in one round trip (the function es_append_guarded, defined in
+# the migrations): lock the counter, check the conditions
 # with a fresh snapshot, insert. A conflict raises SQLSTATE ES409 with the event in DETAIL.
 APPEND_GUARDED = """
 SELECT pos, created FROM es_append_guarded($1, $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],

@@ -334,3 +334,45 @@ async def apply_reset(conn: Connection, name: str, plan: list[tuple[int, int]]) 
 
 async def delete_group(conn: Conn, name: str) -> bool:
     return await conn.fetchval(DELETE_GROUP, name) is not None
+
+
+# The bounds of the named partitions, the group's committed offset on each, and the first offset
+# created at or after a time ($4, NULL: not asked): what a poll consumer's offset lookups return.
+# $1 group, $2 topics, $3 partition names, $4 times (one per partition). Rows come in input order;
+# a partition that does not exist has no row.
+PARTITION_OFFSETS = """
+SELECT t.i, p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.next_offset, o.committed,
+       CASE WHEN t.at IS NULL THEN NULL
+            ELSE (SELECT m."offset" FROM messages m
+                  WHERE m.partition_id = p.id AND m.created_at >= t.at AND m."offset" >= p.log_start
+                  ORDER BY m.created_at, m."offset" LIMIT 1)
+       END AS at_offset
+FROM unnest($2::text[], $3::text[], $4::timestamptz[]) WITH ORDINALITY AS t(topic, name, at, i)
+JOIN partitions p ON p.topic = t.topic AND p.name = t.name
+LEFT JOIN offsets o ON o.group_name = $1 AND o.partition_id = p.id
+ORDER BY t.i
+"""
+
+
+class PartitionOffsetsRow(msgspec.Struct, frozen=True, gc=False):
+    """One partition's bounds, a group's committed offset on it, and the offset found for a time."""
+
+    i: int
+    partition_id: int
+    topic: str
+    partition: str
+    log_start: int
+    next_offset: int
+    committed: int | None
+    at_offset: int | None
+
+
+async def partition_offsets(
+    conn: Conn, group: str, partitions: list[tuple[str, str]], times: list[datetime | None] | None = None
+) -> list[PartitionOffsetsRow]:
+    """Bounds, committed offset and (with `times`) the offset at a time of each existing partition named."""
+    topics = [t for t, _ in partitions]
+    names = [p for _, p in partitions]
+    at = times if times is not None else [None] * len(partitions)
+    rows = await conn.fetch(PARTITION_OFFSETS, group, topics, names, at)
+    return [PartitionOffsetsRow(**dict(r)) for r in rows]

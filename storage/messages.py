@@ -112,6 +112,45 @@ SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS 
 FROM bumped b CROSS JOIN ts
 """
 
+# APPEND_QUEUE for inputs with delayed or prioritized queue messages. $9..$11
+# (one element per message, NULL for a plain one): a delay in seconds, a
+# delivery time, a priority. A job with any of them is inserted detached (its
+# own visible_at and priority say when and in which order it is taken); the
+# others are fresh jobs, leased by range (see storage/queues.py).
+APPEND_QUEUE_TIMED = """
+WITH locked AS (
+    SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
+), bumped AS (
+    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
+    FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
+    WHERE pt.id = c.pid
+    RETURNING pt.id, pt.next_offset - c.n AS base, pt.topic
+), ts AS (
+    SELECT clock_timestamp() AS at
+), rows AS (
+    SELECT u.pid, b.base + u.i AS off, u.k, u.h, u.p, b.topic, t.semantics = 'queue' AS queued,
+           u.delay, u.at, u.prio,
+           (u.delay IS NOT NULL OR u.at IS NOT NULL OR COALESCE(u.prio, 0) <> 0) AS timed
+    FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[],
+                $9::float8[], $10::timestamptz[], $11::int[]) AS u(pid, k, h, p, i, delay, at, prio)
+    JOIN bumped b ON b.id = u.pid JOIN topics t ON t.name = b.topic
+), m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT r.pid, r.off, r.k, r.h::jsonb, r.p, ts.at FROM rows r CROSS JOIN ts
+), j AS (
+    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
+    SELECT pid, off, topic, k FROM rows WHERE queued AND NOT timed
+), jt AS (
+    -- delayed or prioritized jobs: detached, visible from their delivery time (migration 014)
+    INSERT INTO queue_jobs (partition_id, "offset", topic, key, detached, visible_at, priority)
+    SELECT r.pid, r.off, r.topic, r.k, true,
+           COALESCE(r.at, ts.at + make_interval(secs => COALESCE(r.delay, 0))), COALESCE(r.prio, 0)
+    FROM rows r CROSS JOIN ts WHERE r.queued AND r.timed
+)
+SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
+FROM bumped b CROSS JOIN ts
+"""
+
 ANNOUNCE = "SELECT count(pg_notify($1, x::text)) FROM unnest($2::bigint[]) AS x"
 
 # From the log start on: rows below it may still be stored (retention is
@@ -130,6 +169,30 @@ BOUNDS = "SELECT log_start, next_offset FROM partitions WHERE id = $1"
 #: Where one message of `append` landed: (partition id, offset, created_at, partition name). The
 #: name is only filled in for a repeated idempotency key (its original may be on another partition).
 Placed = tuple[int, int, datetime, str | None]
+
+
+class Timing:
+    """The delivery side of a queue `append`, one element per message (None: a fresh job).
+
+    `delays`: seconds from the write; `times`: a delivery time; `priorities`: higher first.
+    """
+
+    __slots__ = ("delays", "priorities", "times")
+
+    def __init__(
+        self, delays: list[float | None], times: list[datetime | None], priorities: list[int | None]
+    ) -> None:
+        self.delays = delays
+        self.times = times
+        self.priorities = priorities
+
+    def pick(self, indexes: list[int]) -> Timing:
+        """The timing of the messages at `indexes`."""
+        return Timing(
+            [self.delays[i] for i in indexes],
+            [self.times[i] for i in indexes],
+            [self.priorities[i] for i in indexes],
+        )
 
 
 class Keyed:
@@ -157,10 +220,11 @@ async def _append(
     headers: list[str | None],
     payloads: list[bytes | None],
     notify: str | None,
+    timing: Timing | None = None,
 ) -> list[Placed | None]:
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
     # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
-    # asyncpg's array encoder costs ~0.5 us an element.
+    # asyncpg's array encoder checks every element.
     keys_arg = None if keys.count(None) == len(keys) else keys
     headers_arg = None if headers.count(None) == len(headers) else headers
     if statement is APPEND and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
@@ -176,8 +240,7 @@ async def _append(
     counters: defaultdict[int, Iterator[int]] = defaultdict(itertools.count)
     index = [next(counters[pid]) for pid in partition_ids]
     counts = {pid: next(c) for pid, c in counters.items()}
-    rows = await conn.fetch(
-        statement,
+    args: list[object] = [
         db.int_array(partition_ids),
         keys_arg,
         headers_arg,
@@ -186,7 +249,11 @@ async def _append(
         list(counts),
         list(counts.values()),
         notify,
-    )
+    ]
+    if timing is not None:
+        statement = APPEND_QUEUE_TIMED
+        args += [timing.delays, timing.times, timing.priorities]
+    rows = await conn.fetch(statement, *args)
     base = {r[0]: r[1] for r in rows}
     if not rows:
         return [None] * len(partition_ids)
@@ -210,6 +277,7 @@ async def append(
     queue: bool,
     keyed: Keyed | None = None,
     notify: str | None = None,
+    timing: Timing | None = None,
 ) -> list[Placed | None]:
     """Append messages to any partitions in one statement; per input message where it landed.
 
@@ -219,13 +287,13 @@ async def append(
     connection inside a transaction: messages whose idempotency key was
     already written within its window are not written again and get the
     original's place, and so does every later message of the same key in the
-    input. Wake-ups are the caller's (after commit; see actors/announcer.py),
-    unless `notify` names the channel to NOTIFY in the same statement (its
+    input. `timing`: delays, delivery times and priorities of queue messages.
+    Wake-ups are the caller's (after commit; see actors/announcer.py), unless `notify` names the channel to NOTIFY in the same statement (its
     commit sends them: one per partition written).
     """
     statement = APPEND_QUEUE if queue else APPEND
     if keyed is None:
-        return await _append(conn, statement, partition_ids, keys, headers, payloads, notify)
+        return await _append(conn, statement, partition_ids, keys, headers, payloads, notify, timing)
     assert not isinstance(conn, asyncpg.Pool), "keyed appends need one connection inside a transaction"
     first: dict[tuple[str, str], int] = {}
     for i, ikey in enumerate(keyed.keys):
@@ -250,6 +318,7 @@ async def append(
             [headers[i] for i in write],
             [payloads[i] for i in write],
             notify,
+            None if timing is None else timing.pick(write),
         )
         for i, placed in zip(write, written, strict=True):
             results[i] = placed

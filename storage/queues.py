@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
 from typing import TypeAlias, cast
 
 import asyncpg
@@ -71,6 +72,19 @@ WITH r AS (
            sum(x.n) OVER (ORDER BY x.ord) AS upto,
            set_config('synchronous_commit', 'off', true) AS soft
     FROM unnest($4::text[], $2::int[]) WITH ORDINALITY AS x(consumer, n, ord)
+), g AS (
+    -- the queue's settings (migration 014): paused, or limited (taken by TAKE_LIMITED only)
+    SELECT COALESCE(bool_or(s.paused), false) AS paused,
+           COALESCE(bool_or(s.max_in_flight_per_key IS NOT NULL OR s.rate_limit IS NOT NULL), false) AS limited
+    FROM queue_settings s WHERE s.topic = $1
+), cx AS (
+    -- cancelled jobs whose lease ran out (or that were nacked): gone instead of taken again
+    DELETE FROM queue_jobs j
+    WHERE (j.partition_id, j."offset") IN (
+        SELECT e.partition_id, e."offset" FROM queue_jobs e
+        WHERE e.topic = $1 AND e.cancelled AND e.visible_at <= statement_timestamp()
+        LIMIT 100
+        FOR UPDATE SKIP LOCKED)
 ), x AS (
     SELECT l.id, l.partition_id, l.first_offset, l.last_offset, l.leased_by, l.visible_at
     FROM queue_leases l
@@ -106,13 +120,13 @@ _TAKE_DEAL = """
                           'attempt', j.attempts, 'error', 'visibility timeout expired',
                           'at', clock_timestamp())) END
     FROM k WHERE k.fresh = 0 AND j.partition_id = k.partition_id AND j."offset" = k."offset"
-    RETURNING j.partition_id, j."offset", j.attempts, j.lease_epoch, k.request
+    RETURNING j.partition_id, j."offset", j.attempts, j.lease_epoch, k.request, j.priority
 )
 """
 
 _TAKE_RESULT = """
 SELECT u.request, u.partition_id, u."offset", u.attempts, u.lease_epoch, NULL::bigint AS lease_id,
-       m.key, m.headers::text AS headers, m.payload, m.created_at, false AS again
+       m.key, m.headers::text AS headers, m.payload, m.created_at, false AS again, u.priority
 FROM u
 JOIN messages m ON m.partition_id = u.partition_id AND m."offset" = u."offset"
 """
@@ -122,16 +136,20 @@ JOIN messages m ON m.partition_id = u.partition_id AND m."offset" = u."offset"
 TAKE = (
     _TAKE_HEAD
     + """
-    SELECT partition_id, "offset", visible_at FROM queue_jobs
-    WHERE topic = $1 AND detached AND visible_at <= statement_timestamp()
-    ORDER BY visible_at
+    SELECT partition_id, "offset", visible_at, priority FROM queue_jobs
+    WHERE topic = $1 AND detached AND NOT cancelled AND visible_at <= statement_timestamp()
+      AND NOT (SELECT paused OR limited FROM g)
+    ORDER BY priority DESC, visible_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 ), need AS (
-    SELECT $5 - count(*) AS n FROM c
+    -- fresh jobs have priority 0: they go after detached jobs of priority >= 0, before the others
+    SELECT CASE WHEN (SELECT paused OR limited FROM g) THEN 0
+                ELSE $5 - count(*) FILTER (WHERE priority >= 0) END AS n
+    FROM c
 ), f0 AS (
-    SELECT s.partition_id, s.fresh, s.turn, sum(s.fresh) OVER (ORDER BY s.turn) AS upto
-    FROM (SELECT f.partition_id, p.next_offset - f.next_offset AS fresh,
+    SELECT s.partition_id, s.fresh, s.turn, s.stop, sum(s.fresh) OVER (ORDER BY s.turn) AS upto
+    FROM (SELECT f.partition_id, p.next_offset - f.next_offset AS fresh, p.next_offset AS stop,
                  (row_number() OVER (ORDER BY f.partition_id) + $6::bigint) % count(*) OVER () AS turn
           FROM queue_frontiers f
           JOIN partitions p ON p.id = f.partition_id
@@ -142,24 +160,25 @@ TAKE = (
     ORDER BY f.partition_id
     FOR UPDATE
 ), fr AS (
+    -- the next fresh jobs past each locked frontier (detached ones there, delayed or
+    -- prioritized at publish, are taken through c instead)
     SELECT lk.partition_id, j."offset", f0.turn
     FROM lk JOIN f0 ON f0.partition_id = lk.partition_id CROSS JOIN need
     CROSS JOIN LATERAL (
         SELECT j."offset" FROM queue_jobs j
-        WHERE j.partition_id = lk.partition_id AND j."offset" >= lk.next_offset
-          AND j."offset" < lk.next_offset + need.n AND NOT j.detached
+        WHERE j.partition_id = lk.partition_id AND j."offset" >= lk.next_offset AND NOT j.detached
         ORDER BY j."offset"
         LIMIT need.n
     ) j
 ), n AS (
-    SELECT partition_id, "offset", 0 AS fresh,
-           row_number() OVER (ORDER BY visible_at, partition_id, "offset") AS rn
-    FROM c
-    UNION ALL
-    SELECT partition_id, "offset", 1,
-           (SELECT count(*) FROM c)
-           + row_number() OVER (ORDER BY turn, "offset")
-    FROM fr
+    -- higher priority first; among equals the detached jobs by visibility, then the fresh ones
+    -- (each partition's in offset order, so what is dealt of a partition is a prefix of it)
+    SELECT partition_id, "offset", fresh,
+           row_number() OVER (ORDER BY prio DESC, fresh, t, turn, partition_id, "offset") AS rn
+    FROM (SELECT partition_id, "offset", 0 AS fresh, priority AS prio, visible_at AS t, 0::bigint AS turn
+          FROM c
+          UNION ALL
+          SELECT partition_id, "offset", 1, 0, NULL, turn FROM fr) AS a
 """
     + _TAKE_DEAL
     + """, fk AS (
@@ -168,10 +187,25 @@ TAKE = (
            min(k."offset") AS first_offset, max(k."offset") AS last_offset
     FROM k WHERE k.fresh = 1
     GROUP BY k.partition_id, k.request, k."offset" - k.rn
+), fa AS (
+    -- per partition read: its first fresh job not dealt (the deal stops at rn $5), how many fresh
+    -- jobs were read, the last one
+    SELECT n.partition_id, min(n."offset") FILTER (WHERE n.rn > $5) AS undealt,
+           count(*) AS got, max(n."offset") AS last
+    FROM n WHERE n.fresh = 1
+    GROUP BY n.partition_id
 ), fu AS (
-    UPDATE queue_frontiers f SET next_offset = m.last_offset + 1
-    FROM (SELECT partition_id, max(last_offset) AS last_offset FROM fk GROUP BY partition_id) AS m
-    WHERE f.partition_id = m.partition_id
+    -- each locked frontier moves to its first fresh job not dealt; when all were dealt, past
+    -- the last, or to the partition's end if no other fresh job is there (detached ones left
+    -- behind it are taken through c)
+    UPDATE queue_frontiers f
+    SET next_offset = m.next_offset
+    FROM (SELECT lk.partition_id,
+                 COALESCE(fa.undealt,
+                          CASE WHEN COALESCE(fa.got, 0) < need.n THEN f0.stop ELSE fa.last + 1 END) AS next_offset
+          FROM lk JOIN f0 ON f0.partition_id = lk.partition_id CROSS JOIN need
+          LEFT JOIN fa ON fa.partition_id = lk.partition_id) AS m
+    WHERE f.partition_id = m.partition_id AND m.next_offset > f.next_offset
 ), li AS (
     INSERT INTO queue_leases (topic, partition_id, first_offset, last_offset, leased_by, visible_at)
     SELECT $1, fk.partition_id, fk.first_offset, fk.last_offset, fk.consumer,
@@ -183,18 +217,28 @@ TAKE = (
     + _TAKE_RESULT
     + """UNION ALL
 SELECT fk.request, m.partition_id, m."offset", 1, 0::bigint, li.id,
-       m.key, m.headers::text, m.payload, m.created_at, false
+       m.key, m.headers::text, m.payload, m.created_at, false, 0
 FROM li
 JOIN fk ON fk.partition_id = li.partition_id AND fk.first_offset = li.first_offset
 JOIN messages m ON m.partition_id = li.partition_id AND m."offset" BETWEEN li.first_offset AND li.last_offset
 UNION ALL
-SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true
-WHERE EXISTS (SELECT 1 FROM xj)
-   OR ((SELECT count(*) FROM k) < $5
-       AND EXISTS (SELECT 1 FROM f0 WHERE f0.partition_id NOT IN (SELECT lk.partition_id FROM lk)))
-ORDER BY 10, 2, 3
+SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE NOT (SELECT paused OR limited FROM g)
+  AND (EXISTS (SELECT 1 FROM xj)
+       OR ((SELECT count(*) FROM k) < $5
+           AND EXISTS (SELECT 1 FROM f0 WHERE f0.partition_id NOT IN (SELECT lk.partition_id FROM lk))))
+UNION ALL
+SELECT -1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE (SELECT limited AND NOT paused FROM g)
+ORDER BY 12 DESC, 10, 2, 3
 """
 )
+
+# ordered_by_key: a job is eligible when it is its key's earliest remaining one (j: the job).
+_KEY_FIRST = """(j.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM queue_jobs e
+            WHERE e.topic = j.topic AND e.key = j.key
+              AND (e.partition_id, e."offset") < (j.partition_id, j."offset")))"""
 
 # ordered_by_key: only a key's earliest remaining job is eligible, so a key
 # never has two jobs out at once (a leased or delayed job blocks the next one)
@@ -204,27 +248,146 @@ ORDER BY 10, 2, 3
 TAKE_ORDERED = (
     _TAKE_HEAD
     + """
-    SELECT j.partition_id, j."offset", j.visible_at FROM queue_jobs j
-    WHERE j.topic = $1 AND j.detached AND j.visible_at <= statement_timestamp()
-      AND (j.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM queue_jobs e
-            WHERE e.topic = j.topic AND e.key = j.key
-              AND (e.partition_id, e."offset") < (j.partition_id, j."offset")))
-    ORDER BY j.visible_at
+    SELECT j.partition_id, j."offset", j.visible_at, j.priority FROM queue_jobs j
+    WHERE j.topic = $1 AND j.detached AND NOT j.cancelled AND j.visible_at <= statement_timestamp()
+      AND NOT (SELECT paused OR limited FROM g)
+      AND """
+    + _KEY_FIRST
+    + """
+    ORDER BY j.priority DESC, j.visible_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 ), n AS (
     SELECT partition_id, "offset", 0 AS fresh,
-           row_number() OVER (ORDER BY visible_at, partition_id, "offset") AS rn
+           row_number() OVER (ORDER BY priority DESC, visible_at, partition_id, "offset") AS rn
     FROM c
 """
     + _TAKE_DEAL
     + _TAKE_RESULT
     + """UNION ALL
-SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true WHERE EXISTS (SELECT 1 FROM xj)
-ORDER BY 10, 2, 3
+SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE EXISTS (SELECT 1 FROM xj) AND NOT (SELECT paused OR limited FROM g)
+UNION ALL
+SELECT -1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE (SELECT limited AND NOT paused FROM g)
+ORDER BY 12 DESC, 10, 2, 3
 """
 )
+
+# The take of a queue with a per-key or rate limit (migration 014). It runs in
+# a transaction that first locked the queue's settings row and detached its
+# fresh jobs (LOCK_AND_DETACH), so limited takes of every process run
+# one at a time and each sees what the previous ones committed: the counts
+# below are exact. Jobs in flight for a key: taken (their own lease or a range
+# lease) and not run out. The rate limit is a sliding window over
+# `queue_take_log`: at most rate_limit jobs taken in any rate_per seconds.
+# Candidates are the first due jobs by priority (at most $7 of them with a
+# per-key limit, else $5): a key at its limit is passed over, a take does not
+# look further than that.
+# $1..$5 as TAKE; $6: ordered_by_key (bool); $7 how many due jobs to look at.
+TAKE_LIMITED = (
+    _TAKE_HEAD
+    + """
+    SELECT j.partition_id, j."offset", j.visible_at, j.priority, j.key FROM queue_jobs j
+    WHERE j.topic = $1 AND j.detached AND NOT j.cancelled AND j.visible_at <= statement_timestamp()
+      AND NOT (SELECT paused FROM g)
+      AND (NOT $6::bool OR """
+    + _KEY_FIRST
+    + """)
+    ORDER BY j.priority DESC, j.visible_at
+    LIMIT (SELECT CASE WHEN max(q.max_in_flight_per_key) IS NULL THEN $5::int ELSE $7::int END
+           FROM queue_settings q WHERE q.topic = $1)
+), s AS (
+    SELECT max(s.max_in_flight_per_key) AS per_key, max(s.rate_limit) AS rate_limit,
+           max(s.rate_per) AS rate_per
+    FROM queue_settings s WHERE s.topic = $1
+), allow AS (
+    SELECT CASE WHEN s.rate_limit IS NULL THEN $5
+                ELSE GREATEST(0, LEAST($5, s.rate_limit - (
+                    SELECT COALESCE(sum(l.n), 0) FROM queue_take_log l
+                    WHERE l.topic = $1 AND l.at > statement_timestamp() - make_interval(secs => s.rate_per))))
+           END AS n
+    FROM s
+), busy AS (
+    -- the jobs in flight per key: detached ones leased and not run out, and those of range
+    -- leases not run out (taken before the queue had its limit)
+    SELECT f.key, count(*) AS n FROM (
+        SELECT e.key FROM queue_jobs e
+        WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp()
+          AND e.leased_by IS NOT NULL AND e.key IS NOT NULL
+        UNION ALL
+        SELECT e.key FROM queue_leases l
+        JOIN queue_jobs e ON e.partition_id = l.partition_id
+                         AND e."offset" BETWEEN l.first_offset AND l.last_offset AND NOT e.detached
+        WHERE l.topic = $1 AND l.visible_at > statement_timestamp() AND e.key IS NOT NULL
+    ) AS f
+    WHERE (SELECT per_key FROM s) IS NOT NULL
+    GROUP BY f.key
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.priority DESC, c.visible_at,
+                                                               c.partition_id, c."offset") AS kr
+    FROM c
+), ok AS (
+    SELECT ranked.* FROM ranked LEFT JOIN busy ON busy.key = ranked.key CROSS JOIN s
+    WHERE s.per_key IS NULL OR ranked.key IS NULL OR ranked.kr + COALESCE(busy.n, 0) <= s.per_key
+    ORDER BY ranked.priority DESC, ranked.visible_at, ranked.partition_id, ranked."offset"
+    LIMIT (SELECT n FROM allow)
+), okl AS (
+    -- only the jobs dealt are locked (a lock writes the row); one a release without limits
+    -- holds is passed over
+    -- (primary-key probes whatever the planner thinks of the table, as in ACK_MANY)
+    SELECT j.partition_id, j."offset", j.priority, j.visible_at FROM queue_jobs j
+    WHERE j.partition_id = ANY(ARRAY(SELECT ok.partition_id FROM ok))
+      AND j."offset" = ANY(ARRAY(SELECT ok."offset" FROM ok))
+      AND ((j.partition_id, j."offset") IN (SELECT ok.partition_id, ok."offset" FROM ok)) IS TRUE
+      AND j.detached AND NOT j.cancelled AND j.visible_at <= statement_timestamp()
+    FOR UPDATE SKIP LOCKED
+), n AS (
+    SELECT partition_id, "offset", 0 AS fresh,
+           row_number() OVER (ORDER BY priority DESC, visible_at, partition_id, "offset") AS rn
+    FROM okl
+"""
+    + _TAKE_DEAL
+    + """, tl AS (
+    INSERT INTO queue_take_log (topic, at, n)
+    SELECT $1, statement_timestamp(), count(*) FROM u
+    HAVING count(*) > 0 AND (SELECT rate_limit FROM s) IS NOT NULL
+), tp AS (
+    DELETE FROM queue_take_log l
+    WHERE l.topic = $1
+      AND l.at <= statement_timestamp() - make_interval(secs => COALESCE((SELECT rate_per FROM s), 0))
+)
+"""
+    + _TAKE_RESULT
+    + """UNION ALL
+SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE EXISTS (SELECT 1 FROM xj) AND NOT (SELECT paused FROM g)
+ORDER BY 12 DESC, 10, 2, 3
+"""
+)
+
+# Limited takes of a queue run one at a time: the first statement of their
+# transaction locks the queue's settings row, then detaches its fresh jobs (as
+# DETACH_FRESH), so that TAKE_LIMITED, the next statement, sees them.
+LOCK_AND_DETACH = """
+WITH s AS (
+    SELECT topic FROM queue_settings WHERE topic = $1 FOR UPDATE
+), lk AS (
+    SELECT f.partition_id, f.next_offset FROM queue_frontiers f
+    WHERE f.topic = (SELECT topic FROM s)
+      AND EXISTS (SELECT 1 FROM partitions p WHERE p.id = f.partition_id AND p.next_offset > f.next_offset)
+    ORDER BY f.partition_id
+    FOR UPDATE
+), d AS (
+    UPDATE queue_jobs j SET detached = true
+    FROM lk
+    WHERE j.partition_id = lk.partition_id AND j."offset" >= lk.next_offset AND NOT j.detached
+    RETURNING j.partition_id, j."offset"
+)
+UPDATE queue_frontiers f SET next_offset = GREATEST(f.next_offset, p.next_offset)
+FROM lk JOIN partitions p ON p.id = lk.partition_id
+WHERE f.partition_id = lk.partition_id
+"""
 
 # Give the fresh jobs of topic $1 their own state, moving its frontiers past
 # them (under their row locks, in id order, as a take locks them): for ordered
@@ -312,12 +475,15 @@ RETURNING errors::text AS errors
 # consumer waits for, their names label the messages it takes.
 PARTITIONS = "SELECT id, name FROM partitions WHERE topic = $1"
 
-# Seconds until the topic's next job becomes visible (a nacked job's delay or
-# a lease running out; <= 0: one is visible already), NULL when there is none.
+# Seconds until the topic's next job becomes visible (a nacked job's delay, a
+# delayed publish's time or a lease running out; <= 0: one is visible
+# already), NULL when there is none or the queue is paused.
 # Nobody sends a NOTIFY for those moments, so an idle consumer sleeps until then.
 SECONDS_UNTIL_VISIBLE = """
 SELECT EXTRACT(EPOCH FROM min(t) - clock_timestamp())::float8 FROM (
-    SELECT min(visible_at) AS t FROM queue_jobs WHERE topic = $1 AND detached
+    SELECT min(visible_at) AS t FROM queue_jobs WHERE topic = $1 AND detached AND NOT cancelled
+    UNION ALL
+    SELECT min(visible_at) FROM queue_jobs WHERE topic = $1 AND cancelled
     UNION ALL
     SELECT min(visible_at) FROM queue_leases WHERE topic = $1
     UNION ALL
@@ -326,11 +492,12 @@ SELECT EXTRACT(EPOCH FROM min(t) - clock_timestamp())::float8 FROM (
       AND EXISTS (SELECT 1 FROM queue_jobs j
                   WHERE j.partition_id = f.partition_id AND j."offset" >= f.next_offset AND NOT j.detached)
 ) AS s
+WHERE NOT EXISTS (SELECT 1 FROM queue_settings q WHERE q.topic = $1 AND q.paused)
 """
 
 
 # One job a take leased, as the row the statement returns (read by position on
-# the hot path: a struct per job cost a microsecond of a queue's ~20 per job):
+# the hot path: a struct per job would be a noticeable part of a job's cost):
 TakenJob: TypeAlias = asyncpg.Record
 REQUEST = 0  # which request of the take it went to (from 1; 0: the marker row)
 PARTITION_ID = 1
@@ -342,6 +509,7 @@ KEY = 6
 HEADERS = 7  # the message's header object as JSON text
 PAYLOAD = 8
 CREATED_AT = 9
+# 10: the marker flag; 11: the job's priority (the rows come higher priority first, then by created_at)
 
 
 class RemovedJob(msgspec.Struct, frozen=True, gc=False):
@@ -371,7 +539,8 @@ async def take_for(
     Ordered takes detach the topic's fresh jobs first (one more statement,
     which finds nothing to do while no fresh job arrived). A statement that
     ends with the marker row is sent again for the requests it did not fill
-    (at most a few times).
+    (at most a few times). A queue with limits answers with the limited
+    marker (request -1) and is taken by `take_limited` instead.
     """
     if ordered:
         await detach_fresh(conn, topic)
@@ -393,6 +562,19 @@ async def take_for(
         again = False
         for row in await conn.fetch(TAKE_ORDERED if ordered else TAKE, *args):
             request = row[REQUEST]
+            if request == -1:  # the queue has limits: one limited take, in its own transaction
+                asking = [i for i, n in enumerate(left) if n > 0]
+                limited = await take_limited(
+                    conn,
+                    topic,
+                    [consumers[i] for i in asking],
+                    [left[i] for i in asking],
+                    visibility_timeout,
+                    ordered=ordered,
+                )
+                for i, rows in zip(asking, limited, strict=True):
+                    dealt[i] += rows
+                return dealt
             if request == 0:  # jobs may be free that this statement could not lease
                 again = True
                 continue
@@ -401,6 +583,42 @@ async def take_for(
             left[i] -= 1
         if not again:
             break
+    return dealt
+
+
+@asynccontextmanager
+async def _one_connection(conn: Conn) -> AsyncIterator[db.Connection]:
+    """A connection of `conn` for a transaction: lent, acquired from the pool, or `conn` itself."""
+    if isinstance(conn, db.Lender):
+        async with conn.lend() as lent:
+            yield lent
+    elif isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as acquired:
+            yield acquired
+    else:
+        yield conn
+
+
+async def take_limited(
+    conn: Conn,
+    topic: str,
+    consumers: list[str],
+    limits: list[int],
+    visibility_timeout: float,
+    *,
+    ordered: bool,
+) -> list[list[TakenJob]]:
+    """The take of a queue with a per-key or rate limit (see TAKE_LIMITED): the jobs of each taker."""
+    total = sum(limits)
+    dealt: list[list[TakenJob]] = [[] for _ in consumers]
+    async with _one_connection(conn) as c, c.transaction():
+        await c.execute(LOCK_AND_DETACH, topic)
+        rows = await c.fetch(
+            TAKE_LIMITED, topic, limits, visibility_timeout, consumers, total, ordered, total * 10 + 100
+        )
+    for row in rows:
+        if row[REQUEST] > 0:
+            dealt[row[REQUEST] - 1].append(row)
     return dealt
 
 

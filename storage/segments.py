@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from storage import db
 from storage.logs import get_logger
 
 log = get_logger(__name__)
@@ -70,6 +71,7 @@ DROP = "SELECT message_segment_drop($1)"
 SWEEP = "SELECT message_segment_sweep($1, $2)"
 SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', $1, true)"
 TRY_LOCK = "SELECT pg_try_advisory_lock($1, hashtext(current_schema()))"
+TRY_XACT_LOCK = "SELECT pg_try_advisory_xact_lock($1, hashtext(current_schema()))"
 UNLOCK = "SELECT pg_advisory_unlock($1, hashtext(current_schema()))"
 
 _MICRO = timedelta(microseconds=1)
@@ -195,17 +197,29 @@ async def retire_and_drop(
 
 async def maintain(conn: asyncpg.Connection, *, interval: float) -> Maintenance:
     """One maintenance pass (see the module docstring); `interval` is the caller's tick, in seconds."""
+    if db.through_transaction_pooler(conn):
+        # A session lock would stay with whichever server connection the pooler lent: the pass
+        # runs as one transaction under a transaction-level lock instead (its steps as savepoints).
+        async with conn.transaction():
+            if not await conn.fetchval(TRY_XACT_LOCK, _MAINTAIN_LOCK):
+                return Maintenance(skipped=True)
+            return await _maintain(conn, interval)
     if not await conn.fetchval(TRY_LOCK, _MAINTAIN_LOCK):
         return Maintenance(skipped=True)
     try:
-        row = await conn.fetchrow(RETENTIONS)  # an aggregate: always one row
-        shortest, longest = (None, None) if row is None else (row[0], row[1])
-        width = width_for(shortest, longest)
-        done = await retire_and_drop(conn, grace=GRACE_WIDTHS * width)
-        if shortest is not None:  # nothing would ever retire a segment: rows stay in the DEFAULT partition
-            done.created = await ensure(conn, width=width, ahead=max(2 * width, 3 * interval))
+        return await _maintain(conn, interval)
     finally:
         await conn.fetchval(UNLOCK, _MAINTAIN_LOCK)
+
+
+async def _maintain(conn: asyncpg.Connection, interval: float) -> Maintenance:
+    """The pass itself, under the maintenance lock."""
+    row = await conn.fetchrow(RETENTIONS)  # an aggregate: always one row
+    shortest, longest = (None, None) if row is None else (row[0], row[1])
+    width = width_for(shortest, longest)
+    done = await retire_and_drop(conn, grace=GRACE_WIDTHS * width)
+    if shortest is not None:  # nothing would ever retire a segment: rows stay in the DEFAULT partition
+        done.created = await ensure(conn, width=width, ahead=max(2 * width, 3 * interval))
     if done.retired or done.dropped or done.swept_rows:
         log.info(
             "segments_maintained",

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 import bus
+from bus.testing import FAST
 from storage import db
 
 
@@ -26,6 +27,12 @@ def dsn() -> str:
     from storage.embedded import ensure_server
 
     return ensure_server().dsn
+
+
+@pytest.fixture
+def fast() -> dict[str, Any]:
+    """The test timings of bus.testing (short sessions, short debounce, short poll fallback)."""
+    return dict(FAST)
 
 
 @pytest.fixture

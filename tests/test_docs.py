@@ -4,8 +4,10 @@ and every configuration key is documented with its default and environment varia
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
 
 import msgspec
 import pytest
@@ -74,3 +76,22 @@ def test_every_migration_is_listed_in_the_architecture() -> None:
     for sql in sorted((ROOT / "storage" / "migrations").glob("*.sql")):
         number, name = sql.stem.split("_", 1)
         assert f"| {number} `{name}` |" in text, f"docs/architecture.md does not list migration {sql.name}"
+
+
+def _api_reference() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("api_reference", ROOT / "scripts" / "api_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_api_reference_is_the_one_the_docstrings_give() -> None:
+    written = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    assert written == _api_reference().render(), (
+        "docs/api.md differs from the docstrings: run `python scripts/api_reference.py --write`"
+    )
+
+
+def test_every_public_name_of_the_reference_has_a_docstring() -> None:
+    assert _api_reference().undocumented() == []

@@ -31,7 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from bus.dashboard import views
-from storage.errors import BusError, GroupNotFoundError, TopicNotFoundError
+from storage.errors import BusError, GroupNotFoundError, TopicNotFoundError, ValidationError
 
 if TYPE_CHECKING:
     from bus.client import Bus
@@ -50,8 +50,6 @@ _HTML_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-
-Page = Callable[["Request"], Awaitable[tuple[str, dict[str, Any]]]]
 
 
 class Audit:
@@ -106,12 +104,39 @@ def build_app(
 ) -> Starlette:
     """The dashboard for `b` (see `bus.dashboard.app`)."""
     if admin_token is not None and len(admin_token) < 8:
-        from storage.errors import ValidationError
-
         raise ValidationError("the admin token must be at least 8 characters (use a long random one)")
     refresh = min(max(float(refresh), 0.1), 60.0)
     history = views.History(seconds=history_seconds, interval=refresh)
-    audit = Audit(audit_path)
+    dash = _Dashboard(b, history, Audit(audit_path), admin_token, refresh)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True, "admin": admin_token is not None, "schema": b.config.schema})
+
+    async def favicon(request: Request) -> Response:
+        return RedirectResponse(request.scope.get("root_path", "") + "/static/favicon.svg", status_code=301)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        history.ensure_running(b)
+        yield
+        await history.stop()
+
+    routes: list[Route | Mount] = [Route(path, dash.full(page)) for path, page in _PAGES]
+    routes += [Route("/live" + path, dash.live(page)) for path, page in _PAGES]
+    routes += [dash.action(name, run) for name, run in _ACTIONS]
+    routes += [
+        Route("/healthz", healthz),
+        Route("/favicon.ico", favicon),
+        Mount("/static", StaticFiles(directory=str(_PACKAGE / "static")), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.history = history
+    app.state.audit = dash.audit
+    return app
+
+
+def _environment() -> jinja2.Environment:
+    """The templates of the package, autoescaped, with the filters the pages use."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("bus.dashboard", "templates"),
         autoescape=True,
@@ -122,17 +147,150 @@ def build_app(
     env.filters["ago"] = views.ago
     env.filters["ts"] = lambda v: "-" if v is None else f"{v:%Y-%m-%d %H:%M:%S}"
     env.filters["url"] = lambda v: quote(str(v), safe="")
-    admin = admin_token is not None
+    return env
 
-    def render(request: Request, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
+
+# --- pages: (template, context) for a request -------------------------------------------------
+
+Page = Callable[["Bus", "views.History", Request], Awaitable[tuple[str, dict[str, Any]]]]
+
+
+async def _topics(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "topics.html", await views.topics_page(b, history)
+
+
+async def _topic(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "topic.html", await views.topic_page(b, request.path_params["name"], history)
+
+
+async def _groups(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "groups.html", await views.groups_page(b, history)
+
+
+async def _group(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "group.html", await views.group_page(b, request.path_params["name"], history)
+
+
+async def _queues(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "queues.html", await views.queues_page(b)
+
+
+async def _queue(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "queue.html", await views.queue_page(b, request.path_params["name"])
+
+
+async def _claims(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "claims.html", await views.claims_page(b)
+
+
+async def _claim_group(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "claim_group.html", await views.claim_group_page(b, request.path_params["name"])
+
+
+async def _es_group(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    p = request.path_params
+    return "es_group.html", await views.es_group_page(b, p["store"], p["name"])
+
+
+async def _compaction(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    return "compaction.html", await views.compaction_page(b)
+
+
+_PAGES: list[tuple[str, Page]] = [
+    ("/", _topics),
+    ("/topics", _topics),
+    ("/topics/{name}", _topic),
+    ("/groups", _groups),
+    ("/groups/{name}", _group),
+    ("/queues", _queues),
+    ("/queues/{name}", _queue),
+    ("/claims", _claims),
+    ("/claims/{name}", _claim_group),
+    ("/eventstore/{store}/{name}", _es_group),
+    ("/compaction", _compaction),
+]
+
+
+# --- actions: (audit target, outcome) for a confirmed, authorized form ------------------------
+
+Action = Callable[["Bus", dict[str, str]], Awaitable[tuple[str, str]]]
+
+
+async def _replay(b: Bus, form: dict[str, str]) -> tuple[str, str]:
+    topic = form.get("topic", "")
+    if form.get("partition") or form.get("offset"):
+        try:
+            offset = int(form.get("offset", ""))
+        except ValueError:
+            raise ValidationError("offset must be an integer") from None
+        n = await views.replay(b, topic, form.get("partition", ""), offset)
+        return f"{topic}/{form.get('partition')}@{offset}", f"replayed {n} message(s) from {topic}"
+    n = await views.replay(b, topic)
+    return f"{topic} (all)", f"replayed {n} message(s) from {topic}"
+
+
+async def _reset_offsets(b: Bus, form: dict[str, str]) -> tuple[str, str]:
+    group, to = form.get("group", ""), form.get("to", "")
+    if to not in ("earliest", "latest"):
+        raise ValidationError("reset to 'earliest' or 'latest'")
+    plan = await b.admin.reset_offsets(group, to=to)
+    return f"group {group}", f"reset {len(plan)} partition(s) of {group} to {to}"
+
+
+async def _claim_group_action(b: Bus, form: dict[str, str]) -> tuple[str, str]:
+    group, op = form.get("group", ""), form.get("op", "")
+    if op in ("stop", "start"):
+        await views.set_claim_group_status(b, group, "stopped" if op == "stop" else "active")
+        return f"claims group {group}", f"{op} {group}: done"
+    if op in ("earliest", "latest"):
+        plan = await b.admin.reset_offsets(group, to=op)
+        return f"claims group {group}", f"reset {len(plan)} partition(s) of {group} to {op}"
+    raise ValidationError("op must be stop, start, earliest or latest")
+
+
+async def _es_group_action(b: Bus, form: dict[str, str]) -> tuple[str, str]:
+    store_name, group, op = form.get("store", ""), form.get("group", ""), form.get("op", "")
+    store = b.event_store(store_name)
+    ops = {"stop": store.stop_group, "start": store.start_group, "reset": store.reset_group}
+    if op not in ops:
+        raise ValidationError("op must be stop, start or reset")
+    await ops[op](group)
+    return f"event group {store_name}/{group}", f"{op} {store_name}/{group}: done"
+
+
+_ACTIONS: list[tuple[str, Action]] = [
+    ("replay", _replay),
+    ("reset-offsets", _reset_offsets),
+    ("claim-group", _claim_group_action),
+    ("es-group", _es_group_action),
+]
+
+
+class _Dashboard:
+    """What every endpoint shares: the Bus, the lag history, the audit, the templates and the token."""
+
+    def __init__(
+        self, b: Bus, history: views.History, audit: Audit, admin_token: str | None, refresh: float
+    ) -> None:
+        self.b = b
+        self.history = history
+        self.audit = audit
+        self.admin_token = admin_token
+        self.refresh = refresh
+        self.env = _environment()
+
+    def render(
+        self, request: Request, template: str, context: dict[str, Any], status: int = 200
+    ) -> HTMLResponse:
+        """A template with what every page shows (base path, admin mode, refresh, flash messages)."""
         base = request.scope.get("root_path", "")
         path = request.url.path[len(base) :] or "/"
         if path.startswith("/live/"):  # a live fragment's forms return to the page, not the stream
             path = path[len("/live") :]
-        html = env.get_template(template).render(
+        html = self.env.get_template(template).render(
             base=base,
-            admin=admin,
-            refresh=refresh,
+            admin=self.admin_token is not None,
+            refresh=self.refresh,
             path=path,
             message=request.query_params.get("msg", ""),
             error=request.query_params.get("err", ""),
@@ -140,74 +298,44 @@ def build_app(
         )
         return HTMLResponse(html, status_code=status, headers=_HTML_HEADERS)
 
-    # --- pages: (template, context) for a request ---------------------------------------------
-
-    async def topics(request: Request) -> tuple[str, dict[str, Any]]:
-        return "topics.html", await views.topics_page(b, history)
-
-    async def topic(request: Request) -> tuple[str, dict[str, Any]]:
-        return "topic.html", await views.topic_page(b, request.path_params["name"], history)
-
-    async def groups(request: Request) -> tuple[str, dict[str, Any]]:
-        return "groups.html", await views.groups_page(b, history)
-
-    async def group(request: Request) -> tuple[str, dict[str, Any]]:
-        return "group.html", await views.group_page(b, request.path_params["name"], history)
-
-    async def queues(request: Request) -> tuple[str, dict[str, Any]]:
-        return "queues.html", await views.queues_page(b)
-
-    async def queue(request: Request) -> tuple[str, dict[str, Any]]:
-        return "queue.html", await views.queue_page(b, request.path_params["name"])
-
-    async def claims(request: Request) -> tuple[str, dict[str, Any]]:
-        return "claims.html", await views.claims_page(b)
-
-    async def claim_group(request: Request) -> tuple[str, dict[str, Any]]:
-        return "claim_group.html", await views.claim_group_page(b, request.path_params["name"])
-
-    async def es_group(request: Request) -> tuple[str, dict[str, Any]]:
-        p = request.path_params
-        return "es_group.html", await views.es_group_page(b, p["store"], p["name"])
-
-    async def compaction(request: Request) -> tuple[str, dict[str, Any]]:
-        return "compaction.html", await views.compaction_page(b)
-
-    async def gather(page: Page, request: Request) -> tuple[str, dict[str, Any], int]:
-        history.ensure_running(b)
+    async def gather(self, page: Page, request: Request) -> tuple[str, dict[str, Any], int]:
+        """The page's template and context, or the error page (404 for a missing topic or group)."""
+        self.history.ensure_running(self.b)
         try:
-            template, context = await page(request)
+            template, context = await page(self.b, self.history, request)
             return template, context, 200
         except (TopicNotFoundError, GroupNotFoundError) as exc:
             return "error.html", {"problem": str(exc)}, 404
         except BusError as exc:
             return "error.html", {"problem": str(exc)}, 400
 
-    def full(page: Page) -> Callable[[Request], Awaitable[Response]]:
+    def full(self, page: Page) -> Callable[[Request], Awaitable[Response]]:
+        """The whole page, pointing its script at the page's live stream."""
+
         async def endpoint(request: Request) -> Response:
-            template, context, status = await gather(page, request)
+            template, context, status = await self.gather(page, request)
             base = request.scope.get("root_path", "")
             live = base + "/live" + request.url.path[len(base) :]
-            return render(request, "page.html", {"body": template, "live": live, **context}, status)
+            return self.render(request, "page.html", {"body": template, "live": live, **context}, status)
 
         return endpoint
 
-    def live(page: Page) -> Callable[[Request], Awaitable[Response]]:
+    def live(self, page: Page) -> Callable[[Request], Awaitable[Response]]:
         """The page's body as server-sent events, one per `refresh` (`?once=1`: one event, then end)."""
 
         async def endpoint(request: Request) -> Response:
             once = request.query_params.get("once") == "1"
 
             async def events() -> AsyncIterator[str]:
-                yield f"retry: {int(refresh * 2000)}\n\n"
+                yield f"retry: {int(self.refresh * 2000)}\n\n"
                 while True:
-                    template, context, _ = await gather(page, request)
-                    html = bytes(render(request, template, context).body).decode()
+                    template, context, _ = await self.gather(page, request)
+                    html = bytes(self.render(request, template, context).body).decode()
                     yield "".join(f"data: {line}\n" for line in html.splitlines()) + "\n"
                     if once:
                         return
                     # A closed connection ends this loop: Starlette cancels it (or the next send fails).
-                    await asyncio.sleep(refresh)
+                    await asyncio.sleep(self.refresh)
 
             return StreamingResponse(
                 events(),
@@ -217,11 +345,10 @@ def build_app(
 
         return endpoint
 
-    # --- actions ---------------------------------------------------------------------------
-
-    async def authorize(request: Request, action: str, target: str) -> dict[str, str]:
+    async def authorize(self, request: Request, action: str) -> None:
+        """Refuse unless the dashboard has a token, the request carries it, and the form confirms."""
         form = await _form(request)
-        if admin_token is None:
+        if self.admin_token is None:
             raise _Refused(
                 403, "this dashboard is read-only; start it with --admin --token T to allow actions"
             )
@@ -229,13 +356,12 @@ def build_app(
         header = request.headers.get("authorization", "")
         if header.lower().startswith("bearer "):
             given = header[7:].strip()
-        if not given or not hmac.compare_digest(given.encode(), admin_token.encode()):
+        if not given or not hmac.compare_digest(given.encode(), self.admin_token.encode()):
             raise _Refused(403, "refused: the admin token is missing or wrong (enter it in the token field)")
         if form.get("confirm") != "yes":
             raise _Refused(400, f"refused: {action} needs confirmation (confirm=yes)")
-        return form
 
-    def action(name: str, run: Callable[[Request, dict[str, str]], Awaitable[tuple[str, str]]]) -> Route:
+    def action(self, name: str, run: Action) -> Route:
         """POST /actions/<name>: check token and confirmation, run, audit, and go back to the page."""
 
         async def endpoint(request: Request) -> Response:
@@ -247,111 +373,18 @@ def build_app(
                 back = form.get("next", "/")
                 if not back.startswith("/") or back.startswith("//"):
                     back = "/"
-                await authorize(request, name, target)
-                target, done = await run(request, form)
+                await self.authorize(request, name)
+                target, done = await run(self.b, form)
             except _Refused as exc:
-                audit.write(request, name, target, "refused", exc.reason)
-                return render(
-                    request,
-                    "page.html",
-                    {"problem": exc.reason, "body": "error.html", "live": ""},
-                    exc.status,
-                )
+                self.audit.write(request, name, target, "refused", exc.reason)
+                context = {"problem": exc.reason, "body": "error.html", "live": ""}
+                return self.render(request, "page.html", context, exc.status)
             except BusError as exc:
-                audit.write(request, name, target, "failed", str(exc))
+                self.audit.write(request, name, target, "failed", str(exc))
                 sep = "&" if "?" in back else "?"
                 return RedirectResponse(f"{base}{back}{sep}err={quote(str(exc))}", status_code=303)
-            audit.write(request, name, target, "ok", done)
+            self.audit.write(request, name, target, "ok", done)
             sep = "&" if "?" in back else "?"
             return RedirectResponse(f"{base}{back}{sep}msg={quote(done)}", status_code=303)
 
         return Route(f"/actions/{name}", endpoint, methods=["POST"])
-
-    async def do_replay(request: Request, form: dict[str, str]) -> tuple[str, str]:
-        topic = form.get("topic", "")
-        if form.get("partition") or form.get("offset"):
-            try:
-                offset = int(form.get("offset", ""))
-            except ValueError:
-                from storage.errors import ValidationError
-
-                raise ValidationError("offset must be an integer") from None
-            n = await views.replay(b, topic, form.get("partition", ""), offset)
-            return f"{topic}/{form.get('partition')}@{offset}", f"replayed {n} message(s) from {topic}"
-        n = await views.replay(b, topic)
-        return f"{topic} (all)", f"replayed {n} message(s) from {topic}"
-
-    async def do_reset_offsets(request: Request, form: dict[str, str]) -> tuple[str, str]:
-        group, to = form.get("group", ""), form.get("to", "")
-        if to not in ("earliest", "latest"):
-            from storage.errors import ValidationError
-
-            raise ValidationError("reset to 'earliest' or 'latest'")
-        plan = await b.admin.reset_offsets(group, to=to)
-        return f"group {group}", f"reset {len(plan)} partition(s) of {group} to {to}"
-
-    async def do_claim_group(request: Request, form: dict[str, str]) -> tuple[str, str]:
-        group, op = form.get("group", ""), form.get("op", "")
-        if op in ("stop", "start"):
-            await views.set_claim_group_status(b, group, "stopped" if op == "stop" else "active")
-            return f"claims group {group}", f"{op} {group}: done"
-        if op in ("earliest", "latest"):
-            plan = await b.admin.reset_offsets(group, to=op)
-            return f"claims group {group}", f"reset {len(plan)} partition(s) of {group} to {op}"
-        from storage.errors import ValidationError
-
-        raise ValidationError("op must be stop, start, earliest or latest")
-
-    async def do_es_group(request: Request, form: dict[str, str]) -> tuple[str, str]:
-        store_name, group, op = form.get("store", ""), form.get("group", ""), form.get("op", "")
-        store = b.event_store(store_name)
-        ops = {"stop": store.stop_group, "start": store.start_group, "reset": store.reset_group}
-        if op not in ops:
-            from storage.errors import ValidationError
-
-            raise ValidationError("op must be stop, start or reset")
-        await ops[op](group)
-        return f"event group {store_name}/{group}", f"{op} {store_name}/{group}: done"
-
-    # --- misc --------------------------------------------------------------------------------
-
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"ok": True, "admin": admin, "schema": b.config.schema})
-
-    async def favicon(request: Request) -> Response:
-        return RedirectResponse(request.scope.get("root_path", "") + "/static/favicon.svg", status_code=301)
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        history.ensure_running(b)
-        yield
-        await history.stop()
-
-    pages: list[tuple[str, Page]] = [
-        ("/", topics),
-        ("/topics", topics),
-        ("/topics/{name}", topic),
-        ("/groups", groups),
-        ("/groups/{name}", group),
-        ("/queues", queues),
-        ("/queues/{name}", queue),
-        ("/claims", claims),
-        ("/claims/{name}", claim_group),
-        ("/eventstore/{store}/{name}", es_group),
-        ("/compaction", compaction),
-    ]
-    routes: list[Route | Mount] = [Route(path, full(page)) for path, page in pages]
-    routes += [Route("/live" + (path if path != "/" else "/"), live(page)) for path, page in pages]
-    routes += [
-        action("replay", do_replay),
-        action("reset-offsets", do_reset_offsets),
-        action("claim-group", do_claim_group),
-        action("es-group", do_es_group),
-        Route("/healthz", healthz),
-        Route("/favicon.ico", favicon),
-        Mount("/static", StaticFiles(directory=str(_PACKAGE / "static")), name="static"),
-    ]
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.history = history
-    app.state.audit = audit
-    return app

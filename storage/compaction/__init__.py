@@ -1,31 +1,4 @@
-"""History: the PySpark job that archives records to Parquet and compacts the log.
+"""The statements of the compaction job (`sql.py`) and the bulk loader of synthetic history (`bulk.py`).
 
-`run_compaction(dsn, schema, ...)` runs (or resumes) one run; `bus compact`
-and `spark-submit storage/compaction/job.py` call it. See `job.py` for what
-counts as history and how a run survives crashes, `spark.py` for Java 17 and
-the JDBC driver.
+The job itself, a PySpark driver, lives in `bus.compaction`.
 """
-
-from storage.compaction.job import (
-    CRASH_POINTS,
-    CompactionBusyError,
-    CompactionCrash,
-    CompactionReport,
-    PartitionOutcome,
-    Progress,
-    run_compaction,
-)
-from storage.compaction.spark import SparkSetupError, jdbc_target, spark_session
-
-__all__ = [
-    "CRASH_POINTS",
-    "CompactionBusyError",
-    "CompactionCrash",
-    "CompactionReport",
-    "PartitionOutcome",
-    "Progress",
-    "SparkSetupError",
-    "jdbc_target",
-    "run_compaction",
-    "spark_session",
-]

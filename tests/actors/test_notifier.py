@@ -10,6 +10,7 @@ import asyncpg
 from actors import Actor, Message, spawn
 from actors.messages import Subscribe, Unsubscribe
 from actors.notifier import Notifier
+from bus.testing import eventually
 
 
 class Rang(Message, frozen=True):
@@ -28,14 +29,6 @@ async def _listening(conn: asyncpg.Connection) -> set[str]:
     return {r[0] for r in await conn.fetch("SELECT pg_listening_channels()")}
 
 
-async def _eventually(check: Any, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
-
-
 async def test_a_lazy_channel_is_listened_to_only_while_subscribed(dsn: str) -> None:
     opened: list[asyncpg.Connection] = []
 
@@ -49,7 +42,7 @@ async def test_a_lazy_channel_is_listened_to_only_while_subscribed(dsn: str) -> 
     bell = spawn(lambda: Bell(rings), "bell")
     sender = await asyncpg.connect(dsn)
     try:
-        await _eventually(lambda: _true(bool(opened)))
+        await eventually(lambda: bool(opened))
         conn = opened[0]
         # Nobody subscribes to the lazy channel: only the other one is listened to, and a NOTIFY
         # on the lazy one never reaches this process.
@@ -61,7 +54,7 @@ async def test_a_lazy_channel_is_listened_to_only_while_subscribed(dsn: str) -> 
         assert await _listening(conn) == {"busy", "quiet"}
         assert rings == []  # no catch-up wake was asked for
         await sender.execute("SELECT pg_notify('busy', '7')")
-        await _eventually(lambda: _true(len(rings) == 1))
+        await eventually(lambda: len(rings) == 1)
 
         # The last subscriber leaves: the channel is not listened to any more.
         await notifier.ask(Unsubscribe(bell))
@@ -69,16 +62,12 @@ async def test_a_lazy_channel_is_listened_to_only_while_subscribed(dsn: str) -> 
 
         # A subscription by tell that starts the LISTEN wakes its subscriber once (catch-up).
         notifier.signal(Subscribe("busy", None, bell, Rang()))
-        await _eventually(lambda: _true(len(rings) == 2))
+        await eventually(lambda: len(rings) == 2)
         assert await _listening(conn) == {"busy", "quiet"}
     finally:
         await sender.close()
         await bell.stop()
         await notifier.stop()
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 class CountingNotifier(Notifier):
@@ -109,7 +98,7 @@ async def test_a_notify_goes_straight_to_its_subscribers_once_the_table_is_settl
         await notifier.ask(Subscribe("chan", "8", bell8, Rang(), catch_up=False))
         for key in ("7", "7", "8", "9"):
             await sender.execute("SELECT pg_notify('chan', $1)", key)
-        await _eventually(lambda: _true(len(seven) == 2 and len(eight) == 1))
+        await eventually(lambda: len(seven) == 2 and len(eight) == 1)
         # Routed by the connection's callback from the settled table, not through the mailbox.
         assert CountingNotifier.routed_in_turn == 0
 
@@ -117,7 +106,7 @@ async def test_a_notify_goes_straight_to_its_subscribers_once_the_table_is_settl
         await notifier.ask(Unsubscribe(bell7))
         await sender.execute("SELECT pg_notify('chan', '7')")
         await sender.execute("SELECT pg_notify('chan', '8')")
-        await _eventually(lambda: _true(len(eight) == 2))
+        await eventually(lambda: len(eight) == 2)
         await asyncio.sleep(0.1)
         assert len(seven) == 2
         assert CountingNotifier.routed_in_turn == 0
@@ -148,11 +137,11 @@ async def test_a_notify_that_comes_while_the_table_changes_goes_through_the_noti
         for _ in range(200):
             notifier.signal(Subscribe("chan", "other", bell, Rang(), catch_up=False))
         await sender.execute("SELECT pg_notify('chan', '7')")
-        await _eventually(lambda: _true(len(rings) >= 1))
+        await eventually(lambda: len(rings) >= 1)
         await notifier.ask(Unsubscribe(None))  # a round trip: the burst is over
         before = CountingNotifier.routed_in_turn
         await sender.execute("SELECT pg_notify('chan', '7')")
-        await _eventually(lambda: _true(len(rings) >= 2))
+        await eventually(lambda: len(rings) >= 2)
         assert CountingNotifier.routed_in_turn == before  # settled again: straight to the bell
     finally:
         await sender.close()

@@ -34,6 +34,8 @@ What is not run literally, and how it is rewritten (nothing else is):
    ``release()`` / ``extend(seconds)``; queue: ``ack(job) ; nack(job)``) run one at a time: the
    block runs once per alternative, with the other alternatives left out. Read top to bottom
    they would act on an object already finished by the first (an ``extend`` after an ``ack``).
+   Block "Queue features" runs once with its ``cancel_job`` and once with its ``job_result``
+   instead (the result of a job cancelled before its take is a JobFailedError, not a value).
 6. Comments are ignored, as Python ignores them; values a comment promises are asserted by the
    block's check instead.
 """
@@ -51,7 +53,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +61,12 @@ import msgspec
 import pytest
 
 import bus
+from bus.testing import FAST  # short sessions and debounce: groups join in a fraction of a second
 
 HERE = Path(__file__).resolve()
 # ../shared/API.md beside the repository clone (parents[2] is the repository itself).
 CANDIDATES = [HERE.parents[3] / "shared" / "API.md", HERE.parents[2] / "shared" / "API.md"]
 TIMEOUT = 20.0
-# Short sessions and debounce so groups join in a fraction of a second.
-FAST: dict[str, Any] = dict(
-    heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.05, max_poll_interval=0.5, lease_time=5.0
-)
 
 
 def api_md() -> Path | None:
@@ -188,7 +187,7 @@ def build(block: Block, plan: Plan, keep: str | None) -> types.CodeType:
 
     def rewrite(body: list[ast.stmt]) -> list[ast.stmt]:
         out: list[ast.stmt] = []
-        for stmt in body:
+        for at, stmt in enumerate(body):
             text = segment(stmt)
             if text in plan.menu and text != keep:
                 continue  # rule 5
@@ -204,7 +203,9 @@ def build(block: Block, plan: Plan, keep: str | None) -> types.CodeType:
             ):
                 stmt.body = [ast.copy_location(ast.Break(), stmt.body[0])]  # rule 3
             end = stmt.end_lineno or stmt.lineno
-            if end in wanted and isinstance(stmt, (ast.Expr, ast.Assign)):
+            # `a();  b() -> T`: the annotation is the line's last statement's
+            last_on_line = all((later.end_lineno or later.lineno) != end for later in body[at + 1 :])
+            if end in wanted and last_on_line and isinstance(stmt, (ast.Expr, ast.Assign)):
                 used.add(end)
                 stmt.value = ast.Call(
                     func=ast.Name("_returns", ast.Load()),
@@ -231,11 +232,11 @@ def build(block: Block, plan: Plan, keep: str | None) -> types.CodeType:
     return compile(tree, "API.md", "exec")
 
 
-TYPE_NAMES = {k: v for k, v in vars(bus).items() if not k.startswith("_")} | {"bus": bus}
+TYPE_NAMES = {k: getattr(bus, k) for k in dir(bus) if not k.startswith("_")} | {"bus": bus}  # lazy names too
 
 
 def conforms(value: Any, tp: Any) -> bool:
-    """isinstance for the annotations API.md uses: classes, `list[X]`, `set[X]`, `X | None`."""
+    """isinstance for the annotations API.md uses: classes, `list[X]`, `set[X]`, `dict[K, V]`, `X | None`."""
     if tp is None or tp is type(None):
         return value is None
     origin = typing.get_origin(tp)
@@ -244,6 +245,11 @@ def conforms(value: Any, tp: Any) -> bool:
     if origin in (list, set, tuple):
         (item,) = typing.get_args(tp)[:1]
         return isinstance(value, origin) and all(conforms(v, item) for v in value)
+    if origin is dict:
+        key, val = typing.get_args(tp)
+        return isinstance(value, dict) and all(
+            conforms(k, key) and conforms(v, val) for k, v in value.items()
+        )
     return isinstance(value, tp)
 
 
@@ -420,6 +426,73 @@ async def setup_queues(ctx: Ctx) -> Plan:
     )
 
 
+async def setup_kafka_consumer(ctx: Ctx) -> Plan:
+    """A started poll consumer `c` that owns both partitions of "orders" and polled from them."""
+    await ctx.b.create_topic("orders", partitions=2)
+    for p in ("0", "1"):
+        await ctx.b.publish_many("orders", [bus.Outgoing({"i": i}, partition=p) for i in range(3)])
+    since = datetime.now(UTC)
+    for p in ("0", "1"):
+        await ctx.b.publish_many("orders", [bus.Outgoing({"i": i}, partition=p) for i in range(3, 5)])
+    c = ctx.b.consumer("reports", topics=["orders"], start="earliest", auto_commit=False)
+    await c.start()
+    await c.wait_assigned(10)
+    tps = [bus.TopicPartition("orders", "0"), bus.TopicPartition("orders", "1")]
+    deadline = asyncio.get_running_loop().time() + 10
+    polled: set[str] = set()
+    while polled != {"0", "1"} and asyncio.get_running_loop().time() < deadline:
+        polled |= {m.partition for m in await c.poll(timeout=0.2)}
+    await c.commit()
+
+    async def check(got: dict[str, Any], _: str | None) -> None:
+        try:
+            assert _returned(ctx, "set[TopicPartition]") == [set()]  # paused, then resumed
+            (position,) = _returned(ctx, "int")
+            assert 0 < position <= 5
+            (committed,) = _returned(ctx, "int | None")
+            assert committed is not None and 0 < committed <= 5
+            assert _returned(ctx, "dict[TopicPartition, int]") == [
+                {tp: 0 for tp in tps},
+                {tp: 5 for tp in tps},
+            ]
+            assert _returned(ctx, "dict[TopicPartition, int | None]") == [{tps[0]: 3}]
+            # seek_to_end ran last: both partitions continue after their last message.
+            assert [await c.position(tp) for tp in tps] == [5, 5]
+            assert await c.poll(timeout=0.3) == []
+        finally:
+            await c.close()
+
+    return Plan(names={"c": c, "tps": tps, "tp": tps[0], "datetime": since}, check=check)
+
+
+async def setup_queue_features(ctx: Ctx) -> Plan:
+    if not hasattr(bus.Bus, "schedule"):
+        pytest.skip("the block's b.schedule/unschedule/schedules come with the scheduler")
+    cancel = 'await b.admin.cancel_job("jobs", rec)'
+    await ctx.b.create_topic("jobs", partitions=8, semantics="queue")
+
+    async def check(got: dict[str, Any], keep: str | None) -> None:
+        b, rec = ctx.b, got["rec"]
+        assert isinstance(rec, bus.Record) and rec.topic == "jobs"
+        per_key, rate, paused, ttl = await b.admin.queue_settings("jobs")
+        assert (per_key, rate, paused, ttl) == (None, None, False, timedelta(days=1))
+        async with b.queue_consumer("jobs") as q:  # the delayed job is not due for 5 minutes
+            assert await q.take(max_messages=10, timeout=0.2) == []
+        if keep == cancel:
+            with pytest.raises(bus.JobFailedError) as failed:
+                await b.job_result("jobs", rec, timeout=0.5)
+            assert failed.value.status == "cancelled"
+        else:
+            assert got["value"] == {"rows": 42}
+        assert "nightly" not in [s.name for s in await b.schedules()]
+
+    return Plan(
+        names={"payload": {"report": "x"}, "timedelta": timedelta, "datetime": datetime},
+        menu=[cancel, 'value = await b.job_result("jobs", rec, timeout=30.0)'],
+        check=check,
+    )
+
+
 async def setup_reader(ctx: Ctx) -> Plan:
     await ctx.b.create_topic("orders", partitions=8)
     for i in range(3):
@@ -555,6 +628,8 @@ SETUPS: dict[str, tuple[Setup, str | None]] = {
     "a = b.admin": (setup_admin, None),
     "async with c.transaction() as tx:": (setup_transaction, None),
     'idempotency_key="order-42")': (setup_idempotent, None),
+    "await b.admin.pause_queue(": (setup_queue_features, None),
+    "await c.offsets_for_times(": (setup_kafka_consumer, None),
 }
 
 

@@ -17,7 +17,11 @@ every 100 ms and injects faults chosen by a seeded random generator:
 - `slow`: make the slow process's handler block it past its lease;
 - `rebalance`: start one more process of a role (its members join every group
   of the role), let it work a few seconds, stop it gracefully (they leave):
-  two rebalances while the other members' transactions are open.
+  two rebalances while the other members' transactions are open;
+- `long_transaction`: another session (a report, a `pg_dump`) holds a
+  REPEATABLE READ snapshot for several seconds while the other faults go on:
+  no row version written meanwhile can be vacuumed. It excuses nothing: a
+  duplicate or a stall during it is a finding.
 
 Then it stops the producers, lets every group drain, stops the members
 gracefully, collects the user's table, the dead-letter topics and the event
@@ -90,6 +94,8 @@ MEMBER_CONFIG: dict[str, float] = dict(
 # The slow member: a short lease, and a stall longer than it (but shorter than its session).
 SLOW_CONFIG: dict[str, float] = {**MEMBER_CONFIG, "lease_time": 1.0, "slow_seconds": 2.0}
 ZOMBIE_PAUSE = MEMBER_CONFIG["session_timeout"] + 2.0
+# How long a `long_transaction` fault holds its snapshot (seconds, drawn uniformly).
+LONG_TRANSACTION = (5.0, 15.0)
 # Events a member records ("V" lines) that re-deliver from the last commit: observed fault kinds.
 EVENT_FAULTS = {
     "member_fenced": "fenced",
@@ -124,7 +130,9 @@ REBALANCED_ROLES = ("T", "T", "P")
 # CHAOS_KINDS=restart,kill narrows a run to some faults; CHAOS_PATTERNS=tx,txlow to some patterns.
 KINDS = tuple(
     k
-    for k in os.environ.get("CHAOS_KINDS", "kill,terminate_backends,restart,zombie,slow,rebalance").split(",")
+    for k in os.environ.get(
+        "CHAOS_KINDS", "kill,terminate_backends,restart,zombie,slow,rebalance,long_transaction"
+    ).split(",")
     if k
 )
 ONLY_PATTERNS = frozenset(p for p in os.environ.get("CHAOS_PATTERNS", "").split(",") if p)
@@ -352,6 +360,29 @@ class ChaosRun:
         elif kind == "rebalance":
             # In the background: joining takes seconds (a process starting), other faults go on meanwhile.
             self.background.append(asyncio.create_task(self._rebalance(t0)))
+        elif kind == "long_transaction":
+            # In the background too: the snapshot stays while the next faults come.
+            self.background.append(asyncio.create_task(self._long_transaction(t0)))
+
+    async def _long_transaction(self, t0: float) -> None:
+        """Another session holds a REPEATABLE READ snapshot (the xmin horizon) for a while, then ends it."""
+        hold = self.rng.uniform(*LONG_TRANSACTION)
+        detail = f"REPEATABLE READ snapshot held {hold:.1f} s"
+        try:
+            conn = await self._connect("chaos-long-transaction")
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # a restart in progress
+            self._record(Fault("long_transaction", t0, time.time(), None, f"not started: {exc!r}"))
+            return
+        try:
+            await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            await conn.fetchval("SELECT count(*) FROM offsets")  # the snapshot is taken here
+            await asyncio.sleep(hold)
+            await conn.execute("ROLLBACK")
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # a restart ended it early
+            detail += f", ended early: {exc!r}"
+        finally:
+            await conn.close()
+        self._record(Fault("long_transaction", t0, time.time(), None, detail))
 
     async def _rebalance(self, t0: float) -> None:
         """One more process of a role joins every group of it, works a little, and leaves."""

@@ -90,6 +90,13 @@ def test_a_rewind_to_reread_is_not_an_order_violation_but_its_duplicates_need_a_
     assert explained.ok, explained.summary()
 
 
+def test_a_long_transaction_explains_no_duplicate_but_counts_as_an_injected_fault() -> None:
+    ds = _deliver([0, 1, 2, 1, 2, 3, 4])
+    r = check(_history(ds, faults=[Fault("long_transaction", 99.0, 110.0)]))
+    assert r.unexplained_duplicates == 2 and not r.ok
+    assert r.faults["long_transaction"] == 1 and "long_transaction=1" in r.summary()
+
+
 def test_a_duplicate_is_explained_only_by_a_fault_touching_a_process_that_delivered_it() -> None:
     ds = _deliver([0, 1, 2], pid=1, member="m1") + _deliver([2, 3, 4], pid=2, member="m2", t0=105.0)
     other = check(_history(ds, faults=[Fault("kill", 103.0, 103.0, pid=99)]))

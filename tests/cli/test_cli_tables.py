@@ -13,7 +13,8 @@ import pytest
 from rich.console import Console
 
 import bus
-from bus.cli import fit, table
+from bus.tables import fit, table
+from bus.testing import FAST
 
 LONG_TOPIC = "semantics.partitioned-v2"  # 24 characters: names up to 24 always keep one line at 80 columns
 LONGER_TOPIC = "payments.settlement-ledger.by-merchant-and-currency.v2"  # too long for one line at 80 columns
@@ -82,7 +83,7 @@ async def test_topics_at_80_columns_shows_whole_names_and_numbers(
 async def test_groups_and_describe_at_80_columns_keep_names_and_numbers(
     connect: Any, dsn: str, schema: str
 ) -> None:
-    b = await connect(heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.1, max_poll_interval=0.5)
+    b = await connect(**FAST)
     await _fill(b)
     async with b.consumer(GROUP, topics=[LONG_TOPIC]) as c:
         got = 0
@@ -108,7 +109,7 @@ async def test_groups_and_describe_at_80_columns_keep_names_and_numbers(
 
 @pytest.mark.slow  # runs `python -m bus` in subprocesses
 async def test_json_output_of_topics_groups_and_describe(connect: Any, dsn: str, schema: str) -> None:
-    b = await connect(heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.1, max_poll_interval=0.5)
+    b = await connect(**FAST)
     await _fill(b)
     async with b.consumer(GROUP, topics=[LONG_TOPIC]) as c:
         await c.poll(timeout=2.0)

@@ -9,7 +9,7 @@ import pytest
 
 
 def _spark_missing() -> str | None:
-    from storage.compaction.spark import SparkSetupError, java_home, jdbc_jar
+    from bus.compaction.spark import SparkSetupError, java_home, jdbc_jar
 
     try:
         java_home()
@@ -29,7 +29,7 @@ def spark() -> Iterator[Any]:
     reason = _spark_missing()
     if reason:
         pytest.skip(reason)
-    from storage.compaction.spark import spark_session
+    from bus.compaction.spark import spark_session
 
     session = spark_session("local[2]")
     yield session

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import bus
-from storage.compaction import run_compaction
+from bus.compaction import run_compaction
 from tests.compaction.compaction_model import archive_rows, load, log_starts, make_group, present
 
 # Three cluster JVMs, a driver and two executors on a 2-core machine: minutes when it is busy.
@@ -71,7 +71,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A master and two one-core workers on 127.0.0.1; every process is stopped afterwards."""
     import pyspark
 
-    from storage.compaction.spark import java_home
+    from bus.compaction.spark import java_home
 
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     env = {

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 import bus
-from storage.compaction import CompactionCrash, run_compaction
-from storage.compaction.spark import submit_command
+from bus.compaction import job, run_compaction
+from bus.compaction.spark import submit_command
+from tests.compaction import crashes
 from tests.compaction.compaction_model import (
     LAST_RUN,
     SET_COMMITTED,
@@ -25,6 +26,7 @@ from tests.compaction.compaction_model import (
     present,
     snapshot,
 )
+from tests.compaction.crashes import CompactionCrash, crash_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -179,15 +181,15 @@ async def _log_start(b: bus.Bus, topic: str, partition: str) -> int:
         return (await log_starts(conn))[pid]
 
 
-@pytest.mark.parametrize("crash_at", ["after_archive", "mid_delete", "before_bookkeeping"])
+@pytest.mark.parametrize("point", ["after_archive", "mid_delete", "before_bookkeeping"])
 async def test_a_run_crashed_at_any_step_finishes_like_an_uninterrupted_one(
-    b: bus.Bus, spark: Any, tmp_path: Path, crash_at: str
+    b: bus.Bus, spark: Any, tmp_path: Path, point: str
 ) -> None:
     await _history(b, scale=10)
     async with b.pool.acquire() as conn:
         rows, parts = await snapshot(conn)
     with pytest.raises(CompactionCrash):
-        await _compact(b, spark, tmp_path / "archive", crash_at=crash_at)
+        await _compact(b, spark, tmp_path / "archive", checkpoint=crash_at(point))
     report = await _compact(b, spark, tmp_path / "archive")
     assert report.resumed and report.attempts == 2
     await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)
@@ -206,6 +208,7 @@ async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(
         ["--dsn", b.dsn, "--schema", b.config.schema, "--archive", str(tmp_path / "archive")],
         master="local[2]",
     )
+    argv[argv.index(str(Path(job.__file__)))] = str(Path(crashes.__file__))  # the job, with a crash installed
     env["BUS_COMPACT_CRASH_AT"] = "mid_delete"
     proc = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, text=True, timeout=240)
     # spark-submit's PythonRunner forwards the driver's stderr to its stdout.
@@ -221,7 +224,7 @@ async def test_a_group_arriving_after_planning_is_never_robbed(
 ) -> None:
     await _history(b, scale=10)
     with pytest.raises(CompactionCrash):
-        await _compact(b, spark, tmp_path / "archive", crash_at="after_archive")
+        await _compact(b, spark, tmp_path / "archive", checkpoint=crash_at("after_archive"))
     async with b.pool.acquire() as conn:
         before = await present(conn)
         starts = await log_starts(conn)
@@ -248,7 +251,7 @@ async def test_rows_held_back_by_a_reset_between_archive_and_delete_are_archived
     async with b.pool.acquire() as conn:
         rows, parts = await snapshot(conn)
     with pytest.raises(CompactionCrash):
-        await _compact(b, spark, tmp_path / "archive", crash_at="after_archive")
+        await _compact(b, spark, tmp_path / "archive", checkpoint=crash_at("after_archive"))
     # An admin resets the group backwards on a delete and a compact partition
     # after the archive was written: the delete must keep those rows.
     async with b.pool.acquire() as conn:

@@ -13,7 +13,7 @@ from rich.console import Console
 
 import bus
 from bus.compact import compact_command, sidecar_command
-from storage.compaction import run_compaction
+from bus.compaction import run_compaction
 from storage.compaction import sql as compaction_sql
 from tests.compaction.compaction_model import SET_COMMITTED, load, make_group
 

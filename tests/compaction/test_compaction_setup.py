@@ -8,9 +8,9 @@ import pytest
 
 import bus
 from bus.compact import parse_every
-from storage.compaction import SparkSetupError, jdbc_target, run_compaction
-from storage.compaction.job import split_ranges
-from storage.compaction.spark import java_home, jdbc_jar
+from bus.compaction import SparkSetupError, jdbc_target, run_compaction
+from bus.compaction.archive import split_ranges
+from bus.compaction.spark import java_home, jdbc_jar
 from storage.compaction.sql import split_predicate
 from storage.errors import ValidationError
 
@@ -115,11 +115,6 @@ def test_planned_ranges_split_into_even_spans_covering_every_offset_once() -> No
         assert max(sizes) - min(sizes) <= max(sizes) // 2 + 1 or len(spans) == 1
     assert split_ranges([(1, 5, 5)], 4) == []
     assert split_ranges(ranges, 1) == [[(1, None, None), (2, None, None), (3, None, None)]]
-
-
-def test_an_unknown_crash_point_is_refused() -> None:
-    with pytest.raises(ValidationError, match="crash_at"):
-        run_compaction("postgresql://postgres@127.0.0.1:5432/postgres", "bus", crash_at="halfway")
 
 
 def test_an_invalid_topic_name_is_refused() -> None:

@@ -19,7 +19,7 @@ import pytest
 
 import bus
 from storage import embedded
-from storage.compaction.spark import jdbc_target
+from bus.compaction.spark import jdbc_target
 from tests.embedded.helpers import private_home
 
 

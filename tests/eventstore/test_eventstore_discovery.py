@@ -46,7 +46,7 @@ async def _drain(
     raise AssertionError("claims never ran out")
 
 
-# -- a partition's start does not depend on who discovered it (issue: deploy adds a handled type) ------------
+# -- a partition's start does not depend on who discovered it (a deploy adds a handled type) ------------
 
 
 async def test_a_partition_discovered_by_a_worker_not_handling_its_events_is_pending_for_one_that_does(

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 import bus
-from tests.groups.helpers import drain, eventually
+from bus.testing import eventually
+from tests.groups.helpers import drain
 
 
 async def test_a_message_whose_notification_never_came_is_still_delivered_by_the_poll_fallback(connect, fast) -> None:

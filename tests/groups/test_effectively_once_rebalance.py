@@ -1,4 +1,4 @@
-"""Effectively-once across rebalances, in the loops users write (API.md "Round 2": effectively-once, stated exactly).
+"""Effectively-once across rebalances, in the loops users write (API.md "Effectively-once, stated exactly").
 
 Each test drives a user's loop: poll, write rows into the user's own table,
 commit the offsets in the same transaction (`c.transaction()`, or the
@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 import bus
-from tests.groups.helpers import eventually
+from bus.testing import eventually
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import bus
-from tests.groups.conftest import FAST
-from tests.groups.helpers import eventually
+from bus.testing import FAST, eventually
 
 pytestmark = pytest.mark.slow
 

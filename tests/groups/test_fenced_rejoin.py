@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import bus
-from tests.groups.helpers import drain, eventually
+from bus.testing import eventually
+from tests.groups.helpers import drain
 
 
 async def test_a_fenced_member_joins_again_once_even_when_many_fence_notices_queued_up(connect, fast) -> None:

@@ -7,8 +7,8 @@ import asyncio
 import asyncpg
 
 import bus
+from bus.testing import eventually
 from storage import leases
-from tests.groups.helpers import eventually
 
 
 async def test_handler_sees_every_message_in_order_per_partition(connect, fast) -> None:

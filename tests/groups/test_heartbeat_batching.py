@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from bus.testing import eventually
 from storage import membership
-from tests.groups.helpers import eventually
 
 
 async def test_one_heartbeat_statement_per_interval_covers_every_local_member(connect, fast, monkeypatch) -> None:

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 import bus
-from tests.groups.helpers import drain, eventually
+from bus.testing import eventually
+from tests.groups.helpers import drain
 
 
 async def owned(b: bus.Bus, group: str) -> dict[str, list[str]]:

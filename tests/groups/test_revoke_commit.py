@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 import bus
-from tests.groups.helpers import drain, eventually
+from bus.testing import eventually
+from tests.groups.helpers import drain
 
 
 async def _committed(b: bus.Bus) -> dict[str, int]:

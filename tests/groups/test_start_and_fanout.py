@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import bus
-from tests.groups.helpers import drain, eventually
+from bus.testing import eventually
+from tests.groups.helpers import drain
 
 
 async def test_latest_group_that_joined_after_three_old_messages_shows_lag_zero(connect, fast) -> None:

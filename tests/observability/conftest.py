@@ -1,19 +1,11 @@
-"""Observability tests: fast group timings and a way to read the bus's metrics."""
+"""Observability tests: labels unique to each test (the metrics registry is process-wide)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import pytest
-
-from tests.observability.helpers import FAST
-
-
-@pytest.fixture
-def fast() -> dict[str, Any]:
-    return dict(FAST)
 
 
 @pytest.fixture

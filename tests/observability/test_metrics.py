@@ -16,8 +16,9 @@ import structlog
 
 import bus
 import bus.metrics
+from bus.testing import eventually
 from tests.conftest import Connect
-from tests.observability.helpers import eventually, value
+from tests.observability.helpers import value
 
 Uniq = Callable[[str], str]
 

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import bus
 from bus import tracing
-from tests.groups.helpers import eventually
+from bus.testing import eventually
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import bus
+from bus.testing import FAST
 
-FAST: dict[str, Any] = dict(heartbeat_interval=0.2, session_timeout=1.5, rebalance_delay=0.1, max_poll_interval=0.5)
 HUGE = b"x" * (1024 * 1024 + 1)  # one byte over the default max_message_bytes
 
 SETTINGS = settings(

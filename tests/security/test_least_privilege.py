@@ -21,15 +21,9 @@ import pytest
 
 import bus
 import bus.metrics
+import bus.testing
 
-FAST: dict[str, Any] = dict(
-    heartbeat_interval=0.2,
-    session_timeout=1.5,
-    rebalance_delay=0.1,
-    max_poll_interval=0.5,
-    lease_time=5.0,
-    cleaner_interval=0.2,  # the retention cleaner runs as the role too
-)
+FAST: dict[str, Any] = {**bus.testing.FAST, "cleaner_interval": 0.2}  # the retention cleaner runs as the role too
 
 PASSWORD = "bus-app-secret"
 

@@ -16,8 +16,8 @@ error saying so.
 `spark-submit` runs get `--driver-memory` from `BUS_SPARK_DRIVER_MEMORY`
 (default 2g; the in-process session reads the same variable) and, when set,
 `--driver-java-options` from `BUS_SPARK_JAVA_OPTS` (default `-XX:+UseParallelGC`:
-a batch job wants throughput, and a fresh 500,000-row run took ~15-20% less
-than with the default G1). `BUS_SPARK_EXECUTOR_MEMORY`
+a batch job wants throughput, and the parallel collector finishes a run
+sooner than the default G1). `BUS_SPARK_EXECUTOR_MEMORY`
 sets `spark.executor.memory` (cluster masters; Spark's default is 1g).
 """
 

@@ -1,0 +1,217 @@
+"""Queue features: delays, priorities, per-key and rate limits, pause, cancel, job results."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+import bus
+from bus import queue_features
+
+
+async def _queue(b: bus.Bus, name: str = "jobs", partitions: int = 2, **settings: Any) -> None:
+    await b.create_topic(name, partitions=partitions, semantics="queue", **settings)
+
+
+async def test_a_delayed_job_is_not_taken_early_and_is_taken_within_a_second_of_its_time(b: bus.Bus) -> None:
+    await _queue(b)
+    await b.publish("jobs", b"now")
+    rec = await b.publish("jobs", b"later", delay=0.6)
+    due = time.monotonic() + 0.6
+    async with b.queue_consumer("jobs") as q:
+        first = await q.take(max_messages=10, timeout=0)
+        assert [m.payload for m in first] == [b"now"]
+        await q.ack_many(first)
+        early = await q.take(max_messages=10, timeout=0.3)
+        assert early == [] and time.monotonic() < due
+        (job,) = await q.take(max_messages=10, timeout=3.0)
+        taken = time.monotonic()
+        assert job.offset == rec.offset and job.payload == b"later"
+        assert due - 0.05 <= taken <= due + 1.0
+        await q.ack(job)
+
+
+async def test_deliver_at_and_outgoing_fields_delay_jobs(b: bus.Bus) -> None:
+    await _queue(b, partitions=1)
+    at = datetime.now(UTC) + timedelta(seconds=0.5)
+    await b.publish_many(
+        "jobs",
+        [
+            bus.Outgoing(b"a", deliver_at=at),
+            bus.Outgoing(b"b", delay=timedelta(seconds=0.5)),
+            bus.Outgoing(b"c"),
+        ],
+    )
+    async with b.queue_consumer("jobs") as q:
+        assert [m.payload for m in await q.take(max_messages=10, timeout=0)] == [b"c"]
+        got: list[bus.Message] = []
+        while len(got) < 2:
+            batch = await q.take(max_messages=10, timeout=3.0)
+            assert batch, "the delayed jobs never came"
+            got += batch
+        assert datetime.now(UTC) >= at
+        assert sorted(m.payload or b"" for m in got) == [b"a", b"b"]
+
+
+async def test_higher_priority_is_taken_first_and_equal_priorities_keep_their_order(b: bus.Bus) -> None:
+    await _queue(b, partitions=1)
+    await b.publish("jobs", b"p0-a")
+    await b.publish("jobs", b"low", priority=-1)
+    await b.publish("jobs", b"p0-b")
+    await b.publish("jobs", b"p5-a", priority=5)
+    await b.publish("jobs", b"p9", priority=9)
+    await b.publish("jobs", b"p5-b", priority=5)
+    await b.publish("jobs", b"p0-c")
+    order: list[bytes] = []
+    async with b.queue_consumer("jobs") as q:
+        while len(order) < 7:
+            (m,) = await q.take(max_messages=1, timeout=1.0)
+            order.append(m.payload or b"")
+            await q.ack(m)
+    assert order == [b"p9", b"p5-a", b"p5-b", b"p0-a", b"p0-b", b"p0-c", b"low"]
+
+
+async def test_one_take_deals_jobs_in_priority_order(b: bus.Bus) -> None:
+    await _queue(b, partitions=2)
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}, key=str(i)) for i in range(6)])
+    await b.publish_many("jobs", [bus.Outgoing({"n": 100 + i}, priority=3) for i in range(3)])
+    async with b.queue_consumer("jobs") as q:
+        got = await q.take(max_messages=4, timeout=0)
+        assert sorted(m.value(dict)["n"] for m in got[:3]) == [100, 101, 102]
+        rest = await q.take(max_messages=10, timeout=0)
+        assert sorted(m.value(dict)["n"] for m in got[3:] + rest) == list(range(6))
+
+
+async def test_delay_and_priority_on_a_pubsub_topic_raise_and_write_nothing(b: bus.Bus) -> None:
+    await b.create_topic("events", partitions=1)
+    for kwargs in ({"delay": 1.0}, {"deliver_at": datetime.now(UTC)}, {"priority": 1}):
+        with pytest.raises(bus.ValidationError, match="queue topics"):
+            await b.publish("events", b"x", **kwargs)
+    with pytest.raises(bus.ValidationError, match="queue topics"):
+        await b.publish_many("events", [bus.Outgoing(b"y"), bus.Outgoing(b"z", priority=2)])
+    assert await b.read("events", "0") == []
+    await _queue(b, "q")
+    with pytest.raises(bus.ValidationError):
+        await b.publish("q", b"x", deliver_at=datetime(2030, 1, 1))  # naive
+    with pytest.raises(bus.ValidationError):
+        await b.publish("q", b"x", delay=-1.0)
+    with pytest.raises(bus.ValidationError):
+        await b.create_topic("events2", semantics="pubsub", max_in_flight_per_key=2)
+
+
+async def test_a_paused_queue_hands_out_nothing_and_taken_jobs_still_ack(b: bus.Bus) -> None:
+    await _queue(b, partitions=1)
+    await b.publish_many("jobs", [b"1", b"2", b"3"])
+    async with b.queue_consumer("jobs") as q, b.queue_consumer("jobs") as other:
+        (held,) = await q.take(max_messages=1, timeout=0)
+        await b.admin.pause_queue("jobs")
+        assert await other.take(max_messages=10, timeout=0.3) == []
+        assert await q.take(max_messages=10, timeout=0) == []
+        await q.ack(held)
+        waiting = asyncio.ensure_future(other.take(max_messages=10, timeout=5.0))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await b.admin.resume_queue("jobs")
+        got = await waiting
+        assert sorted(m.payload or b"" for m in got) == [b"2", b"3"]
+    assert (await b.admin.queue_settings("jobs"))[2] is False
+
+
+async def test_a_cancelled_job_is_never_handed_out(b: bus.Bus) -> None:
+    await _queue(b, partitions=1)
+    fresh = await b.publish("jobs", b"fresh")
+    delayed = await b.publish("jobs", b"delayed", delay=0.2)
+    kept = await b.publish("jobs", b"kept")
+    assert await b.admin.cancel_job("jobs", fresh) is True
+    assert await b.admin.cancel_job("jobs", delayed) is True
+    assert await b.admin.cancel_job("jobs", fresh) is False
+    await asyncio.sleep(0.3)
+    async with b.queue_consumer("jobs") as q:
+        got = await q.take(max_messages=10, timeout=0.3)
+        assert [m.offset for m in got] == [kept.offset]
+        await q.ack_many(got)
+    with pytest.raises(bus.JobFailedError) as failed:
+        await b.job_result("jobs", fresh, timeout=1.0)
+    assert failed.value.status == "cancelled"
+
+
+async def test_a_cancelled_taken_job_acks_but_is_not_retried_after_nack_or_expiry(b: bus.Bus) -> None:
+    await _queue(b, partitions=1)
+    a, c = await b.publish("jobs", b"a"), await b.publish("jobs", b"c")
+    async with b.queue_consumer("jobs", visibility_timeout=0.3) as q:
+        got = await q.take(max_messages=2, timeout=0)
+        assert [m.offset for m in got] == [a.offset, c.offset]
+        assert await b.admin.cancel_job("jobs", a) is True
+        assert await b.admin.cancel_job("jobs", c) is True
+        await q.ack(got[0])  # the ack of a cancelled job still works
+        await q.nack(got[1], error="boom")  # not retried
+        assert await q.take(max_messages=10, timeout=0.6) == []
+    rows = await b.pool.fetch("SELECT * FROM queue_jobs")
+    assert rows == []
+
+
+async def test_job_result_returns_the_acked_value_woken_by_notify(
+    b: bus.Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queue_features, "_RECHECK", 60.0)  # only a NOTIFY can wake it in time
+    await _queue(b, partitions=1, result_ttl=60.0)
+    rec = await b.publish("jobs", {"x": 1})
+    waiting = asyncio.ensure_future(b.job_result("jobs", rec, timeout=5.0))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    async with b.queue_consumer("jobs") as q:
+        (job,) = await q.take(timeout=1.0)
+        await q.ack(job, result={"rows": 42})
+    assert await asyncio.wait_for(waiting, 3.0) == {"rows": 42}
+    assert await b.job_result("jobs", rec, timeout=0) == {"rows": 42}
+    other = await b.publish("jobs", b"y")
+    with pytest.raises(TimeoutError):
+        await b.job_result("jobs", other, timeout=0.2)
+
+
+async def test_job_result_raises_job_failed_for_a_dead_lettered_job(b: bus.Bus) -> None:
+    await _queue(b, partitions=1)
+    rec = await b.publish("jobs", b"poison")
+    async with b.queue_consumer("jobs", max_attempts=2) as q:
+        for attempt in (1, 2):
+            (job,) = await q.take(timeout=1.0)
+            await q.nack(job, error=f"bad {attempt}")
+    with pytest.raises(bus.JobFailedError) as failed:
+        await b.job_result("jobs", rec, timeout=1.0)
+    assert failed.value.status == "failed"
+    assert [e["error"] for e in failed.value.errors] == ["bad 1", "bad 2"]
+
+
+async def test_max_in_flight_per_key_holds_and_frees_on_ack(b: bus.Bus) -> None:
+    await _queue(b, partitions=2, max_in_flight_per_key=2)
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}, key="hot") for i in range(5)])
+    await b.publish("jobs", {"n": 99}, key="cold")
+    async with b.queue_consumer("jobs") as q, b.queue_consumer("jobs") as q2:
+        got = await q.take(max_messages=10, timeout=0)
+        assert sorted(m.value(dict)["n"] for m in got) == [0, 1, 99]
+        assert await q2.take(max_messages=10, timeout=0.2) == []
+        await q.ack(got[0])
+        more = await q2.take(max_messages=10, timeout=1.0)
+        assert [m.key for m in more] == ["hot"]
+        await b.admin.update_topic("jobs", max_in_flight_per_key=None)
+        rest = await q2.take(max_messages=10, timeout=1.0)
+        assert len(rest) == 2
+
+
+async def test_rate_limit_holds_within_its_window(b: bus.Bus) -> None:
+    await _queue(b, partitions=2, rate_limit=bus.Rate(3, per=0.5))
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(8)])
+    async with b.queue_consumer("jobs") as q:
+        first = await q.take(max_messages=10, timeout=0)
+        assert len(first) == 3
+        assert await q.take(max_messages=10, timeout=0) == []
+        later = await q.take(max_messages=10, timeout=2.0)
+        assert 1 <= len(later) <= 3
+    settings = await b.admin.queue_settings("jobs")
+    assert settings[1] == bus.Rate(3, per=0.5)
+    with pytest.raises(bus.ValidationError):
+        await b.admin.update_topic("jobs", rate_limit=5)
