@@ -52,6 +52,7 @@ _LAZY = {
     "PartitionCursor": "bus.eventstore",
     "PositionedEvent": "bus.eventstore",
     "QueryCondition": "bus.eventstore",
+    "ScheduleInfo": "bus.schedules",
 }
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         QueryCondition,
     )
     from bus.queues import QueueConsumer
+    from bus.schedules import ScheduleInfo
 
 
 def __getattr__(name: str) -> Any:
@@ -134,6 +136,7 @@ __all__ = [
     "TopicConflictError",
     "TopicInfo",
     "TopicNotFoundError",
+    "ScheduleInfo",
     "TopicPartition",
     "ValidationError",
     "connect",

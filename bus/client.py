@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from bus.eventstore import EventStore
     from bus.handoff import Callback
     from bus.queues import QueueConsumer
+    from bus.schedules import ScheduleInfo
 
 log = get_logger(__name__)
 
@@ -101,6 +102,7 @@ class Bus:
         self._closed = False
         self._system: GroupSystem | None = None
         self._cleaner: Any = None  # the retention cleaner actor (actors/cleaner.py)
+        self._scheduler: Any = None  # the periodic jobs' scheduler actor (actors/scheduler.py)
         self._producer: Any = None  # the Producer actor (actors/producer.py): pool publishes go through it
         self._lookups: dict[tuple[str, ...], asyncio.Future[Any]] = {}
 
@@ -113,6 +115,8 @@ class Bus:
         self._closed = True
         if self._cleaner is not None:
             await self._cleaner.stop(drain=False)
+        if self._scheduler is not None:
+            await self._scheduler.stop(drain=False)
         if self._system is not None:
             await self._system.stop()
         await self.lender.close()
@@ -126,6 +130,10 @@ class Bus:
             from actors.cleaner import start_cleaner
 
             self._cleaner = start_cleaner(self, system.root)
+        if self.config.scheduler_interval > 0:  # 0 (or less): this process fires no periodic jobs
+            from actors.scheduler import start_scheduler
+
+            self._scheduler = start_scheduler(self, system.root)
 
     def _start_producer(self, system: Any) -> None:
         """Spawn the Producer under the Bus's root supervisor (before any member: members stop first)."""
@@ -680,6 +688,42 @@ class Bus:
             return records
 
     # -- the other delivery modes (each in its own module, imported on first use) --------
+
+    async def schedule(
+        self,
+        name: str,
+        *,
+        cron: str,
+        topic: str,
+        payload: Any,
+        timezone: str = "UTC",
+        catch_up: str = "one",
+    ) -> bool:
+        """Publish `payload` to `topic` at every tick of `cron` in `timezone`, once per tick across processes.
+
+        `catch_up` says what happens to ticks missed while no bus ran: "one" publishes the latest,
+        "none" skips them, "all" publishes each. The same definition again writes nothing (False);
+        a different one replaces it from its next tick on. Bad input raises ValidationError.
+        """
+        from actors.scheduler import Check
+        from bus import schedules
+
+        changed = await schedules.define(self, name, cron, topic, payload, timezone, catch_up)
+        if changed and self._scheduler is not None:  # this process's scheduler learns of it at once
+            self._scheduler.try_tell(Check())
+        return changed
+
+    async def unschedule(self, name: str) -> bool:
+        """Delete the schedule `name` (no tick of it is published after this returns); False if none."""
+        from bus import schedules
+
+        return await schedules.remove(self, name)
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule of the schema, by name."""
+        from bus import schedules
+
+        return await schedules.list_schedules(self)
 
     def event_store(self, name: str) -> EventStore:
         """The event store `name`: one globally ordered log with attribute partitions (see bus.eventstore)."""

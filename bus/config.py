@@ -40,6 +40,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     pool_min_size: int = 2
     pool_max_size: int = 20
     cleaner_interval: float = 5.0
+    # The scheduler of periodic jobs (actors/scheduler.py): how often it renews its lease and looks
+    # for due ticks (a due tick wakes it sooner); 0 (or less) runs no scheduler in this process.
+    scheduler_interval: float = 1.0
     # The Producer (actors/producer.py): how pool publishes are gathered into one write.
     linger: float = 0.0
     max_batch: int = 1000
@@ -111,6 +114,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         if not self.cleaner_interval <= MAX_SECONDS:  # <= 0 disables the cleaner; NaN/inf are mistakes
             raise ValidationError(
                 "invalid configuration: cleaner_interval must be finite (0 or less disables it)"
+            )
+        if not self.scheduler_interval <= MAX_SECONDS:  # <= 0 runs no scheduler; NaN/inf are mistakes
+            raise ValidationError(
+                "invalid configuration: scheduler_interval must be finite (0 or less runs no scheduler)"
             )
         if self.pooler not in (None, "session", "transaction"):
             raise ValidationError(
