@@ -24,6 +24,7 @@ TYPE_ONLY_BUS_CLIENT = {
     "bus.eventstore",
     "bus.handoff",
     "bus.metrics",
+    "bus.queue_features",
     "bus.queues",
 }
 

@@ -12,7 +12,7 @@ import asyncio
 
 import bus
 from actors import worker
-from tests.groups.helpers import eventually
+from bus.testing import eventually
 
 # Counts the writes of `committed` with a row per write, in the test's own schema.
 COUNT_COMMITS = """
