@@ -63,6 +63,7 @@ SCENARIOS: tuple[str, ...] = (
     "xmin",
     "imports",
     "faststream",
+    "pooler",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"
