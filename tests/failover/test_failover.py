@@ -18,8 +18,13 @@ from pathlib import Path
 import pytest
 
 import bus
-from bus.errors import StorageUnavailableError
+from bus.errors import StaleGenerationError, StorageUnavailableError
 from bus.testing import FAST
+
+
+class CourseCreated(bus.Event, tag="course.created"):
+    course_name: str
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "pgha.sh"
@@ -89,7 +94,59 @@ async def test_nothing_acknowledged_is_lost_and_the_bus_reconnects(ha: tuple[Pat
                 except StorageUnavailableError:
                     await asyncio.sleep(0.05)  # in flight during the failover: may be retried
 
+        await b.create_topic("jobs", partitions=2, semantics="queue")
+        jobs_published: list[bus.Record] = []
+        jobs_acked: set[tuple[str, int]] = set()
+
+        async def job_publisher() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    jobs_published.append(await b.publish("jobs", {"job": i}))
+                    i += 1
+                except StorageUnavailableError:
+                    await asyncio.sleep(0.05)
+
+        async def worker() -> None:
+            async with b.queue_consumer("jobs", visibility_timeout=1.0) as q:
+                while not stop.is_set():
+                    try:
+                        for job in await q.take(max_messages=10, timeout=0.2):
+                            await q.ack(job)
+                            jobs_acked.add((job.partition, job.offset))
+                    except StorageUnavailableError:
+                        await asyncio.sleep(0.05)
+
+        commits: dict[tuple[str, str], int] = {}  # the highest committed offset each commit() returned for
+
+        async def committer() -> None:
+            async with b.consumer("ledger", topics=["orders"], start="earliest", auto_commit=False) as c:
+                while not stop.is_set():
+                    try:
+                        batch = await c.poll(timeout=0.2)
+                        if batch:
+                            await c.commit()
+                            for m in batch:
+                                key = (m.topic, m.partition)
+                                commits[key] = max(commits.get(key, 0), m.offset + 1)
+                    except (StorageUnavailableError, StaleGenerationError):
+                        await asyncio.sleep(0.05)
+
+        store = b.event_store("courses")
+        appended: list[int] = []
+
+        async def appender() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    recs = await store.append(CourseCreated(course_name=f"c{i}"))
+                    appended.extend(r.position for r in recs)
+                    i += 1
+                except StorageUnavailableError:
+                    await asyncio.sleep(0.05)
+
         publishers = [asyncio.create_task(publisher(n)) for n in range(3)]
+        publishers += [asyncio.create_task(f()) for f in (job_publisher, worker, appender, committer)]
         await asyncio.sleep(1.0)
         before = len(acked)
         assert before > 0
@@ -117,3 +174,23 @@ async def test_nothing_acknowledged_is_lost_and_the_bus_reconnects(ha: tuple[Pat
                 seen.update((m.partition, m.offset) for m in batch)
         missing = {(r.partition, r.offset) for r in acked} - seen
         assert not missing, f"{len(missing)} acknowledged publishes lost: {sorted(missing)[:5]}"
+
+        # Commits: every commit that returned is kept.
+        described = await b.admin.describe_group("ledger")
+        committed = {(p.topic, p.partition): p.committed or 0 for p in described.partitions}
+        assert commits
+        assert all(committed[k] >= v for k, v in commits.items()), (commits, committed)
+
+        # Events: every appended position is in the store.
+        stored = {e.position for e in await store.read()}
+        assert appended and not set(appended) - stored
+
+        # Jobs: an acked job never comes back; every published job is acked or still queued.
+        await asyncio.sleep(1.2)  # leases of jobs taken but not acked at the failover expire
+        remaining: set[tuple[str, int]] = set()
+        async with b.queue_consumer("jobs", visibility_timeout=30.0) as q:
+            while batch := await q.take(max_messages=100, timeout=0.3):
+                remaining.update((j.partition, j.offset) for j in batch)
+        assert jobs_acked and not jobs_acked & remaining, "an acknowledged job came back"
+        lost_jobs = {(r.partition, r.offset) for r in jobs_published} - jobs_acked - remaining
+        assert not lost_jobs, f"{len(lost_jobs)} acknowledged jobs lost"
