@@ -59,6 +59,7 @@ SCENARIOS: tuple[str, ...] = (
     "compact",
     "soak",
     "scale",
+    "failover",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"
