@@ -70,7 +70,9 @@ from dataclasses import dataclass, field
 TP = tuple[str, str]
 
 #: Fault kinds the harness injects; every other kind was observed (reported by the bus or derived).
-INJECTED = frozenset({"kill", "terminate_backends", "restart", "zombie", "slow", "slow_request", "rebalance"})
+INJECTED = frozenset(
+    {"kill", "terminate_backends", "restart", "zombie", "slow", "slow_request", "rebalance", "failover"}
+)
 #: Observed fault kinds, and what each stands for.
 OBSERVED = {
     "member_expired": "a member's session expired and it was swept (its leases freed)",
