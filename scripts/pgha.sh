@@ -129,7 +129,7 @@ start() {
     until [ "$(as_server "$PGBIN/psql" -X -qAt -h "$DIR" -p "$(port primary)" -U postgres -d postgres \
         -c "select count(*) from pg_stat_replication where sync_state = 'sync'")" = 1 ]; do
         i=$((i + 1))
-        [ $i -gt 300 ] && { say "standby not streaming"; exit 1; }
+        [ $i -gt 600 ] && { say "standby not streaming (see $DIR/*.log)"; exit 1; }
         sleep 0.1
     done
     dsn
@@ -148,7 +148,10 @@ stop-primary)
     ;;
 stop)
     for n in primary standby; do
-        if running $n; then as_server "$PGBIN/pg_ctl" -D "$DIR/$n" -m immediate -w stop >/dev/null; fi
+        if [ -f "$DIR/$n/postmaster.pid" ]; then
+            as_server "$PGBIN/pg_ctl" -D "$DIR/$n" -m immediate -w stop >/dev/null 2>&1 ||
+                kill -QUIT "$(head -1 "$DIR/$n/postmaster.pid")" 2>/dev/null || true
+        fi
     done
     rm -rf "$DIR/primary" "$DIR/standby"
     say "stopped"

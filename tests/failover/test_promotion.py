@@ -11,6 +11,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,17 +46,16 @@ def _pgha(home: Path, *args: str) -> str:
 
 
 @pytest.fixture
-def ha(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    home = tmp_path / "ha"
-    home.mkdir()
-    if os.getuid() == 0:
-        shutil.chown(tmp_path, "root")
-        tmp_path.chmod(0o755)
-    dsn = _pgha(home, "start")
+def ha() -> Iterator[tuple[Path, str]]:
+    # Not under pytest's tmp_path: every pytest session makes its base directory owner-only again,
+    # which would lock out the servers' unprivileged user in the middle of a run.
+    home = Path(tempfile.mkdtemp(prefix="bus-failover-"))
+    home.chmod(0o755)
     try:
-        yield home, dsn
+        yield home, _pgha(home, "start")
     finally:
         _pgha(home, "stop")
+        shutil.rmtree(home, ignore_errors=True)
 
 
 async def _retry_publish(b: bus.Bus, topic: str, payload: object, deadline: float) -> bus.Record:
