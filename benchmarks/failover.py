@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -41,10 +42,10 @@ def _pgha(home: str, *args: str) -> str:
     return out.stdout.strip()
 
 
-async def _until(action: object, start: float, deadline: float) -> float:
+async def _until(action: Callable[[], Awaitable[None]], start: float, deadline: float) -> float:
     while True:
         try:
-            await action()  # type: ignore[operator]
+            await action()
             return time.monotonic() - start
         except (StorageUnavailableError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             if time.monotonic() > deadline:
