@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,bench,metrics,spark,dashboard]'
 	@sh scripts/ensure-jdbc.sh || true
+	@sh scripts/ensure-pg15.sh || true
 	@sh scripts/ensure-chromium.sh || true
 	@sh scripts/ensure-pgbouncer.sh || true
 	touch $(STAMP)

@@ -64,6 +64,7 @@ SCENARIOS: tuple[str, ...] = (
     "imports",
     "faststream",
     "pooler",
+    "failover",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"

@@ -80,6 +80,7 @@ INJECTED = frozenset(
         "slow_request",
         "rebalance",
         "long_transaction",
+        "failover",
     }
 )
 #: Injected kinds the bus must ride out without a trace: they explain no duplicate, gap or stall.

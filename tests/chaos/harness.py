@@ -22,6 +22,13 @@ every 100 ms and injects faults chosen by a seeded random generator:
   REPEATABLE READ snapshot for several seconds while the other faults go on:
   no row version written meanwhile can be vacuumed. It excuses nothing: a
   duplicate or a stall during it is a finding.
+- `failover` (only with `ha=True`): crash the primary and promote its
+  synchronous standby (scripts/pgha.sh); every process reconnects through the
+  multi-host DSN. There is one standby, so a run has at most one failover.
+
+`run_chaos(..., ha=True)` runs against a PostgreSQL 15 primary and synchronous
+standby (scripts/pgha.sh) instead of the embedded server; `restart` is left
+out there (the fault for that server is `failover`).
 
 Then it stops the producers, lets every group drain, stops the members
 gracefully, collects the user's table, the dead-letter topics and the event
@@ -135,6 +142,9 @@ KINDS = tuple(
     ).split(",")
     if k
 )
+#: The faults of a run against the HA pair: `restart` is the embedded server's; `failover` comes first.
+HA_KINDS = ("failover",) + tuple(k for k in KINDS if k != "restart")
+PGHA = ROOT / "scripts" / "pgha.sh"
 ONLY_PATTERNS = frozenset(p for p in os.environ.get("CHAOS_PATTERNS", "").split(",") if p)
 
 SAMPLE = """
@@ -208,8 +218,11 @@ class Outcome:
 class ChaosRun:
     """One chaos run; see the module docstring."""
 
-    def __init__(self, seconds: float, seed: int) -> None:
+    def __init__(self, seconds: float, seed: int, *, ha: bool = False) -> None:
         self.seconds = seconds
+        self.ha = ha
+        self.kinds = HA_KINDS if ha else KINDS
+        self.failed_over = False
         self.seed = seed
         self.rng = random.Random(seed)
         self.home = Path(tempfile.mkdtemp(prefix="bus-chaos-"))
@@ -344,6 +357,13 @@ class ChaosRun:
         elif kind == "restart":
             await asyncio.to_thread(restart_server, self.home)
             self._record(Fault("restart", t0, time.time(), None))
+        elif kind == "failover":
+            if self.failed_over:  # one standby: a second failover has nothing to promote
+                return
+            self.failed_over = True
+            await asyncio.to_thread(self._pgha, "stop-primary")
+            await asyncio.to_thread(self._pgha, "promote")
+            self._record(Fault("failover", t0, time.time(), None, "standby promoted"))
         elif kind == "zombie":
             slot = self._pick_member(slow=False)
             if slot is None or slot.proc is None:
@@ -409,6 +429,11 @@ class ChaosRun:
         groups = frozenset(g for g, _, _ in self.roles[role])
         self._record(Fault("rebalance", t0, time.time(), None, f"{slot.name} joined and left", groups))
 
+    def _pgha(self, *args: str) -> str:
+        env = dict(os.environ, BUS_HOME=str(self.home))
+        out = subprocess.run(["sh", str(PGHA), *args], env=env, check=True, capture_output=True, text=True)
+        return out.stdout.strip()
+
     def _record(self, fault: Fault) -> None:
         self.faults.append(fault)
         with open(self.fault_file, "a") as fh:
@@ -418,15 +443,18 @@ class ChaosRun:
             )
 
     async def _faults(self, until: float) -> None:
-        plan = list(KINDS)
+        plan = list(self.kinds)
         self.rng.shuffle(plan)
+        if self.ha:  # the failover first, while every pattern is busy
+            plan.remove("failover")
+            plan.insert(0, "failover")
         while True:
             await asyncio.sleep(self.rng.uniform(2.0, 4.0))
             self._check_alive()
             if time.monotonic() >= until:
                 await asyncio.gather(*self.background)
                 return
-            kind = plan.pop(0) if plan else self.rng.choice(KINDS)
+            kind = plan.pop(0) if plan else self.rng.choice(self.kinds)
             print(f"chaos: t={time.time():.3f} fault {kind}", flush=True)
             await self._inject(kind)
 
@@ -561,8 +589,10 @@ class ChaosRun:
 
     async def run(self) -> Outcome:
         """Run the scenario and return the recorded history."""
-        server = await asyncio.to_thread(ensure_server, self.home)
-        self.dsn = server.dsn
+        if self.ha:
+            self.dsn = await asyncio.to_thread(self._pgha, "start")
+        else:
+            self.dsn = (await asyncio.to_thread(ensure_server, self.home)).dsn
         sampler: asyncio.Task[None] | None = None
         drained: float | None = None
         try:
@@ -609,7 +639,9 @@ class ChaosRun:
             for p in self.producers:
                 if p.poll() is None:
                     p.kill()
-            await asyncio.to_thread(stop_server, self.home)
+            await asyncio.to_thread(self._pgha, "stop") if self.ha else await asyncio.to_thread(
+                stop_server, self.home
+            )
         with open(self.out / "groups.tsv", "w") as fh:  # noqa: ASYNC230
             fh.writelines(f"{g}\t{p}\n" for g, p, _ in self.groups)
         outcome = Outcome(
@@ -792,12 +824,15 @@ def read_faults(out: Path) -> list[Fault]:
     return faults
 
 
-async def run_chaos(seconds: float, seed: int | None = None) -> Outcome:
-    """Run the chaos scenario for about `seconds` of faults; the seed is printed so a run can be replayed."""
+async def run_chaos(seconds: float, seed: int | None = None, *, ha: bool = False) -> Outcome:
+    """Run the chaos scenario for about `seconds` of faults; the seed is printed so a run can be replayed.
+
+    `ha=True`: against a PostgreSQL 15 primary and synchronous standby, with a `failover` fault.
+    """
     if seed is None:
         seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1, 1 << 31))
     print(f"chaos: seed {seed} (replay with CHAOS_SEED={seed}), {seconds:.0f} s of faults", flush=True)
-    return await ChaosRun(seconds, seed).run()
+    return await ChaosRun(seconds, seed, ha=ha).run()
 
 
 def describe(outcome: Outcome, report: Any) -> str:

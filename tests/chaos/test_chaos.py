@@ -30,3 +30,22 @@ async def test_under_random_faults_no_acknowledged_message_is_lost_and_every_inv
     assert report.losses == 0, text
     assert report.ok, text
     assert not outcome.problems, text
+
+
+HA_SECONDS = float(os.environ.get("CHAOS_HA_SECONDS", "15"))
+PG15 = os.path.join(os.environ.get("PG15_BIN", "/usr/lib/postgresql/15/bin"), "postgres")
+
+
+@pytest.mark.skipif(not os.path.exists(PG15), reason="needs PostgreSQL 15 (scripts/ensure-pg15.sh)")
+@pytest.mark.timeout(HA_SECONDS + 240)
+async def test_through_a_failover_no_acknowledged_message_is_lost() -> None:
+    """The same run against a primary and a synchronous standby: the standby is promoted first."""
+    outcome = await run_chaos(HA_SECONDS, ha=True)
+    report = check(outcome.history)
+    text = describe(outcome, report)
+    print(text)
+    assert any(f.kind == "failover" for f in outcome.history.faults), text
+    assert report.messages > 0 and report.patterns, text
+    assert report.losses == 0, text
+    assert report.ok, text
+    assert not outcome.problems, text
