@@ -26,6 +26,10 @@ every 100 ms and injects faults chosen by a seeded random generator:
   synchronous standby (scripts/pgha.sh); every process reconnects through the
   multi-host DSN. There is one standby, so a run has at most one failover.
 
+`run_chaos(..., pooler="tx")` drives that one pattern with every member and
+producer process going through PgBouncer in transaction mode
+(scripts/pgbouncer.sh; `pooler="transaction"`, LISTEN on `direct_dsn`).
+
 `run_chaos(..., ha=True)` runs against a PostgreSQL 15 primary and synchronous
 standby (scripts/pgha.sh) instead of the embedded server; `restart` is left
 out there (the fault for that server is `failover`).
@@ -56,6 +60,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 from typing import Any
 
 import asyncpg
@@ -145,6 +150,7 @@ KINDS = tuple(
 #: The faults of a run against the HA pair: `restart` is the embedded server's; `failover` comes first.
 HA_KINDS = ("failover",) + tuple(k for k in KINDS if k != "restart")
 PGHA = ROOT / "scripts" / "pgha.sh"
+PGBOUNCER = ROOT / "scripts" / "pgbouncer.sh"
 ONLY_PATTERNS = frozenset(p for p in os.environ.get("CHAOS_PATTERNS", "").split(",") if p)
 
 SAMPLE = """
@@ -175,11 +181,11 @@ FROM es_offsets WHERE store = $1
 """
 
 
-def patterns_in_use() -> dict[str, list[tuple[str, str, str]]]:
+def patterns_in_use(only: frozenset[str] = ONLY_PATTERNS) -> dict[str, list[tuple[str, str, str]]]:
     """Each role's groups this run drives (CHAOS_PATTERNS narrows; `tx` needs Consumer.transaction)."""
     out: dict[str, list[tuple[str, str, str]]] = {}
     for role, (_, _, members) in ROLES.items():
-        chosen = [m for m in members if not ONLY_PATTERNS or m[1] in ONLY_PATTERNS]
+        chosen = [m for m in members if not only or m[1] in only]
         if not hasattr(Consumer, "transaction"):
             chosen = [m for m in chosen if m[1] != "tx"]
         if chosen:
@@ -218,9 +224,12 @@ class Outcome:
 class ChaosRun:
     """One chaos run; see the module docstring."""
 
-    def __init__(self, seconds: float, seed: int, *, ha: bool = False) -> None:
+    def __init__(self, seconds: float, seed: int, *, ha: bool = False, pooler: str | None = None) -> None:
         self.seconds = seconds
         self.ha = ha
+        # `pooler`: the one pattern this run drives, its processes through PgBouncer in transaction mode.
+        self.pooler = pooler
+        self.child_env: dict[str, str] = {}
         self.kinds = HA_KINDS if ha else KINDS
         self.failed_over = False
         self.seed = seed
@@ -229,7 +238,7 @@ class ChaosRun:
         self.out = self.home / "out"
         self.out.mkdir()
         self.dsn = ""
-        self.roles = patterns_in_use()
+        self.roles = patterns_in_use(frozenset({pooler})) if pooler else patterns_in_use()
         self.slots: list[Slot] = []
         self.extra = 0
         self.extras: list[Slot] = []  # the rebalance fault's short-lived processes
@@ -257,7 +266,7 @@ class ChaosRun:
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "BUS_DSN": self.dsn},
+                env={**os.environ, "BUS_DSN": self.dsn, **self.child_env},
             )
         finally:
             log.close()
@@ -429,6 +438,22 @@ class ChaosRun:
         groups = frozenset(g for g, _, _ in self.roles[role])
         self._record(Fault("rebalance", t0, time.time(), None, f"{slot.name} joined and left", groups))
 
+    def _bouncer(self, command: str) -> str:
+        """Start (the pooled DSN) or stop PgBouncer in transaction mode in front of the run's server."""
+        work = self.home / "pgbouncer"
+        if command == "stop":
+            subprocess.run([str(PGBOUNCER), "stop", str(work)], check=False)
+            return ""
+        work.mkdir(exist_ok=True)
+        os.chmod(self.home, 0o755)
+        parts = urlsplit(self.dsn)
+        assert parts.hostname and parts.port and parts.username
+        args = [str(PGBOUNCER), "start", str(work), parts.hostname, str(parts.port), parts.username]
+        env = {**os.environ, "PGB_PASSWORD": parts.password or ""}
+        port = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout.strip()
+        user = f"{parts.username}:{parts.password}" if parts.password else parts.username
+        return urlunsplit((parts.scheme, f"{user}@127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
+
     def _pgha(self, *args: str) -> str:
         env = dict(os.environ, BUS_HOME=str(self.home))
         out = subprocess.run(["sh", str(PGHA), *args], env=env, check=True, capture_output=True, text=True)
@@ -593,6 +618,10 @@ class ChaosRun:
             self.dsn = await asyncio.to_thread(self._pgha, "start")
         else:
             self.dsn = (await asyncio.to_thread(ensure_server, self.home)).dsn
+        if self.pooler:
+            bouncer = await asyncio.to_thread(self._bouncer, "start")
+            # The processes publish and consume through the pooler; LISTEN goes straight to the server.
+            self.child_env = {"BUS_DSN": bouncer, "BUS_POOLER": "transaction", "BUS_DIRECT_DSN": self.dsn}
         sampler: asyncio.Task[None] | None = None
         drained: float | None = None
         try:
@@ -639,6 +668,8 @@ class ChaosRun:
             for p in self.producers:
                 if p.poll() is None:
                     p.kill()
+            if self.pooler:
+                await asyncio.to_thread(self._bouncer, "stop")
             await asyncio.to_thread(self._pgha, "stop") if self.ha else await asyncio.to_thread(
                 stop_server, self.home
             )
@@ -824,7 +855,9 @@ def read_faults(out: Path) -> list[Fault]:
     return faults
 
 
-async def run_chaos(seconds: float, seed: int | None = None, *, ha: bool = False) -> Outcome:
+async def run_chaos(
+    seconds: float, seed: int | None = None, *, ha: bool = False, pooler: str | None = None
+) -> Outcome:
     """Run the chaos scenario for about `seconds` of faults; the seed is printed so a run can be replayed.
 
     `ha=True`: against a PostgreSQL 15 primary and synchronous standby, with a `failover` fault.
@@ -832,7 +865,7 @@ async def run_chaos(seconds: float, seed: int | None = None, *, ha: bool = False
     if seed is None:
         seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1, 1 << 31))
     print(f"chaos: seed {seed} (replay with CHAOS_SEED={seed}), {seconds:.0f} s of faults", flush=True)
-    return await ChaosRun(seconds, seed, ha=ha).run()
+    return await ChaosRun(seconds, seed, ha=ha, pooler=pooler).run()
 
 
 def describe(outcome: Outcome, report: Any) -> str:

@@ -49,3 +49,24 @@ async def test_through_a_failover_no_acknowledged_message_is_lost() -> None:
     assert report.losses == 0, text
     assert report.ok, text
     assert not outcome.problems, text
+
+
+POOLER_SECONDS = float(os.environ.get("CHAOS_POOLER_SECONDS", "20"))
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/usr/sbin/pgbouncer") and not os.environ.get("CI"),
+    reason="needs pgbouncer (scripts/ensure-pgbouncer.sh)",
+)
+@pytest.mark.timeout(POOLER_SECONDS + 240)
+async def test_through_a_transaction_pooler_the_transactional_pattern_loses_nothing() -> None:
+    """`c.transaction()` (effectively-once into the user's table) with every process behind PgBouncer."""
+    outcome = await run_chaos(POOLER_SECONDS, pooler="tx")
+    report = check(outcome.history)
+    text = describe(outcome, report)
+    print(text)
+    assert set(report.patterns) == {"g-tx"}, text
+    assert all(pc.acked > 0 and pc.delivered > 0 for pc in report.patterns.values()), text
+    assert report.losses == 0, text
+    assert report.ok, text
+    assert not outcome.problems, text
