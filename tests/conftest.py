@@ -53,14 +53,23 @@ async def drop_schema(dsn: str, schema: str) -> AsyncIterator[None]:
 Connect = Callable[..., Any]
 
 
+@pytest.fixture(scope="session")
+def bus_target(dsn: str) -> tuple[str, dict[str, Any]]:
+    """Where the tests' Buses connect and with which settings (tests/pooler: through PgBouncer)."""
+    return dsn, {}
+
+
 @pytest.fixture
-async def connect(dsn: str, schema: str, drop_schema: None) -> AsyncIterator[Connect]:
+async def connect(
+    bus_target: tuple[str, dict[str, Any]], schema: str, drop_schema: None
+) -> AsyncIterator[Connect]:
     """Open extra Buses on the test's schema (several members in one test)."""
     opened: list[bus.Bus] = []
+    target, defaults = bus_target
 
     async def open_bus(**config: Any) -> bus.Bus:
-        config.setdefault("schema", schema)
-        b = await bus.connect(dsn, **config)
+        config = {"schema": schema, **defaults, **config}
+        b = await bus.connect(target, **config)
         opened.append(b)
         return b
 

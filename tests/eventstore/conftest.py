@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -18,10 +19,11 @@ from bus.eventstore import EventStore
 
 
 @pytest.fixture(scope="module")
-async def es_bus(dsn: str) -> AsyncIterator[bus.Bus]:
+async def es_bus(dsn: str, bus_target: tuple[str, dict[str, Any]]) -> AsyncIterator[bus.Bus]:
     """A Bus on a schema of its own, shared by one test module."""
     schema = "t_es_" + uuid.uuid4().hex[:10]
-    b = await bus.connect(dsn, schema=schema)
+    target, defaults = bus_target
+    b = await bus.connect(target, schema=schema, **defaults)
     try:
         yield b
     finally:

@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -56,73 +56,21 @@ def session_bouncer_dsn(dsn: str) -> Iterator[str]:
     yield from _bouncer(dsn, "session")
 
 
+@pytest.fixture(scope="session")
+def bus_target(bouncer_dsn: str) -> tuple[str, dict[str, Any]]:
+    """The tests collected here (and their imported modes) connect through the transaction pooler."""
+    return bouncer_dsn, {"pooler": "transaction"}
+
+
 @pytest.fixture
-async def pooled(
-    bouncer_dsn: str, dsn: str, schema: str, drop_schema: None, fast: dict[str, Any]
-) -> AsyncIterator[Any]:
-    """Open Buses on the test's schema through the transaction pooler (`direct=True`: LISTEN goes direct)."""
-    opened: list[bus.Bus] = []
+async def pooled(connect: Any, dsn: str, fast: dict[str, Any]) -> Any:
+    """Open Buses through the transaction pooler (`direct=True`: LISTEN goes straight to the server)."""
 
     async def open_bus(direct: bool = False, **config: Any) -> bus.Bus:
-        settings = {**fast, "schema": schema, "pooler": "transaction", **config}
-        if direct:
-            settings["direct_dsn"] = dsn
-        b = await bus.connect(bouncer_dsn, **settings)
-        opened.append(b)
-        return b
+        return await connect(**fast, **({"direct_dsn": dsn} if direct else {}), **config)  # type: ignore[no-any-return]
 
-    yield open_bus
-    for b in reversed(opened):
-        await b.close()
+    return open_bus
 
 
-@pytest.fixture
-async def connect(bouncer_dsn: str, schema: str, drop_schema: None) -> AsyncIterator[Any]:
-    """The tests imported into tests/pooler open their Buses through the transaction pooler."""
-    opened: list[bus.Bus] = []
-
-    async def open_bus(**config: Any) -> bus.Bus:
-        config.setdefault("schema", schema)
-        config.setdefault("pooler", "transaction")
-        b = await bus.connect(bouncer_dsn, **config)
-        opened.append(b)
-        return b
-
-    yield open_bus
-    for b in reversed(opened):
-        await b.close()
-
-
-@pytest.fixture(scope="module")
-async def es_bus(bouncer_dsn: str, dsn: str) -> AsyncIterator[bus.Bus]:
-    """The event store tests' shared Bus, through the transaction pooler."""
-    import uuid
-
-    import asyncpg
-
-    schema = "t_es_" + uuid.uuid4().hex[:10]
-    b = await bus.connect(bouncer_dsn, schema=schema, pooler="transaction")
-    try:
-        yield b
-    finally:
-        await b.close()
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-
-@pytest.fixture
-def store(es_bus: bus.Bus) -> Any:
-    """An event store no other test uses (as tests/eventstore/conftest.py's)."""
-    import uuid
-
-    return es_bus.event_store("s-" + uuid.uuid4().hex[:12])
-
-
-@pytest.fixture
-async def group(store: Any) -> str:
-    """A registered, active event store group."""
-    await store.register_group("enrollment")
-    return "enrollment"
+# The event store tests' fixtures (tests/eventstore/conftest.py), for the event store modes imported here.
+from tests.eventstore.conftest import es_bus, group, store  # noqa: E402, F401
