@@ -23,7 +23,7 @@ from bus.errors import StaleGenerationError, StorageUnavailableError
 from bus.testing import FAST
 
 
-class CourseCreated(bus.Event, tag="course.created"):
+class CourseCreated(bus.Event, tag="failover.course.created"):
     course_name: str
 
 
