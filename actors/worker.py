@@ -352,16 +352,22 @@ class PartitionWorker(Actor[WorkerMessage]):
         self._coordinator.signal(LeaseLost(self.spec.partition_id))
 
     def _resume_from_committed(self) -> None:
-        """Handler mode, after a database error in the middle of a batch: start again at the last commit.
+        """Handler mode, after a database error: start again after the last message handled.
 
         The position already points past the fetched batch; whatever of it was
-        not handled and committed (a handler, a dead-letter publish or a commit
-        failed on the lost connection) must come again, not be skipped.
+        not handled (a handler's retry, a dead-letter publish or a fetch failed on
+        the lost connection) must come again, not be skipped. What was handled
+        stays handled: it is not handed to the handler again, and the commit
+        timer is set again for it (a commit that failed is retried). Had the lease
+        been lost meanwhile, its next owner reads from the committed offset
+        (at-least-once).
         """
         if self._sink.handler_mode:
             self._cancel_retry()
             self._cancel_commit_timer()
-            self._position = self._handled = self._committed
+            self._position = self._handled
+            if self._epoch is not None and self._handled > self._committed:
+                self._commit_timer = self.self_ref.schedule_once(COMMIT_INTERVAL, CommitDue(self._epoch))
 
     def _cancel_retry(self) -> None:
         self._retry = None
