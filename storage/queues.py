@@ -366,15 +366,12 @@ ORDER BY 12 DESC, 10, 2, 3
 """
 )
 
-# Limited takes of a queue run one at a time: the first statement of their
-# transaction locks the queue's settings row, then detaches its fresh jobs (as
-# DETACH_FRESH), so that TAKE_LIMITED, the next statement, sees them.
-LOCK_AND_DETACH = """
-WITH s AS (
-    SELECT topic FROM queue_settings WHERE topic = $1 FOR UPDATE
-), lk AS (
+# The detaching of a topic's fresh jobs ({topic}: the SQL that names the topic), shared by
+# LOCK_AND_DETACH and DETACH_FRESH; only a constant is formatted in, never a value.
+_DETACH_FROM = """
+lk AS (
     SELECT f.partition_id, f.next_offset FROM queue_frontiers f
-    WHERE f.topic = (SELECT topic FROM s)
+    WHERE f.topic = {topic}
       AND EXISTS (SELECT 1 FROM partitions p WHERE p.id = f.partition_id AND p.next_offset > f.next_offset)
     ORDER BY f.partition_id
     FOR UPDATE
@@ -389,26 +386,19 @@ FROM lk JOIN partitions p ON p.id = lk.partition_id
 WHERE f.partition_id = lk.partition_id
 """
 
+
+# Limited takes of a queue run one at a time: the first statement of their
+# transaction locks the queue's settings row, then detaches its fresh jobs (as
+# DETACH_FRESH), so that TAKE_LIMITED, the next statement, sees them.
+LOCK_AND_DETACH = """
+WITH s AS (
+    SELECT topic FROM queue_settings WHERE topic = $1 FOR UPDATE
+),""" + _DETACH_FROM.format(topic="(SELECT topic FROM s)")
+
 # Give the fresh jobs of topic $1 their own state, moving its frontiers past
 # them (under their row locks, in id order, as a take locks them): for ordered
 # takes, and before a dead-letter replay takes jobs out of a queue.
-DETACH_FRESH = """
-WITH lk AS (
-    SELECT f.partition_id, f.next_offset FROM queue_frontiers f
-    WHERE f.topic = $1
-      AND EXISTS (SELECT 1 FROM partitions p WHERE p.id = f.partition_id AND p.next_offset > f.next_offset)
-    ORDER BY f.partition_id
-    FOR UPDATE
-), d AS (
-    UPDATE queue_jobs j SET detached = true
-    FROM lk
-    WHERE j.partition_id = lk.partition_id AND j."offset" >= lk.next_offset AND NOT j.detached
-    RETURNING j.partition_id, j."offset"
-)
-UPDATE queue_frontiers f SET next_offset = GREATEST(f.next_offset, p.next_offset)
-FROM lk JOIN partitions p ON p.id = lk.partition_id
-WHERE f.partition_id = lk.partition_id
-"""
+DETACH_FRESH = "WITH" + _DETACH_FROM.format(topic="$1")
 
 ACK = """
 DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch = $3

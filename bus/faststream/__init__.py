@@ -93,25 +93,24 @@ class BusMessage(StreamMessage[Message]):
         if self.verdicts is not None:
             self.verdicts.append(verdict)
 
-    async def ack(self) -> None:
+    async def _settle(self, verdict: str) -> None:
+        """Record the verdict once; a queue job is nacked for "nack", acked for "ack" and "reject"."""
         if self.committed is None:
-            self._note("ack")
+            self._note(verdict)
             if self.queue is not None:
-                await self.queue.ack(self.raw_message)
+                settle = self.queue.nack if verdict == "nack" else self.queue.ack
+                await settle(self.raw_message)
+
+    async def ack(self) -> None:
+        await self._settle("ack")
         await super().ack()
 
     async def nack(self) -> None:
-        if self.committed is None:
-            self._note("nack")
-            if self.queue is not None:
-                await self.queue.nack(self.raw_message)
+        await self._settle("nack")
         await super().nack()
 
     async def reject(self) -> None:
-        if self.committed is None:
-            self._note("reject")
-            if self.queue is not None:
-                await self.queue.ack(self.raw_message)
+        await self._settle("reject")
         await super().reject()
 
 
