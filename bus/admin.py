@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from bus import queue_features
+from bus.context import context_of
 from bus.types import PartitionStats, Rate, Record, TopicPartition
 from storage import db
 from storage import groups as group_sql
@@ -17,7 +18,7 @@ from storage.errors import GroupHasMembersError, GroupNotFoundError, TopicNotFou
 from storage.names import MAX_OFFSET, validate_int, validate_name, validate_seconds
 
 if TYPE_CHECKING:
-    from bus.client import Bus
+    from bus.context import BusContext, Connected
 
 
 class GroupSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,13 +98,13 @@ class ResetRow(msgspec.Struct, frozen=True):
 class Admin:
     """`b.admin`: inspection and repair of groups and topics."""
 
-    def __init__(self, b: Bus) -> None:
-        self._bus = b
+    def __init__(self, ctx: BusContext | Connected) -> None:
+        self._ctx = context_of(ctx)
 
     async def list_groups(self) -> list[GroupSummary]:
         """Every group with its state, status, live members and total lag."""
         with db.translate_errors():
-            rows = await group_sql.list_groups(self._bus.pool)
+            rows = await group_sql.list_groups(self._ctx.pool)
         return [
             GroupSummary(
                 name=r.name,
@@ -119,7 +120,7 @@ class Admin:
     async def describe_group(self, group: str) -> GroupDescription:
         """Generation, state, leader, members and their partitions, and every partition's committed/end/lag/owner."""
         validate_name(group, "group name")
-        pool = self._bus.pool
+        pool = self._ctx.pool
         with db.translate_errors():
             g = await group_sql.get_group(pool, group)
             if g is None:
@@ -188,7 +189,7 @@ class Admin:
             validate_name(topic, "topic name")
         mode, at, offset = _reset_target(to)
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn, conn.transaction():
+            async with self._ctx.pool.acquire() as conn, conn.transaction():
                 if not await group_sql.lock_group(conn, group):
                     raise GroupNotFoundError(f"group {group!r} does not exist")
                 live = await group_sql.live_member_count(conn, group)
@@ -208,7 +209,7 @@ class Admin:
         """Delete the group, its members and cursors (refused while members are live)."""
         validate_name(group, "group name")
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn, conn.transaction():
+            async with self._ctx.pool.acquire() as conn, conn.transaction():
                 if not await group_sql.lock_group(conn, group):
                     raise GroupNotFoundError(f"group {group!r} does not exist")
                 live = await group_sql.live_member_count(conn, group)
@@ -218,18 +219,18 @@ class Admin:
 
     async def sweep(self) -> int:
         """Run dead-member and dead-group detection now; returns the number of members removed."""
-        system = await self._bus._group_system()
+        system = await self._ctx.group_system()
         return int(await system.sweep())
 
     async def force_complete(self, topic: str, older_than: timedelta | float) -> int:
         """Remove messages of `topic` older than `older_than` that only dead or cancelled groups still hold back."""
         validate_name(topic, "topic name")
-        await self._bus.topic(topic)
+        await self._ctx.topic(topic)
         seconds = validate_seconds(older_than, "older_than", allow_zero=True)
         from storage import retention
 
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn:
+            async with self._ctx.pool.acquire() as conn:
                 return int(await retention.force_complete(conn, topic, seconds))
 
     async def update_topic(
@@ -249,26 +250,26 @@ class Admin:
         rate = current[1] if rate_limit is queue_features.UNSET else rate_limit
         limited = queue_features.limits(per_key, rate)
         ttl = None if result_ttl is queue_features.UNSET else queue_features.result_ttl(result_ttl)
-        await queue_features.apply(self._bus, name, limited=limited, ttl=ttl)
+        await queue_features.apply(self._ctx, name, limited=limited, ttl=ttl)
 
     async def queue_settings(self, name: str) -> tuple[int | None, Rate | None, bool, timedelta]:
         """A queue topic's (max_in_flight_per_key, rate_limit, paused, result_ttl)."""
         validate_name(name, "topic name")
         with db.translate_errors():
-            row = await queue_sql.get(self._bus.pool, name)
+            row = await queue_sql.get(self._ctx.pool, name)
         if row is None:
-            await self._bus.topic(name)  # TopicNotFoundError for an unknown topic
+            await self._ctx.topic(name)  # TopicNotFoundError for an unknown topic
             return None, None, False, timedelta(days=1)
         rate = None if row["rate_limit"] is None else Rate(row["rate_limit"], per=row["rate_per"])
         return row["max_in_flight_per_key"], rate, row["paused"], timedelta(seconds=row["result_ttl"])
 
     async def pause_queue(self, topic: str) -> None:
         """Stop every consumer of the queue in every process from taking jobs (taken ones still ack)."""
-        await queue_features.apply(self._bus, validate_name(topic, "topic name"), paused=True)
+        await queue_features.apply(self._ctx, validate_name(topic, "topic name"), paused=True)
 
     async def resume_queue(self, topic: str) -> None:
         """Let the queue's consumers take jobs again (the waiting ones are woken)."""
-        await queue_features.apply(self._bus, validate_name(topic, "topic name"), paused=False)
+        await queue_features.apply(self._ctx, validate_name(topic, "topic name"), paused=False)
 
     async def cancel_job(self, topic: str, rec: Record) -> bool:
         """Cancel a queue job: False if it is no longer there (acked, dead-lettered, cancelled before).
@@ -276,13 +277,13 @@ class Admin:
         A job not yet taken is never handed out; a taken one is not retried after its nack or expiry
         (its ack still works). `b.job_result` raises JobFailedError for it.
         """
-        return await queue_features.cancel_job(self._bus, topic, rec)
+        return await queue_features.cancel_job(self._ctx, topic, rec)
 
     async def topic_stats(self, topic: str) -> list[PartitionStats]:
         """Per partition: log start, end offset, stored messages, oldest and newest timestamps."""
-        await self._bus.topic(topic)
+        await self._ctx.topic(topic)
         with db.translate_errors():
-            rows = await topic_sql.topic_stats(self._bus.pool, topic)
+            rows = await topic_sql.topic_stats(self._ctx.pool, topic)
         return [
             PartitionStats(
                 partition=r["partition"],

@@ -26,7 +26,6 @@ discovers later, including partitions and labelled topics created afterwards.
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -45,7 +44,7 @@ from storage.logs import get_logger
 from storage.names import validate_int, validate_name, validate_offset, validate_seconds, validate_worker_id
 
 if TYPE_CHECKING:
-    from bus.client import Bus
+    from bus.context import BusContext
 
 __all__ = ["Claim", "claim"]
 
@@ -73,9 +72,6 @@ class _BusState:
     discovery: dict[tuple[str, str | None, str | None, str | None], _Discovery] = field(default_factory=dict)
 
 
-_states: weakref.WeakKeyDictionary[Bus, _BusState] = weakref.WeakKeyDictionary()
-
-
 class Claim:
     """A leased partition: `messages` to process, then `ack()` (or `release()`).
 
@@ -85,7 +81,7 @@ class Claim:
 
     def __init__(
         self,
-        bus: Bus,
+        ctx: BusContext,
         group: str,
         worker_id: str,
         partition_id: int,
@@ -101,7 +97,7 @@ class Claim:
         self.lease_expires_at = lease_expires_at
         self.group = group
         self.worker_id = worker_id
-        self._bus = bus
+        self._ctx = ctx
         self._partition_id = partition_id
         self._epoch = epoch
         self._finished = False  # acked or released by this object
@@ -137,7 +133,7 @@ class Claim:
                 "ack one of the claimed offsets, or ack() for all of them"
             )
         with db.translate_errors():
-            async with self._bus.lender.lend() as conn:
+            async with self._ctx.lender.lend() as conn:
                 done = await sql.ack(
                     conn, self.group, self._partition_id, self.worker_id, self._epoch, offset + 1
                 )
@@ -158,7 +154,7 @@ class Claim:
         if self._finished:
             return True
         with db.translate_errors():
-            async with self._bus.lender.lend() as conn:
+            async with self._ctx.lender.lend() as conn:
                 released = await sql.release(
                     conn, self.group, self._partition_id, self.worker_id, self._epoch
                 )
@@ -177,7 +173,7 @@ class Claim:
                 "claim again"
             )
         with db.translate_errors():
-            async with self._bus.lender.lend() as conn:
+            async with self._ctx.lender.lend() as conn:
                 expires = await sql.extend(
                     conn, self.group, self._partition_id, self.worker_id, self._epoch, seconds
                 )
@@ -208,7 +204,7 @@ class Claim:
 
 
 async def claim(
-    bus: Bus,
+    ctx: BusContext,
     group: str,
     topic: str | None = None,
     *,
@@ -236,14 +232,14 @@ async def claim(
     if task is not None:
         validate_name(task, "task")
     validate_int(max_messages, "max_messages", 1, 100_000)
-    seconds = bus.config.lease_time if lease_time is None else validate_seconds(lease_time, "lease_time")
-    spec = parse_start(start, bus.config.default_start)
+    seconds = ctx.config.lease_time if lease_time is None else validate_seconds(lease_time, "lease_time")
+    spec = parse_start(start, ctx.config.default_start)
     if topic is not None:
-        await bus.topic(topic)  # TopicNotFoundError before anything is written
+        await ctx.topic(topic)  # TopicNotFoundError before anything is written
 
     with db.translate_errors():
-        async with bus.lender.lend() as conn:  # generic plans: see storage.db.GENERIC_PLANS
-            topics = await _discover(bus, conn, group, topic, namespace, task, spec)
+        async with ctx.lender.lend() as conn:  # generic plans: see storage.db.GENERIC_PLANS
+            topics = await _discover(ctx, conn, group, topic, namespace, task, spec)
             if not topics:
                 return None
             for _ in range(_MAX_STALE_SKIPS):
@@ -273,7 +269,7 @@ async def claim(
                     count=len(messages),
                 )
                 return Claim(
-                    bus,
+                    ctx,
                     group,
                     worker_id,
                     pid,
@@ -287,7 +283,7 @@ async def claim(
 
 
 async def _discover(
-    bus: Bus,
+    ctx: BusContext,
     conn: Connection,
     group: str,
     topic: str | None,
@@ -301,7 +297,7 @@ async def _discover(
     FULL_SYNC_INTERVAL per Bus; in between only partitions newer than the
     last seen id are materialized, so a claim stays O(1) in the partition count.
     """
-    state = _states.setdefault(bus, _BusState())
+    state = ctx.state(_BusState)
     key = (group, topic, namespace, task)
     found = state.discovery.get(key)
     now = time.monotonic()
@@ -314,7 +310,7 @@ async def _discover(
                 start_mode=spec.start_mode,
                 start_time=spec.start_time,
                 start_offsets_json=spec.start_offsets_json,
-                lookback_seconds=bus.config.lookback,
+                lookback_seconds=ctx.config.lookback,
                 namespace=namespace,
                 task=task,
             )

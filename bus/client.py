@@ -19,6 +19,7 @@ from actors.producer import Prepared, Producer, ProducerSettings, ProducerStats,
 from bus import queue_features, tracing
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
 from bus.config import Config
+from bus.context import BusContext
 from bus.types import Message, Outgoing, Rate, Record, TopicInfo
 from storage import db
 from storage import messages as log_sql
@@ -95,7 +96,18 @@ class Bus:
             pool, min(8, config.pool_max_size // 2), generic_plans=config.pooler != "transaction"
         )
         self.embedded = embedded
-        self.channels = Channels(config.schema)
+        # What the sub-facades (consumers, queues, claims, the event store, admin, metrics) take.
+        self.context = BusContext(
+            dsn=dsn,
+            config=config,
+            pool=pool,
+            lender=self.lender,
+            topic=self._topic,
+            create_topic=self.create_topic,
+            publish_many=self.publish_many,
+            group_system=self._group_system,
+        )
+        self.channels = self.context.channels
         self._topics: dict[str, TopicInfo] = {}
         self._partition_ids: dict[tuple[str, str], int] = {}
         self._round_robin: dict[str, itertools.count[int]] = {}
@@ -189,7 +201,7 @@ class Bus:
                 self.channels.messages,
             )
             await system.start()
-            self._system = system
+            self._system = self.context.system = system
         return self._system
 
     # -- consumer groups -------------------------------------------------------------
@@ -217,7 +229,7 @@ class Bus:
         from bus.consumer import Consumer
 
         return Consumer(
-            self,
+            self.context,
             group,
             topics=topics,
             namespace=namespace,
@@ -253,7 +265,7 @@ class Bus:
         from bus.consumer import Subscription
 
         sub = Subscription(
-            self,
+            self.context,
             group,
             handler,
             topics=topics,
@@ -282,7 +294,7 @@ class Bus:
         """Group and topic administration (see bus.admin.Admin)."""
         from bus.admin import Admin
 
-        return Admin(self)
+        return Admin(self.context)
 
     async def __aenter__(self) -> Bus:
         return self
@@ -384,7 +396,7 @@ class Bus:
             )
         self._topics[name] = existing
         if queued:
-            await queue_features.apply(self, name, limited=limited, ttl=ttl)
+            await queue_features.apply(self.context, name, limited=limited, ttl=ttl)
         return existing
 
     async def list_topics(self, namespace: str | None = None, task: str | None = None) -> list[TopicInfo]:
@@ -708,7 +720,7 @@ class Bus:
         from actors.scheduler import Check
         from bus import schedules
 
-        changed = await schedules.define(self, name, cron, topic, payload, timezone, catch_up)
+        changed = await schedules.define(self.context, name, cron, topic, payload, timezone, catch_up)
         if changed and self._scheduler is not None:  # this process's scheduler learns of it at once
             self._scheduler.try_tell(Check())
         return changed
@@ -717,19 +729,19 @@ class Bus:
         """Delete the schedule `name` (no tick of it is published after this returns); False if none."""
         from bus import schedules
 
-        return await schedules.remove(self, name)
+        return await schedules.remove(self.context, name)
 
     async def schedules(self) -> list[ScheduleInfo]:
         """Every schedule of the schema, by name."""
         from bus import schedules
 
-        return await schedules.list_schedules(self)
+        return await schedules.list_schedules(self.context)
 
     def event_store(self, name: str) -> EventStore:
         """The event store `name`: one globally ordered log with attribute partitions (see bus.eventstore)."""
         from bus.eventstore import EventStore
 
-        return EventStore(self, validate_name(name, "event store name"))
+        return EventStore(self.context, validate_name(name, "event store name"))
 
     async def claim(
         self,
@@ -747,7 +759,7 @@ class Bus:
         from bus.claims import claim
 
         return await claim(
-            self,
+            self.context,
             group,
             topic=topic,
             namespace=namespace,
@@ -771,7 +783,7 @@ class Bus:
         from bus.queues import QueueConsumer
 
         return QueueConsumer(
-            self,
+            self.context,
             topic,
             visibility_timeout=visibility_timeout,
             max_attempts=max_attempts,
@@ -785,7 +797,7 @@ class Bus:
         Raises bus.errors.JobFailedError (with the error history) if the job was dead-lettered or
         cancelled, TimeoutError if neither happened in time (see bus.queue_features).
         """
-        return await queue_features.job_result(self, topic, rec, timeout)
+        return await queue_features.job_result(self.context, topic, rec, timeout)
 
     # -- reading -------------------------------------------------------------------
 
@@ -896,16 +908,6 @@ def _describe_diff(existing: TopicInfo, wanted: TopicInfo) -> str:
         if a != b:
             diffs.append(f"{field}: existing {a!r}, requested {b!r}")
     return "; ".join(diffs)
-
-
-class Channels:
-    """LISTEN/NOTIFY channel names of one schema (passed as parameters, never interpolated)."""
-
-    def __init__(self, schema: str) -> None:
-        self.messages = f"{schema}.messages"
-        self.topics = f"{schema}.topics"
-        self.groups = f"{schema}.groups"
-        self.results = f"{schema}.results"
 
 
 class _Connector:

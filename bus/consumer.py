@@ -24,6 +24,7 @@ from actors.messages import CoordinatorMessage, Rewind, Seek
 from actors.runtime import ActorRef, ActorStoppedError
 from actors.worker import RetryPolicy
 from bus import tracing
+from bus.context import context_of
 from bus.handoff import Callback, HandlerHandoff, PollHandoff
 from bus.start import StartInput, parse_start
 from bus.types import Message, TopicPartition
@@ -39,7 +40,7 @@ from storage.logs import get_logger
 from storage.names import validate_int, validate_name, validate_offset
 
 if TYPE_CHECKING:
-    from bus.client import Bus
+    from bus.context import BusContext, Connected
 
 log = get_logger(__name__)
 
@@ -87,20 +88,20 @@ class _Member:
     fetch_size: int
 
 
-async def _join_group(b: Bus, m: _Member) -> None:
+async def _join_group(ctx: BusContext, m: _Member) -> None:
     """Record the group (its start: first subscriber wins) and the topics it reads."""
-    spec = parse_start(m.start, b.config.default_start)
+    spec = parse_start(m.start, ctx.config.default_start)
     for t in m.topics:
-        await b.topic(t)  # TopicNotFoundError before anything is written
+        await ctx.topic(t)  # TopicNotFoundError before anything is written
     with db.translate_errors():
-        async with b.pool.acquire() as conn, conn.transaction():
+        async with ctx.pool.acquire() as conn, conn.transaction():
             await group_sql.record_group(
                 conn,
                 m.group,
                 start_mode=spec.start_mode,
                 start_time=spec.start_time,
                 start_offsets_json=spec.start_offsets_json,
-                lookback_seconds=b.config.lookback,
+                lookback_seconds=ctx.config.lookback,
                 assignor=m.assignor,
                 namespace=m.namespace,
                 task=m.task,
@@ -111,20 +112,20 @@ async def _join_group(b: Bus, m: _Member) -> None:
                 await group_sql.add_matching_topics(conn, m.group)
 
 
-def _member_spec(b: Bus, m: _Member) -> MemberSpec:
-    c = b.config
+def _member_spec(ctx: BusContext, m: _Member) -> MemberSpec:
+    c = ctx.config
     return MemberSpec(
         group=m.group,
         topics=m.topics,
         instance_id=m.instance_id,
-        client_id=f"{os.getpid()}-{id(b):x}",
+        client_id=f"{os.getpid()}-{id(ctx):x}",
         session_timeout=c.session_timeout,
         rebalance_delay=c.rebalance_delay,
         lease_time=c.lease_time,
         poll_interval=c.fallback_poll,
         fetch_size=m.fetch_size,
-        groups_channel=b.channels.groups,
-        messages_channel=b.channels.messages,
+        groups_channel=ctx.channels.groups,
+        messages_channel=ctx.channels.messages,
     )
 
 
@@ -142,8 +143,8 @@ class ConsumerTransaction:
 class _MemberBase:
     """What Consumer and Subscription share: joining, the Coordinator, what its actors told it."""
 
-    def __init__(self, b: Bus, member: _Member, state: PollHandoff | HandlerHandoff) -> None:
-        self._bus = b
+    def __init__(self, ctx: BusContext, member: _Member, state: PollHandoff | HandlerHandoff) -> None:
+        self._ctx = ctx
         self._m = member
         self._state = state
         self._coordinator: ActorRef[CoordinatorMessage] | None = None
@@ -184,9 +185,9 @@ class _MemberBase:
     async def _start_member(self) -> None:
         if self._coordinator is not None:
             return
-        await _join_group(self._bus, self._m)
-        system = await self._bus._group_system()
-        self._coordinator = system.spawn_member(_member_spec(self._bus, self._m), self._state)
+        await _join_group(self._ctx, self._m)
+        system = await self._ctx.group_system()
+        self._coordinator = system.spawn_member(_member_spec(self._ctx, self._m), self._state)
 
     async def _stop_member(self) -> None:
         if self._coordinator is not None:
@@ -208,7 +209,7 @@ class Consumer(_MemberBase):
 
     def __init__(
         self,
-        b: Bus,
+        ctx: BusContext | Connected,
         group: str,
         *,
         topics: list[str] | None = None,
@@ -223,13 +224,14 @@ class Consumer(_MemberBase):
         on_revoke: Callback | None = None,
         buffer_size: int | None = None,
     ) -> None:
+        ctx = context_of(ctx)
         validate_int(max_poll_records, "max_poll_records", 1, 100_000)
         topic_list = _validate_topics(topics, namespace, task)
         if namespace is not None:
             validate_name(namespace, "namespace")
         if task is not None:
             validate_name(task, "task")
-        parse_start(start, b.config.default_start)  # validate before anything is written
+        parse_start(start, ctx.config.default_start)  # validate before anything is written
         member = _Member(
             group, topic_list, namespace, task, start, assignor, instance_id, min(max_poll_records, 1000)
         )
@@ -242,7 +244,7 @@ class Consumer(_MemberBase):
             capacity=buffer_size or max(4 * max_poll_records, 2000),
             auto_commit=auto_commit,
         )
-        super().__init__(b, member, self._h)
+        super().__init__(ctx, member, self._h)
         self.auto_commit = auto_commit
         self.max_poll_records = max_poll_records
         # A failed transaction() left positions past the committed offsets: poll() rewinds first.
@@ -277,7 +279,7 @@ class Consumer(_MemberBase):
         self._closed = True
         await self._stop_member()
         if cancel:
-            async with self._bus.pool.acquire() as conn:
+            async with self._ctx.pool.acquire() as conn:
                 await group_sql.cancel_group(conn, self.group)
 
     # -- consuming -----------------------------------------------------------------
@@ -323,7 +325,7 @@ class Consumer(_MemberBase):
 
     async def _iterate(self) -> AsyncIterator[Message]:
         while not self._closed:
-            for m in await self.poll(timeout=self._bus.config.max_poll_interval):
+            for m in await self.poll(timeout=self._ctx.config.max_poll_interval):
                 yield m
 
     # -- committing ------------------------------------------------------------------
@@ -344,7 +346,7 @@ class Consumer(_MemberBase):
         """
         if connection is not None:
             with db.translate_errors():
-                async with db.on_schema(connection, self._bus.config.schema), connection.transaction():
+                async with db.on_schema(connection, self._ctx.config.schema), connection.transaction():
                     written = await self._commit_on(connection)
             # The caller may still roll back: remembered as sent, not as committed.
             # A later commit re-sends it harmlessly, and never takes it for a move.
@@ -356,7 +358,7 @@ class Consumer(_MemberBase):
         """Commit the pending positions on a pool connection; `durable=False` for auto-commit (soft)."""
         # One statement, all or nothing: no transaction block needed.
         with db.translate_errors():
-            async with self._bus.lender.lend() as conn:
+            async with self._ctx.lender.lend() as conn:
                 written = await self._commit_on(conn, durable=durable)
         self._h.confirm(written)
 
@@ -426,14 +428,14 @@ class Consumer(_MemberBase):
         if self._must_rewind:
             await self.rewind()
         with db.translate_errors():
-            async with self._bus.pool.acquire() as conn:
+            async with self._ctx.pool.acquire() as conn:
                 tx = conn.transaction()
                 h.in_transaction = True
                 try:
                     await tx.start()
                     await conn.execute(db.SET_LOCAL_SEARCH_PATH, USER_SEARCH_PATH)
                     yield ConsumerTransaction(conn)
-                    async with db.on_schema(conn, self._bus.config.schema):
+                    async with db.on_schema(conn, self._ctx.config.schema):
                         written = await self._commit_on(conn)
                     await tx.commit()
                 except BaseException:
@@ -577,7 +579,7 @@ class Consumer(_MemberBase):
             if not isinstance(tp, TopicPartition):
                 raise ValidationError(f"expected bus.TopicPartition, got {tp!r}")
         rows = await group_sql.partition_offsets(
-            self._bus.pool,
+            self._ctx.pool,
             self.group,
             [(tp.topic, tp.partition) for tp in tps],
             list(times) if times else None,
@@ -594,7 +596,7 @@ class Subscription(_MemberBase):
 
     def __init__(
         self,
-        b: Bus,
+        ctx: BusContext | Connected,
         group: str,
         handler: Callable[[Message], Awaitable[Any]],
         *,
@@ -610,18 +612,19 @@ class Subscription(_MemberBase):
         on_assign: Callback | None = None,
         on_revoke: Callback | None = None,
     ) -> None:
+        ctx = context_of(ctx)
         if not callable(handler):
             raise ValidationError("handler must be an async callable taking a bus.Message")
         topic_list = _validate_topics(topics, namespace, task)
         if dead_letter is not None:
             validate_name(dead_letter, "dead_letter topic")
-        parse_start(start, b.config.default_start)
+        parse_start(start, ctx.config.default_start)
         member = _Member(group, topic_list, namespace, task, start, assignor, instance_id, batch_size)
         self._validate(member)
         self._h = HandlerHandoff(
-            b, group, handler, (retry or Retry()).policy(), dead_letter, on_assign, on_revoke
+            ctx, group, handler, (retry or Retry()).policy(), dead_letter, on_assign, on_revoke
         )
-        super().__init__(b, member, self._h)
+        super().__init__(ctx, member, self._h)
 
     @property
     def handler(self) -> Callable[[Message], Awaitable[Any]]:

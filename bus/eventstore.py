@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import re
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -55,6 +54,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import msgspec
 
 from bus import tracing
+from bus.context import context_of
 from storage import db
 from storage import eventstore as es_storage
 from storage.errors import (
@@ -67,7 +67,7 @@ from storage.logs import get_logger
 from storage.names import validate_int, validate_name, validate_offset, validate_seconds, validate_worker_id
 
 if TYPE_CHECKING:
-    from bus.client import Bus
+    from bus.context import BusContext, Connected
 
 log = get_logger(__name__)
 
@@ -374,10 +374,8 @@ def _handled_classes(handled_types: Sequence[type[Event] | str]) -> list[type[Ev
     return classes
 
 
-#: Per Bus, per store: the claims whose commit went unanswered (see EventStore._unsure).
-_unsure_claims: weakref.WeakKeyDictionary[Bus, dict[str, set[tuple[str, str, int]]]] = (
-    weakref.WeakKeyDictionary()
-)
+class _UnsureClaims(dict[str, set[tuple[str, str, int]]]):
+    """Per Bus, per store: the claims whose commit went unanswered (see EventStore._unsure)."""
 
 
 class EventStore:
@@ -392,13 +390,13 @@ class EventStore:
     #: rest of a long log is discovered by the following calls.
     discovery_budget: float = 0.2
 
-    def __init__(self, bus: Bus, name: str) -> None:
-        self._bus = bus
+    def __init__(self, ctx: BusContext | Connected, name: str) -> None:
+        self._ctx = ctx = context_of(ctx)
         # (worker, group, offset_id) of claims whose commit went unanswered (a lost connection):
         # they may be held by the worker without its knowing, and its heartbeats would keep them
         # forever. Released before the worker's next claim or heartbeat. Shared by every
         # EventStore object of the Bus for this store.
-        self._unsure = _unsure_claims.setdefault(bus, {}).setdefault(name, set())
+        self._unsure = ctx.state(_UnsureClaims).setdefault(name, set())
         # (group, partition_by, bulk) -> the discovery window that last took about its step time.
         self._windows: dict[tuple[str, tuple[str, ...], bool], int] = {}
         self.name = validate_name(name, "event store name")
@@ -416,7 +414,7 @@ class EventStore:
         every call once the store was large (see storage.db.GENERIC_PLANS). Discovery runs on a
         pool connection of its own (`_discover`), where PostgreSQL still chooses its plans.
         """
-        return self._bus.lender
+        return self._ctx.lender
 
     def __repr__(self) -> str:
         return f"EventStore({self.name!r})"
@@ -444,7 +442,7 @@ class EventStore:
             raise ValidationError(
                 "guard must be a bus.Guard (from claim_next, or Guard(conditions, position))"
             )
-        tags, payloads, attrs = _encode_events(items, self._bus.config.max_message_bytes)
+        tags, payloads, attrs = _encode_events(items, self._ctx.config.max_message_bytes)
         if not items:
             return []
         with db.translate_errors():
@@ -598,7 +596,7 @@ class EventStore:
         classes = _handled_classes(handled_types)
         validate_int(max_messages, "max_messages", 1)
         tags = [str(c.__event_tag__) for c in classes]
-        ttl = float(self._bus.config.claim_ttl)
+        ttl = float(self._ctx.config.claim_ttl)
         started = time.monotonic()
         with db.translate_errors():
             await self._release_unsure(worker)
@@ -718,7 +716,7 @@ class EventStore:
         step_seconds = _STEP_SECONDS if budget is not None else _BULK_STEP_SECONDS
         key = (group, tuple(names), budget is None)
         # One connection for every step (a pool connection's release costs a round trip).
-        async with self._bus.pool.acquire() as conn:
+        async with self._ctx.pool.acquire() as conn:
             while True:
                 step_started = time.monotonic()
                 window = min(self._windows.get(key, _FIRST_WINDOW), self.discovery_batch)
@@ -829,7 +827,7 @@ class EventStore:
     async def release_stale_claims(self, ttl: float | None = None) -> int:
         """Release claims not heartbeaten for `ttl` seconds (default config `claim_ttl`); returns how many."""
         seconds = (
-            float(self._bus.config.claim_ttl)
+            float(self._ctx.config.claim_ttl)
             if ttl is None
             else validate_seconds(ttl, "ttl", allow_zero=True)
         )

@@ -32,7 +32,7 @@ from bus.types import Message, Outgoing, TopicPartition
 from storage.errors import TopicNotFoundError
 
 if TYPE_CHECKING:
-    from bus.client import Bus
+    from bus.context import BusContext
 
 Callback = Callable[[set[TopicPartition]], Awaitable[None] | None]
 #: (epoch, next offset) of one partition
@@ -349,7 +349,7 @@ class HandlerHandoff(MemberState):
 
     def __init__(
         self,
-        bus: Bus,
+        ctx: BusContext,
         group: str,
         handler: Callable[[Message], Awaitable[Any]],
         retry: RetryPolicy,
@@ -358,7 +358,7 @@ class HandlerHandoff(MemberState):
         on_revoke: Callback | None,
     ) -> None:
         super().__init__(group, on_assign, on_revoke)
-        self._bus = bus
+        self._ctx = ctx
         self.handler = handler
         self.retry = retry
         self.dead_letter_topic = dead_letter_topic
@@ -395,7 +395,7 @@ class HandlerHandoff(MemberState):
     ) -> bool:
         if self.dead_letter_topic is None:
             return False
-        b = self._bus
+        b = self._ctx
         try:
             info = await b.topic(self.dead_letter_topic)
         except TopicNotFoundError:

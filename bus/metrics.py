@@ -76,7 +76,7 @@ from storage.errors import BusError, ValidationError
 from storage.names import validate_int, validate_name, validate_seconds
 
 if TYPE_CHECKING:
-    from bus.client import Bus
+    from bus.context import Connected
 
 __all__ = [
     "ASSIGNED",
@@ -171,7 +171,7 @@ def value(name: str, **labels: str) -> float:
 
 
 async def update_lag(
-    b: Bus, groups: Iterable[str] | None = None
+    b: Connected, groups: Iterable[str] | None = None
 ) -> dict[tuple[str, str, str], tuple[int, float]]:
     """Set the lag gauges of every group of `b`'s schema (or of `groups`) from the database now.
 
@@ -179,21 +179,24 @@ async def update_lag(
     """
     names = None if groups is None else [validate_name(g, "group name") for g in _as_list(groups)]
     with db.translate_errors():
-        return await _update_lag_pool(b.pool, names, scope=b.config.schema)
+        return await _update_lag_pool(b.context.pool, names, scope=b.context.config.schema)
 
 
 _updaters = itertools.count()
 
 
-def start_lag_updater(b: Bus, interval: float = 15.0, groups: Sequence[str] | None = None) -> ActorRef[Any]:
+def start_lag_updater(
+    b: Connected, interval: float = 15.0, groups: Sequence[str] | None = None
+) -> ActorRef[Any]:
     """Start an actor that calls update_lag every `interval` seconds; `await ref.stop()` before closing `b`."""
     seconds = validate_seconds(interval, "interval")
     names = None if groups is None else [validate_name(g, "group name") for g in _as_list(groups)]
-    system = b._system
+    system = b.context.system
     if system is None:
         raise BusError("the Bus is not connected: start the lag updater after `bus.connect()`")
     return system.root.spawn(
-        lambda: LagUpdater(b.pool, seconds, names, b.config.schema), f"lag-updater-{next(_updaters)}"
+        lambda: LagUpdater(b.context.pool, seconds, names, b.context.config.schema),
+        f"lag-updater-{next(_updaters)}",
     )
 
 

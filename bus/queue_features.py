@@ -33,7 +33,7 @@ from storage.errors import JobFailedError, TopicNotFoundError, ValidationError
 from storage.names import validate_int, validate_name, validate_seconds
 
 if TYPE_CHECKING:
-    from bus.client import Bus
+    from bus.context import BusContext
 
 
 class _Unset:
@@ -75,7 +75,7 @@ def result_ttl(value: Any) -> float:
 
 
 async def apply(
-    b: Bus,
+    ctx: BusContext,
     topic: str,
     *,
     paused: bool | None = None,
@@ -83,19 +83,19 @@ async def apply(
     ttl: float | None = None,
 ) -> None:
     """Write the given settings of a queue topic (after checking it is one)."""
-    info = await b.topic(topic)
+    info = await ctx.topic(topic)
     if info.semantics != "queue":
         raise ValidationError(
             f"topic {topic!r} is a pubsub topic; limits, pause and results are for queue topics "
             "(create it with semantics='queue')"
         )
     with db.translate_errors():
-        await sql.upsert(b.pool, topic, paused=paused, limits=limited, result_ttl=ttl)
+        await sql.upsert(ctx.pool, topic, paused=paused, limits=limited, result_ttl=ttl)
         if paused is False:
-            await sql.announce_topic(b.pool, topic, b.channels.messages)
+            await sql.announce_topic(ctx.pool, topic, ctx.channels.messages)
 
 
-async def _job(b: Bus, topic: str, rec: Any) -> tuple[int, int]:
+async def _job(ctx: BusContext, topic: str, rec: Any) -> tuple[int, int]:
     """(partition id, offset) of the queue job `rec` (a Record of a publish to `topic`)."""
     validate_name(topic, "topic name")
     if not isinstance(rec, Record):
@@ -103,27 +103,27 @@ async def _job(b: Bus, topic: str, rec: Any) -> tuple[int, int]:
     if rec.topic != topic:
         raise ValidationError(f"the record is of topic {rec.topic!r}, not {topic!r}")
     with db.translate_errors():
-        pid = await sql.partition_id(b.pool, topic, rec.partition)
+        pid = await sql.partition_id(ctx.pool, topic, rec.partition)
     if pid is None:
         raise TopicNotFoundError(f"topic {topic!r} has no partition {rec.partition!r}")
     return pid, rec.offset
 
 
-async def cancel_job(b: Bus, topic: str, rec: Any) -> bool:
+async def cancel_job(ctx: BusContext, topic: str, rec: Any) -> bool:
     """Cancel a job: True if it was still there (now never handed out again)."""
-    info = await b.topic(topic)
+    info = await ctx.topic(topic)
     if info.semantics != "queue":
         raise ValidationError(f"topic {topic!r} is a pubsub topic; only queue jobs can be cancelled")
-    pid, offset = await _job(b, topic, rec)
+    pid, offset = await _job(ctx, topic, rec)
     with db.translate_errors():
-        async with b.pool.acquire() as conn, conn.transaction():
-            return await sql.cancel(conn, topic, pid, offset, b.channels.results)
+        async with ctx.pool.acquire() as conn, conn.transaction():
+            return await sql.cancel(conn, topic, pid, offset, ctx.channels.results)
 
 
-async def job_result(b: Bus, topic: str, rec: Any, timeout: float | timedelta) -> Any:  # noqa: ASYNC109 - the public API's shape
+async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | timedelta) -> Any:  # noqa: ASYNC109 - the public API's shape
     """The result of a job's ack (None: acked without one), waiting up to `timeout` seconds for it."""
     wait = validate_seconds(timeout, "timeout", allow_zero=True)
-    pid, offset = await _job(b, topic, rec)
+    pid, offset = await _job(ctx, topic, rec)
     deadline = time.monotonic() + wait
     rung = asyncio.Event()
     wanted = f"{pid}:{offset}"
@@ -133,12 +133,12 @@ async def job_result(b: Bus, topic: str, rec: Any, timeout: float | timedelta) -
             rung.set()
 
     with db.translate_errors():
-        async with b.pool.acquire() as conn:
+        async with ctx.pool.acquire() as conn:
             await sql.expire(conn)
             # LISTEN needs a session of its own: through a transaction pooler the result is polled for.
-            listens = b.config.pooler != "transaction"
+            listens = ctx.config.pooler != "transaction"
             if listens:
-                await conn.add_listener(b.channels.results, heard)
+                await conn.add_listener(ctx.channels.results, heard)
             try:
                 while True:
                     rung.clear()
@@ -166,7 +166,7 @@ async def job_result(b: Bus, topic: str, rec: Any, timeout: float | timedelta) -
                         pass
             finally:
                 if listens:
-                    await conn.remove_listener(b.channels.results, heard)
+                    await conn.remove_listener(ctx.channels.results, heard)
     raise TimeoutError(f"job {topic}/{rec.partition}@{offset} has no result after {wait:g}s")
 
 

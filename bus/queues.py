@@ -45,7 +45,6 @@ import os
 import socket
 import time
 import uuid
-import weakref
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -59,6 +58,7 @@ from actors.runtime import Actor, ActorRef
 from actors.runtime import Message as ActorMessage
 from bus import queue_features, tracing
 from bus.codec import decode_headers
+from bus.context import context_of
 from bus.types import Message, Outgoing
 from storage import db
 from storage import queue_controls as controls
@@ -69,7 +69,7 @@ from storage.logs import get_logger
 from storage.names import validate_int, validate_name, validate_seconds
 
 if TYPE_CHECKING:
-    from bus.client import Bus
+    from bus.context import BusContext, Connected
 
 __all__ = ["QueueConsumer"]
 
@@ -224,14 +224,8 @@ class _QueueWriter:
                 future.set_result(mine)
 
 
-_writers: weakref.WeakKeyDictionary[Bus, _QueueWriter] = weakref.WeakKeyDictionary()
-
-
-def _writer_of(bus: Bus) -> _QueueWriter:
-    writer = _writers.get(bus)
-    if writer is None:
-        writer = _writers[bus] = _QueueWriter(bus.lender)
-    return writer
+def _writer_of(ctx: BusContext) -> _QueueWriter:
+    return ctx.state(_QueueWriter, lambda: _QueueWriter(ctx.lender))
 
 
 class QueueWake(ActorMessage, frozen=True):
@@ -281,7 +275,7 @@ class QueueConsumer:
 
     def __init__(
         self,
-        bus: Bus,
+        ctx: BusContext | Connected,
         topic: str,
         *,
         visibility_timeout: float | timedelta = 30.0,
@@ -300,7 +294,7 @@ class QueueConsumer:
             raise ValidationError("dead_letter must be another topic than the queue itself")
         self.ordered_by_key = bool(ordered_by_key)
         self.consumer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._bus = bus
+        self._ctx = ctx = context_of(ctx)
         # (partition name, offset) -> (partition_id, lease epoch, range lease id), for every job taken and not
         # yet acked/nacked.
         self._in_flight: dict[tuple[str, int], _Lease] = {}
@@ -310,7 +304,7 @@ class QueueConsumer:
         self._system: Any = None
         # The answer every acker of a job shares while its ack is on the way.
         self._acking: dict[tuple[str, int], asyncio.Future[set[tuple[int, int]]]] = {}
-        self._writer = _writer_of(bus)
+        self._writer = _writer_of(ctx)
         self._giving_back: set[asyncio.Task[None]] = set()
         self._missed = 0  # empty takes in a row while a job was visible
         self._open = False
@@ -325,29 +319,29 @@ class QueueConsumer:
 
     async def start(self) -> None:
         """Check the topic is a queue, make sure the dead-letter topic exists, and start listening for jobs."""
-        info = await self._bus.topic(self.topic)
+        info = await self._ctx.topic(self.topic)
         if info.semantics != "queue":
             raise ValidationError(
                 f"topic {self.topic!r} has semantics={info.semantics!r}; queue consumers need a topic created with "
                 "semantics='queue' (use b.consumer(...) or b.claim(...) for pubsub topics)"
             )
         try:
-            await self._bus.topic(self.dead_letter)
+            await self._ctx.topic(self.dead_letter)
         except TopicNotFoundError:
-            await self._bus.create_topic(self.dead_letter, partitions=1, semantics="queue")
+            await self._ctx.create_topic(self.dead_letter, partitions=1, semantics="queue")
             self._log.info("dead_letter_topic_created", dead_letter=self.dead_letter)
         with db.translate_errors():
-            self._partitions = await sql.partitions(self._bus.pool, self.topic)
+            self._partitions = await sql.partitions(self._ctx.pool, self.topic)
         keys: tuple[str | None, ...] = (
             (None,) if info.dynamic else tuple(str(pid) for pid in sorted(self._partitions))
         )
-        self._system = system = await self._bus._group_system()
+        self._system = system = await self._ctx.group_system()
         notifier, doorbell = system.notifier, self._doorbell
         assert notifier is not None  # started with the system
         self._waker = system.root.spawn(
             lambda: QueueWaker(notifier, doorbell), f"queue-waker-{self.topic}-{next(_names)}"
         )
-        await QueueWaker.subscribe(notifier, self._waker, self._bus.channels.messages, keys)
+        await QueueWaker.subscribe(notifier, self._waker, self._ctx.channels.messages, keys)
         self._open = True
 
     async def close(self) -> None:
@@ -365,7 +359,7 @@ class QueueConsumer:
             self._in_flight.clear()
             try:
                 with db.translate_errors():
-                    await sql.return_unacked(self._bus.pool, jobs)
+                    await sql.return_unacked(self._ctx.pool, jobs)
                 self._announce({j[0] for j in jobs})
             except Exception:  # closing must not fail; the jobs come back by timeout anyway
                 self._log.warning("queue_return_unacked_failed", exc_info=True)
@@ -407,9 +401,9 @@ class QueueConsumer:
 
     async def _idle_pause(self) -> float:
         """How long an empty take may sleep when no NOTIFY comes."""
-        fallback = self._bus.config.fallback_poll
+        fallback = self._ctx.config.fallback_poll
         with db.translate_errors():
-            until = await sql.seconds_until_visible(self._bus.pool, self.topic)
+            until = await sql.seconds_until_visible(self._ctx.pool, self.topic)
         if until is None:
             return fallback
         if until <= 0:
@@ -423,7 +417,7 @@ class QueueConsumer:
 
     async def _take_once(self, limit: int) -> list[Message]:
         out: list[Message] = []
-        pool = self._bus.pool
+        pool = self._ctx.pool
         with db.translate_errors():
             for _ in range(10):  # each round dead-letters what it found exhausted
                 asked = limit - len(out)
@@ -477,7 +471,7 @@ class QueueConsumer:
         async def give_back() -> None:
             try:
                 with db.translate_errors():
-                    await sql.return_unacked(self._bus.lender, jobs)
+                    await sql.return_unacked(self._ctx.lender, jobs)
                 self._announce({j[0] for j in jobs})
             except Exception:  # the jobs come back by their visibility timeout anyway
                 self._log.warning("queue_give_back_failed", exc_info=True)
@@ -488,7 +482,7 @@ class QueueConsumer:
 
     async def _refresh_partitions(self, pid: int) -> str:
         """The name of a partition created after this consumer started (dynamic topics)."""
-        self._partitions = await sql.partitions(self._bus.pool, self.topic)
+        self._partitions = await sql.partitions(self._ctx.pool, self.topic)
         return self._partitions.get(pid, "?")
 
     def _check_topic(self, msg: Message) -> None:
@@ -584,7 +578,7 @@ class QueueConsumer:
             return
         with db.translate_errors():
             ok = await controls.ack_with_result(
-                self._bus.lender, lease[0], msg.offset, lease[1], result, self._bus.channels.results
+                self._ctx.lender, lease[0], msg.offset, lease[1], result, self._ctx.channels.results
             )
         self._in_flight.pop(key, None)
         if not ok:
@@ -631,7 +625,7 @@ class QueueConsumer:
         del self._in_flight[(msg.partition, msg.offset)]
         with db.translate_errors():
             if msg.attempt >= self.max_attempts:
-                async with self._bus.pool.acquire() as conn, conn.transaction():
+                async with self._ctx.pool.acquire() as conn, conn.transaction():
                     row = _DeadRow(
                         pid, msg.offset, epoch, msg.attempt, msg.partition, msg.key, msg.payload, msg.headers
                     )
@@ -641,7 +635,7 @@ class QueueConsumer:
                 if self.ordered_by_key:
                     self._announce({pid})
                 return
-            ok = await sql.nack(self._bus.pool, pid, msg.offset, epoch, delay, reason)
+            ok = await sql.nack(self._ctx.pool, pid, msg.offset, epoch, delay, reason)
             _metrics.queue_nacked(self.topic)
         if not ok:
             raise self._lost(msg, "nack")
@@ -672,7 +666,7 @@ class QueueConsumer:
                 "failed",
                 None,
                 _encoder.encode(errors).decode(),
-                self._bus.channels.results,
+                self._ctx.channels.results,
             )
             last_error = str(errors[-1].get("error", "")) if errors else "unknown"
             headers = dict(r.headers)
@@ -689,7 +683,7 @@ class QueueConsumer:
             outgoing.append(Outgoing(r.payload if r.payload is not None else b"", key=r.key, headers=headers))
         if outgoing:
             # publish_many's annotation names a plain Connection; a pool's proxy behaves as one.
-            await self._bus.publish_many(
+            await self._ctx.publish_many(
                 self.dead_letter, outgoing, connection=cast("asyncpg.Connection", conn)
             )
             self._log.warning("dead_lettered", count=len(outgoing), dead_letter=self.dead_letter)

@@ -10,7 +10,7 @@ tick on).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
@@ -21,6 +21,9 @@ from bus.codec import encode_payload
 from storage import schedules as store
 from storage.errors import ValidationError
 from storage.names import validate_name
+
+if TYPE_CHECKING:
+    from bus.context import BusContext
 
 __all__ = ["CATCH_UP", "ScheduleInfo", "define", "list_schedules", "remove"]
 
@@ -65,26 +68,26 @@ def validate(cron: object, timezone: object, catch_up: object) -> None:
 
 
 async def define(
-    bus: Any, name: str, cron: str, topic: str, payload: Any, timezone: str, catch_up: str
+    ctx: BusContext, name: str, cron: str, topic: str, payload: Any, timezone: str, catch_up: str
 ) -> bool:
     """Insert or replace the schedule `name`; False when the same definition was already there."""
     validate_name(name, "schedule name")
     validate(cron, timezone, catch_up)
-    info = await bus._topic(topic)  # TopicNotFoundError for a topic that does not exist
+    info = await ctx.topic(topic)  # TopicNotFoundError for a topic that does not exist
     data = encode_payload(payload, allow_tombstone=info.cleanup == "compact", limit=info.max_message_bytes)
-    async with bus.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         return await store.define(conn, name, cron, topic, data, timezone, catch_up)
 
 
-async def remove(bus: Any, name: str) -> bool:
+async def remove(ctx: BusContext, name: str) -> bool:
     """Delete the schedule `name`; False if there was none."""
     validate_name(name, "schedule name")
-    async with bus.pool.acquire() as conn:
+    async with ctx.pool.acquire() as conn:
         return await store.delete(conn, name)
 
 
-async def list_schedules(bus: Any) -> list[ScheduleInfo]:
-    async with bus.pool.acquire() as conn:
+async def list_schedules(ctx: BusContext) -> list[ScheduleInfo]:
+    async with ctx.pool.acquire() as conn:
         rows = await store.list_all(conn)
     out = []
     for r in rows:

@@ -95,12 +95,16 @@ async def test_failing_scenario_is_reported_and_the_rest_still_run(
 ) -> None:
     _fake_scenario(monkeypatch, "zz_broken", RuntimeError("the database caught fire"))
     _fake_scenario(
-        monkeypatch, "zz_fine", [Result("zz_fine", "ops", 90.0, "op/s", 100.0, "raw asyncpg", target="≥ 0.8× raw")]
+        monkeypatch,
+        "zz_fine",
+        [Result("zz_fine", "ops", 90.0, "op/s", 100.0, "raw asyncpg", target="≥ 0.8× raw")],
     )
     monkeypatch.setattr(harness, "SCENARIOS", ("zz_broken", "zz_missing", "zz_fine"))
     console, out = _console()
 
-    code = await asyncio.to_thread(harness.main, None, False, console, dsn=dsn, results_dir=tmp_path, today=DAY)
+    code = await asyncio.to_thread(
+        harness.main, None, False, console, dsn=dsn, results_dir=tmp_path, today=DAY
+    )
 
     assert code == 1
     data = json.loads((tmp_path / "2031-05-17.json").read_text(encoding="utf-8"))
@@ -118,12 +122,24 @@ async def test_failing_scenario_is_reported_and_the_rest_still_run(
 async def test_second_run_the_same_day_keeps_rows_of_scenarios_it_did_not_run(
     dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _fake_scenario(monkeypatch, "zz_one", [Result("zz_one", "a", 1.0, "s", 2.0, "peer", higher_is_better=False)])
+    _fake_scenario(
+        monkeypatch, "zz_one", [Result("zz_one", "a", 1.0, "s", 2.0, "peer", higher_is_better=False)]
+    )
     _fake_scenario(monkeypatch, "zz_two", [Result("zz_two", "b", 5.0, "op/s", 4.0, "peer")])
     console, _ = _console()
 
-    assert await asyncio.to_thread(harness.main, "zz_one", False, console, dsn=dsn, results_dir=tmp_path, today=DAY) == 0
-    assert await asyncio.to_thread(harness.main, "zz_two", False, console, dsn=dsn, results_dir=tmp_path, today=DAY) == 0
+    assert (
+        await asyncio.to_thread(
+            harness.main, "zz_one", False, console, dsn=dsn, results_dir=tmp_path, today=DAY
+        )
+        == 0
+    )
+    assert (
+        await asyncio.to_thread(
+            harness.main, "zz_two", False, console, dsn=dsn, results_dir=tmp_path, today=DAY
+        )
+        == 0
+    )
 
     data = json.loads((tmp_path / "2031-05-17.json").read_text(encoding="utf-8"))
     assert sorted((r["scenario"], r["ratio"]) for r in data["rows"]) == [("zz_one", 0.5), ("zz_two", 1.25)]

@@ -155,7 +155,9 @@ async def test_only_partitions_with_claim_cursors_run_the_wake_up(b: bus.Bus) ->
     await c2.ack()
     claimed = dict(await b.pool.fetch("SELECT topic, claimed FROM partitions"))
     assert claimed == {"t": True, "g_only": False}
-    pending = "SELECT o.pending_since FROM offsets o JOIN partitions p ON p.id = o.partition_id WHERE p.topic = $1"
+    pending = (
+        "SELECT o.pending_since FROM offsets o JOIN partitions p ON p.id = o.partition_id WHERE p.topic = $1"
+    )
     assert await b.pool.fetchval(pending, "g_only") is None
     await b.publish("g_only", b"b")
     await b.publish("t", b"b", partition="p")
@@ -208,7 +210,9 @@ async def test_a_successful_claim_marks_the_group_active(b: bus.Bus) -> None:
     await c.ack()
     await b.pool.execute("UPDATE groups SET last_active_at = now() - interval '1 hour'")
     assert await b.claim("g", topic="t", worker_id="w") is not None
-    assert await b.pool.fetchval("SELECT last_active_at > now() - interval '1 minute' FROM groups WHERE name = 'g'")
+    assert await b.pool.fetchval(
+        "SELECT last_active_at > now() - interval '1 minute' FROM groups WHERE name = 'g'"
+    )
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,8 @@ async def populate(b: bus.Bus) -> None:
     await store.append([Enrolled(course="algebra"), Enrolled(course="poetry")])
     await store.register_group("mailer")
     await store.register_group("certificates", max_attempts=1)
-    c = await store.claim_next("certificates", partition_by="course", handled_types=[Enrolled], worker_id="w-1")
+    c = await store.claim_next(
+        "certificates", partition_by="course", handled_types=[Enrolled], worker_id="w-1"
+    )
     assert c is not None
     await store.nack("certificates", c.offset_id, "KeyError: 'template'", worker_id="w-1")

@@ -45,8 +45,15 @@ if not (CHROMIUM and CHROMEDRIVER):
 def driver() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1360,900", "--hide-scrollbars", "--force-device-scale-factor=1"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1360,900",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     drv = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
@@ -79,9 +86,25 @@ async def dashboard(bus_client: bus.Bus, tmp_path: Path, driver: Any) -> AsyncIt
     audit = tmp_path / "audit.log"
     env = {**os.environ, "BUS_DSN": bus_client.dsn, "BUS_SCHEMA": bus_client.config.schema}
     proc = subprocess.Popen(  # noqa: ASYNC220 - started once; it runs beside the loop
-        [sys.executable, "-m", "bus", "dashboard", "--port", str(port), "--admin", "--token", TOKEN,
-         "--refresh", "0.3", "--audit-log", str(audit)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "bus",
+            "dashboard",
+            "--port",
+            str(port),
+            "--admin",
+            "--token",
+            TOKEN,
+            "--refresh",
+            "0.3",
+            "--audit-log",
+            str(audit),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -184,7 +207,9 @@ async def test_main_pages_load_without_console_errors(
             # one live update at least: the stream works and leaves the page intact
             before = int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-live-events") or 0)
             deadline = time.monotonic() + 10
-            while int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-live-events") or 0) <= before:
+            while (
+                int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-live-events") or 0) <= before
+            ):
                 assert time.monotonic() < deadline, f"{name}: no live update"
                 time.sleep(0.05)
             assert needle in text_of(driver, css if name != "compaction" else "main"), name

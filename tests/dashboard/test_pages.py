@@ -90,7 +90,8 @@ async def test_read_only_dashboard_refuses_actions(populated: bus.Bus, tmp_path:
     app = bus.dashboard.app(populated, audit_log=tmp_path / "audit.log")
     async with await client_for(app) as client:
         r = await client.post(
-            "/actions/replay", data={"topic": "jobs.dlq", "token": TOKEN, "confirm": "yes", "target": "jobs.dlq"}
+            "/actions/replay",
+            data={"topic": "jobs.dlq", "token": TOKEN, "confirm": "yes", "target": "jobs.dlq"},
         )
         assert r.status_code == 403 and "read-only" in r.text
     assert [(a["action"], a["outcome"]) for a in audit_lines(tmp_path)] == [("replay", "refused")]
@@ -98,7 +99,9 @@ async def test_read_only_dashboard_refuses_actions(populated: bus.Bus, tmp_path:
         assert len(await q.take(max_messages=10, timeout=0.5)) == 1  # still dead-lettered
 
 
-async def test_actions_need_the_token_and_a_confirmation(admin_client: httpx.AsyncClient, tmp_path: Path) -> None:
+async def test_actions_need_the_token_and_a_confirmation(
+    admin_client: httpx.AsyncClient, tmp_path: Path
+) -> None:
     page = (await admin_client.get("/queues/jobs.dlq")).text
     assert 'action="/actions/replay"' in page and "data-confirm" in page
     form = {"topic": "jobs.dlq", "target": "jobs.dlq (all)", "next": "/queues/jobs.dlq"}
@@ -120,8 +123,15 @@ async def test_replay_one_puts_the_job_back_into_its_queue(
 ) -> None:
     r = await admin_client.post(
         "/actions/replay",
-        data={"topic": "jobs.dlq", "partition": "0", "offset": "0", "token": TOKEN, "confirm": "yes",
-              "target": "jobs.dlq/0@0", "next": "/queues/jobs.dlq"},
+        data={
+            "topic": "jobs.dlq",
+            "partition": "0",
+            "offset": "0",
+            "token": TOKEN,
+            "confirm": "yes",
+            "target": "jobs.dlq/0@0",
+            "next": "/queues/jobs.dlq",
+        },
     )
     assert r.status_code == 303 and "replayed%201%20message" in r.headers["location"]
     after = (await admin_client.get(r.headers["location"])).text
@@ -144,7 +154,9 @@ async def test_replay_one_puts_the_job_back_into_its_queue(
 
 async def test_replay_all(populated: bus.Bus, admin_client: httpx.AsyncClient) -> None:
     await dead_letter_one(populated, "jobs", {"job": 2}, error="timeout")
-    r = await admin_client.post("/actions/replay", data={"topic": "jobs.dlq", "token": TOKEN, "confirm": "yes"})
+    r = await admin_client.post(
+        "/actions/replay", data={"topic": "jobs.dlq", "token": TOKEN, "confirm": "yes"}
+    )
     assert r.status_code == 303 and "replayed%202%20message" in r.headers["location"]
     async with populated.queue_consumer("jobs") as q:
         jobs = await q.take(max_messages=10, timeout=5.0)
@@ -163,9 +175,13 @@ async def test_group_actions(populated: bus.Bus, admin_client: httpx.AsyncClient
     assert await populated.claim("billing", topic="orders", worker_id="w-2") is not None
 
     store = populated.event_store("courses")
-    await admin_client.post("/actions/es-group", data={"store": "courses", "group": "mailer", "op": "stop", **auth})
+    await admin_client.post(
+        "/actions/es-group", data={"store": "courses", "group": "mailer", "op": "stop", **auth}
+    )
     assert await store.group_status("mailer") == "stopped"
-    await admin_client.post("/actions/es-group", data={"store": "courses", "group": "mailer", "op": "start", **auth})
+    await admin_client.post(
+        "/actions/es-group", data={"store": "courses", "group": "mailer", "op": "start", **auth}
+    )
     assert await store.group_status("mailer") == "active"
 
     r = await admin_client.post("/actions/reset-offsets", data={"group": "email", "to": "earliest", **auth})
@@ -211,7 +227,10 @@ async def test_mounted_in_a_service_under_a_prefix(populated: bus.Bus) -> None:
     service = Starlette(routes=[Mount("/ops/bus", app=dash)])
     async with await client_for(service) as client:
         page = (await client.get("/ops/bus/queues/jobs.dlq")).text
-        assert 'src="/ops/bus/static/dashboard.js"' in page and 'data-live="/ops/bus/live/queues/jobs.dlq"' in page
+        assert (
+            'src="/ops/bus/static/dashboard.js"' in page
+            and 'data-live="/ops/bus/live/queues/jobs.dlq"' in page
+        )
         assert 'action="/ops/bus/actions/replay"' in page and 'href="/ops/bus/groups"' in page
         r = await client.post(
             "/ops/bus/actions/replay",

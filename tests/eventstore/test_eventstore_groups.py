@@ -25,8 +25,12 @@ DEVICE_TYPES = [DeviceReading, DeviceRenamed]
 COMPOSITE = ["course_name", "user_id"]
 
 
-async def claim_device(store: EventStore, group: str, worker: str = "w-1", **kw: object) -> bus.EventClaim | None:
-    return await store.claim_next(group, partition_by=DEVICE, handled_types=DEVICE_TYPES, worker_id=worker, **kw)  # type: ignore[arg-type]
+async def claim_device(
+    store: EventStore, group: str, worker: str = "w-1", **kw: object
+) -> bus.EventClaim | None:
+    return await store.claim_next(
+        group, partition_by=DEVICE, handled_types=DEVICE_TYPES, worker_id=worker, **kw
+    )  # type: ignore[arg-type]
 
 
 async def claim_course(store: EventStore, group: str, worker: str = "w-1") -> bus.EventClaim | None:
@@ -70,7 +74,9 @@ async def test_stop_and_start_group_toggle_its_status(store: EventStore, group: 
         await store.stop_group("nobody")
 
 
-async def test_reset_group_deletes_every_offset_and_reprocesses_from_the_start(store: EventStore, group: str) -> None:
+async def test_reset_group_deletes_every_offset_and_reprocesses_from_the_start(
+    store: EventStore, group: str
+) -> None:
     await store.append([DeviceReading(device_id="d1", value=1.0), DeviceReading(device_id="d2", value=2.0)])
     c = await claim_device(store, group)
     assert c is not None
@@ -102,7 +108,9 @@ async def test_claim_next_returns_none_when_nothing_is_pending(store: EventStore
     assert await claim_device(store, group) is None
 
 
-async def test_claim_next_returns_the_partition_with_its_events_and_a_guard(store: EventStore, group: str) -> None:
+async def test_claim_next_returns_the_partition_with_its_events_and_a_guard(
+    store: EventStore, group: str
+) -> None:
     await store.append(DeviceReading(device_id="d1", value=1.5))
     c = await claim_device(store, group)
     assert c is not None
@@ -136,7 +144,9 @@ async def test_claim_next_returns_none_when_every_partition_is_claimed(store: Ev
 
 
 async def test_claim_next_only_returns_handled_types(store: EventStore, group: str) -> None:
-    await store.append([DeviceRenamed(device_id="d1", name="kitchen"), DeviceReading(device_id="d1", value=3.0)])
+    await store.append(
+        [DeviceRenamed(device_id="d1", name="kitchen"), DeviceReading(device_id="d1", value=3.0)]
+    )
     c = await store.claim_next(group, partition_by=DEVICE, handled_types=[DeviceReading], worker_id="w-1")
     assert c is not None
     assert [m.message for m in c.messages] == [DeviceReading(device_id="d1", value=3.0)]
@@ -158,7 +168,9 @@ async def test_claim_next_returns_none_for_a_stopped_group(store: EventStore, gr
     assert await claim_device(store, group) is not None
 
 
-async def test_claim_next_prefers_the_partition_with_the_earliest_pending_event(store: EventStore, group: str) -> None:
+async def test_claim_next_prefers_the_partition_with_the_earliest_pending_event(
+    store: EventStore, group: str
+) -> None:
     await store.append(
         [
             DeviceReading(device_id="d2", value=0.0),
@@ -183,7 +195,9 @@ async def test_claim_next_discovers_partitions_that_appear_later(store: EventSto
     assert later is not None and later.partition_value == {"device_id": "d9"} and positions(later) == [2]
 
 
-async def test_guard_has_conditions_only_for_attributes_each_type_declares(store: EventStore, group: str) -> None:
+async def test_guard_has_conditions_only_for_attributes_each_type_declares(
+    store: EventStore, group: str
+) -> None:
     await store.append(UserJoinedCourse(course_name="Algebra", user_id="joe"))
     c = await store.claim_next(group, partition_by="course_name", handled_types=COURSE_TYPES, worker_id="w-1")
     assert c is not None
@@ -194,7 +208,9 @@ async def test_guard_has_conditions_only_for_attributes_each_type_declares(store
     ]
 
 
-async def test_the_claim_guard_allows_an_append_when_nothing_conflicted(store: EventStore, group: str) -> None:
+async def test_the_claim_guard_allows_an_append_when_nothing_conflicted(
+    store: EventStore, group: str
+) -> None:
     await store.append(DeviceReading(device_id="d1", value=0.0))
     c = await claim_device(store, group)
     assert c is not None
@@ -215,7 +231,9 @@ async def test_the_claim_guard_detects_a_concurrent_conflicting_write(store: Eve
 # -- composite partitions: conditional AND (20-27) ------------------------------------
 
 
-async def test_composite_partitions_come_only_from_events_with_every_attribute(store: EventStore, group: str) -> None:
+async def test_composite_partitions_come_only_from_events_with_every_attribute(
+    store: EventStore, group: str
+) -> None:
     await store.append(
         [
             CourseCreated(course_name="Algebra"),
@@ -232,7 +250,9 @@ async def test_composite_partitions_come_only_from_events_with_every_attribute(s
     ]
 
 
-async def test_composite_fetch_includes_events_carrying_one_partition_attribute(store: EventStore, group: str) -> None:
+async def test_composite_fetch_includes_events_carrying_one_partition_attribute(
+    store: EventStore, group: str
+) -> None:
     await store.append(
         [CourseCreated(course_name="Algebra"), UserJoinedCourse(course_name="Algebra", user_id="joe")]
     )
@@ -246,7 +266,10 @@ async def test_composite_fetch_includes_events_carrying_one_partition_attribute(
 
 async def test_different_composite_partitions_are_claimed_in_parallel(store: EventStore, group: str) -> None:
     await store.append(
-        [UserJoinedCourse(course_name="Algebra", user_id="joe"), UserJoinedCourse(course_name="Algebra", user_id="jake")]
+        [
+            UserJoinedCourse(course_name="Algebra", user_id="joe"),
+            UserJoinedCourse(course_name="Algebra", user_id="jake"),
+        ]
     )
     c1, c2 = await claim_course(store, group, "w-1"), await claim_course(store, group, "w-2")
     assert c1 is not None and c2 is not None
@@ -254,23 +277,35 @@ async def test_different_composite_partitions_are_claimed_in_parallel(store: Eve
     assert positions(c1) != positions(c2)
 
 
-async def test_events_with_every_partition_attribute_must_match_every_value(store: EventStore, group: str) -> None:
+async def test_events_with_every_partition_attribute_must_match_every_value(
+    store: EventStore, group: str
+) -> None:
     await store.append(
-        [UserJoinedCourse(course_name="Algebra", user_id="joe"), UserJoinedCourse(course_name="Algebra", user_id="jake")]
+        [
+            UserJoinedCourse(course_name="Algebra", user_id="joe"),
+            UserJoinedCourse(course_name="Algebra", user_id="jake"),
+        ]
     )
     c = await claim_course(store, group)
     assert c is not None and c.partition_value == {"course_name": "Algebra", "user_id": "joe"}
     assert [m.message for m in c.messages] == [UserJoinedCourse(course_name="Algebra", user_id="joe")]
 
 
-async def test_events_matching_every_partition_attribute_are_not_duplicated(store: EventStore, group: str) -> None:
+async def test_events_matching_every_partition_attribute_are_not_duplicated(
+    store: EventStore, group: str
+) -> None:
     await store.append([UserJoinedCourse(course_name="Algebra", user_id="joe")] * 2)
     assert positions(await claim_course(store, group)) == [1, 2]
 
 
-async def test_events_with_a_wrong_value_for_one_attribute_are_excluded(store: EventStore, group: str) -> None:
+async def test_events_with_a_wrong_value_for_one_attribute_are_excluded(
+    store: EventStore, group: str
+) -> None:
     await store.append(
-        [UserJoinedCourse(course_name="Algebra", user_id="joe"), UserJoinedCourse(course_name="History", user_id="joe")]
+        [
+            UserJoinedCourse(course_name="Algebra", user_id="joe"),
+            UserJoinedCourse(course_name="History", user_id="joe"),
+        ]
     )
     c = await claim_course(store, group)
     assert c is not None and c.partition_value == {"course_name": "Algebra", "user_id": "joe"}
@@ -290,7 +325,9 @@ async def test_composite_guard_conditions_follow_each_type_attributes(store: Eve
     ]
 
 
-async def test_composite_guard_detects_a_concurrent_write_of_a_type_not_seen_yet(store: EventStore, group: str) -> None:
+async def test_composite_guard_detects_a_concurrent_write_of_a_type_not_seen_yet(
+    store: EventStore, group: str
+) -> None:
     await store.append(UserJoinedCourse(course_name="Algebra", user_id="joe"))
     c = await claim_course(store, group)
     assert c is not None
@@ -313,9 +350,15 @@ async def test_the_seed_walk_through_table_of_conditional_and(store: EventStore,
     claims = []
     while (c := await claim_course(store, group, f"w-{len(claims)}")) is not None:
         claims.append(c)
-    by_partition = {(c.partition_value["course_name"], c.partition_value["user_id"]): positions(c) for c in claims}
+    by_partition = {
+        (c.partition_value["course_name"], c.partition_value["user_id"]): positions(c) for c in claims
+    }
     assert by_partition[("Algebra", "joe")] == [1, 2, 4, 5]
-    assert by_partition == {("Algebra", "joe"): [1, 2, 4, 5], ("Algebra", "jake"): [1, 3, 4], ("History", "joe"): [5, 6]}
+    assert by_partition == {
+        ("Algebra", "joe"): [1, 2, 4, 5],
+        ("Algebra", "jake"): [1, 3, 4],
+        ("History", "joe"): [5, 6],
+    }
 
 
 async def test_the_seed_usage_example(store: EventStore, group: str) -> None:
@@ -377,7 +420,9 @@ async def test_release_frees_the_claim_without_advancing(store: EventStore, grou
     assert (cursor.position, cursor.claimed_by) == (0, None)
 
 
-async def test_after_release_the_same_partition_comes_back_with_the_same_events(store: EventStore, group: str) -> None:
+async def test_after_release_the_same_partition_comes_back_with_the_same_events(
+    store: EventStore, group: str
+) -> None:
     await store.append([DeviceReading(device_id="d1", value=0.0), DeviceReading(device_id="d1", value=1.0)])
     c = await claim_device(store, group)
     assert c is not None
@@ -389,7 +434,9 @@ async def test_after_release_the_same_partition_comes_back_with_the_same_events(
 # -- clear (32) -------------------------------------------------------------------------
 
 
-async def test_clear_removes_groups_offsets_and_offset_keys(es_bus: bus.Bus, store: EventStore, group: str) -> None:
+async def test_clear_removes_groups_offsets_and_offset_keys(
+    es_bus: bus.Bus, store: EventStore, group: str
+) -> None:
     await store.append(UserJoinedCourse(course_name="Algebra", user_id="joe"))
     assert await claim_course(store, group) is not None
     other = es_bus.event_store(store.name + "-other")
@@ -436,7 +483,10 @@ async def test_events_of_unhandled_types_do_not_produce_empty_claims(store: Even
     await store.append([DeviceRenamed(device_id="d1", name="x"), DeviceReading(device_id="d2", value=0.0)])
     c = await store.claim_next(group, partition_by=DEVICE, handled_types=[DeviceReading], worker_id="w-1")
     assert c is not None and c.partition_value == {"device_id": "d2"}
-    assert await store.claim_next(group, partition_by=DEVICE, handled_types=[DeviceReading], worker_id="w-2") is None
+    assert (
+        await store.claim_next(group, partition_by=DEVICE, handled_types=[DeviceReading], worker_id="w-2")
+        is None
+    )
 
 
 async def test_heartbeat_keeps_claims_while_stale_ones_are_released(store: EventStore, group: str) -> None:
@@ -475,7 +525,9 @@ async def test_nack_retries_with_backoff_then_marks_the_group_failed(store: Even
     (cursor,) = await store.partitions("g")
     assert cursor.attempts == 1 and cursor.retry_at is not None and cursor.last_error == "ValueError: boom"
     await store.release_stale_claims()  # unrelated sweep leaves the retry schedule alone
-    await store.nack("g", c.offset_id, "still broken", retry_delay=0)  # an explicit delay wins over the backoff
+    await store.nack(
+        "g", c.offset_id, "still broken", retry_delay=0
+    )  # an explicit delay wins over the backoff
     assert await store.group_status("g") == "failed"
     assert await claim_device(store, "g") is None
     error = await store.group_error("g")
@@ -501,7 +553,9 @@ async def test_claim_next_on_an_unregistered_group_raises_group_not_found(store:
         await claim_device(store, "nobody")
 
 
-async def test_bad_claim_arguments_raise_validation_errors_and_claim_nothing(store: EventStore, group: str) -> None:
+async def test_bad_claim_arguments_raise_validation_errors_and_claim_nothing(
+    store: EventStore, group: str
+) -> None:
     await store.append(DeviceReading(device_id="d1", value=0.0))
     with pytest.raises(bus.ValidationError, match="partition_by"):
         await store.claim_next(group, partition_by=[], handled_types=DEVICE_TYPES, worker_id="w")
@@ -527,11 +581,15 @@ async def test_ack_of_an_unknown_partition_says_to_claim_again(store: EventStore
 
 async def test_handled_types_may_be_given_as_tags(store: EventStore, group: str) -> None:
     await store.append(DeviceReading(device_id="d1", value=0.0))
-    c = await store.claim_next(group, partition_by=DEVICE, handled_types=["test.device.reading"], worker_id="w")
+    c = await store.claim_next(
+        group, partition_by=DEVICE, handled_types=["test.device.reading"], worker_id="w"
+    )
     assert positions(c) == [1]
 
 
-async def test_an_ack_from_another_process_still_leaves_nothing_pending(es_bus: bus.Bus, store: EventStore) -> None:
+async def test_an_ack_from_another_process_still_leaves_nothing_pending(
+    es_bus: bus.Bus, store: EventStore
+) -> None:
     await store.register_group("g")
     await store.append([DeviceReading(device_id="d1", value=0.0)] * 2)
     c = await claim_device(store, "g")

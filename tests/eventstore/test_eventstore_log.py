@@ -91,7 +91,9 @@ async def test_guard_rejects_an_append_after_a_matching_event_and_writes_nothing
     guard = bus.Guard(CourseClosed.to_conditions(course_name="Algebra"), position=1)
     await store.append(CourseClosed(course_name="Algebra"))
     with pytest.raises(bus.ConcurrentAppendError, match="position 2"):
-        await store.append([CourseCreated(course_name="Algebra-2"), CourseClosed(course_name="Algebra")], guard=guard)
+        await store.append(
+            [CourseCreated(course_name="Algebra-2"), CourseClosed(course_name="Algebra")], guard=guard
+        )
     assert await store.last_position() == 2
     # The refused append took no position: the next one is dense.
     assert (await store.append(CourseCreated(course_name="x")))[0].position == 3
@@ -101,7 +103,9 @@ async def test_concurrent_appends_get_dense_unique_positions(store: EventStore) 
     async def writer(i: int) -> list[int]:
         positions = []
         for j in range(10):
-            recs = await store.append([CourseCreated(course_name=f"{i}-{j}"), CourseClosed(course_name=f"{i}-{j}")])
+            recs = await store.append(
+                [CourseCreated(course_name=f"{i}-{j}"), CourseClosed(course_name=f"{i}-{j}")]
+            )
             positions += [r.position for r in recs]
         return positions
 
@@ -174,5 +178,5 @@ async def test_bad_guard_and_bad_read_arguments_raise_validation_errors(store: E
     with pytest.raises(bus.ValidationError, match="after"):
         await store.read(after=-1)
     with pytest.raises(bus.ValidationError, match="event store name"):
-        store._bus.event_store("bad name; drop")
+        bus.EventStore(store._ctx, "bad name; drop")
     assert await store.read() == []

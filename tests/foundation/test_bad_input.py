@@ -165,7 +165,9 @@ async def test_publish_many_refuses_a_non_list(b: bus.Bus) -> None:
         await b.publish_many("t", b"not a list")  # type: ignore[arg-type]
 
 
-async def test_unknown_topics_raise_topic_not_found_saying_how_to_create_them(b: bus.Bus, counts: Counts) -> None:
+async def test_unknown_topics_raise_topic_not_found_saying_how_to_create_them(
+    b: bus.Bus, counts: Counts
+) -> None:
     before = await counts()
     for call in (
         lambda: b.publish("ghost", b"x"),
@@ -185,7 +187,11 @@ async def test_unknown_configuration_keys_are_refused(dsn: str) -> None:
 
 
 async def test_sql_injection_in_a_topic_name_is_refused_and_the_tables_survive(b: bus.Bus) -> None:
-    for name in ("x'; DROP TABLE topics; --", 'x"; DROP TABLE messages; --', "x); DELETE FROM partitions; --"):
+    for name in (
+        "x'; DROP TABLE topics; --",
+        'x"; DROP TABLE messages; --',
+        "x); DELETE FROM partitions; --",
+    ):
         with pytest.raises(bus.ValidationError):
             await b.create_topic(name)
     await b.create_topic("t")

@@ -36,7 +36,9 @@ async def test_a_connection_is_kept_out_and_lent_again(pool: asyncpg.Pool) -> No
     assert lender.borrowed == 0
 
 
-async def test_lent_connections_use_generic_plans_and_the_pool_gets_them_back_reset(pool: asyncpg.Pool) -> None:
+async def test_lent_connections_use_generic_plans_and_the_pool_gets_them_back_reset(
+    pool: asyncpg.Pool,
+) -> None:
     lender = db.Lender(pool, 1)
     show = "SELECT current_setting('plan_cache_mode')"
     assert await lender.fetchval(show) == "force_generic_plan"

@@ -122,7 +122,9 @@ def test_without_structlog_configured_events_are_plain_text_with_plain_traceback
             log.exception("boom", partition="3")
         """
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert "ERROR event='boom'" in out and "group='g'" in out and "partition='3'" in out
     assert "Traceback (most recent call last)" in out and "ZeroDivisionError" in out
     assert out.count("Traceback (most recent call last)") == 1

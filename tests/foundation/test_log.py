@@ -175,7 +175,11 @@ async def test_publish_many_returns_records_in_input_order(b: bus.Bus) -> None:
     await b.create_topic("t", partitions=2)
     recs = await b.publish_many(
         "t",
-        [bus.Outgoing(b"a", partition="1"), bus.Outgoing(b"b", partition="0"), bus.Outgoing(b"c", partition="1")],
+        [
+            bus.Outgoing(b"a", partition="1"),
+            bus.Outgoing(b"b", partition="0"),
+            bus.Outgoing(b"c", partition="1"),
+        ],
     )
     assert [(r.partition, r.offset) for r in recs] == [("1", 0), ("0", 0), ("1", 1)]
     assert await b.publish_many("t", []) == []
@@ -212,7 +216,11 @@ async def test_publish_many_failing_mid_transaction_writes_nothing(b: bus.Bus, c
     try:
         await b.publish("t", b"before", partition="0")
         before = await counts()
-        batch = [bus.Outgoing(b"a", partition="0"), bus.Outgoing(b"b", partition="1"), bus.Outgoing(b"boom", partition="1")]
+        batch = [
+            bus.Outgoing(b"a", partition="0"),
+            bus.Outgoing(b"b", partition="1"),
+            bus.Outgoing(b"boom", partition="1"),
+        ]
         with pytest.raises(asyncpg.RaiseError, match="boom refused"):
             await b.publish_many("t", batch)
         assert await counts() == before

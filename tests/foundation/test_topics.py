@@ -50,7 +50,9 @@ async def test_dynamic_topic_creates_named_partitions_on_first_publish(b: bus.Bu
     assert [m.payload for m in await b.read("devices", partition="device-42")] == [b"on"]
 
 
-async def test_reading_an_unpublished_dynamic_partition_returns_nothing_and_creates_nothing(b: bus.Bus) -> None:
+async def test_reading_an_unpublished_dynamic_partition_returns_nothing_and_creates_nothing(
+    b: bus.Bus,
+) -> None:
     await b.create_topic("devices", partitions=None)
     assert await b.read("devices", partition="never") == []
     assert await b.pool.fetchval("SELECT count(*) FROM partitions") == 0

@@ -29,7 +29,9 @@ async def test_single_consumer_reads_everything_in_partition_order(connect, fast
     assert sum(r[0] for r in d) == 40
 
 
-async def test_auto_commit_is_soft_and_an_explicit_commit_waits_for_the_flush(connect, fast, monkeypatch) -> None:
+async def test_auto_commit_is_soft_and_an_explicit_commit_waits_for_the_flush(
+    connect, fast, monkeypatch
+) -> None:
     from storage import leases
 
     b = await connect(**fast)

@@ -11,7 +11,9 @@ from bus.testing import eventually
 from tests.groups.helpers import drain
 
 
-async def test_a_message_whose_notification_never_came_is_still_delivered_by_the_poll_fallback(connect, fast) -> None:
+async def test_a_message_whose_notification_never_came_is_still_delivered_by_the_poll_fallback(
+    connect, fast
+) -> None:
     b = await connect(**fast)
     await b.create_topic("t", partitions=1)
     async with b.consumer("g", topics=["t"]) as c:
@@ -30,7 +32,9 @@ async def test_a_consumer_that_does_not_poll_holds_a_bounded_buffer(connect, fas
     b = await connect(**fast)
     await b.create_topic("t", partitions=4)
     for start in range(0, 8000, 1000):
-        await b.publish_many("t", [bus.Outgoing(b"x" * 50, partition=str(i % 4)) for i in range(start, start + 1000)])
+        await b.publish_many(
+            "t", [bus.Outgoing(b"x" * 50, partition=str(i % 4)) for i in range(start, start + 1000)]
+        )
     c = b.consumer("g", topics=["t"], max_poll_records=100, buffer_size=500)
     await c.start()
     await c.wait_assigned()
@@ -98,7 +102,9 @@ async def test_describe_reset_and_delete_group(connect, fast) -> None:
     assert await b.admin.list_groups() == []
 
 
-async def test_leaving_an_auto_commit_block_on_an_error_does_not_commit_the_batch_being_handled(connect, fast) -> None:
+async def test_leaving_an_auto_commit_block_on_an_error_does_not_commit_the_batch_being_handled(
+    connect, fast
+) -> None:
     b = await connect(**fast)
     await b.create_topic("t", partitions=1)
     await b.publish_many("t", [bus.Outgoing({"i": i}) for i in range(6)])

@@ -20,7 +20,9 @@ async def test_handler_writes_and_offset_commit_apply_or_roll_back_together(conn
             # A failed unit of work: neither the rows nor the offsets stay.
             try:
                 async with app.transaction():
-                    await app.executemany("INSERT INTO totals VALUES ($1)", [(m.value(dict)["i"],) for m in batch])
+                    await app.executemany(
+                        "INSERT INTO totals VALUES ($1)", [(m.value(dict)["i"],) for m in batch]
+                    )
                     await c.commit(connection=app)
                     raise RuntimeError("crash before commit")
             except RuntimeError:
@@ -29,7 +31,9 @@ async def test_handler_writes_and_offset_commit_apply_or_roll_back_together(conn
             assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name='g'") == 0
             # The retried unit of work applies both at once.
             async with app.transaction():
-                await app.executemany("INSERT INTO totals VALUES ($1)", [(m.value(dict)["i"],) for m in batch])
+                await app.executemany(
+                    "INSERT INTO totals VALUES ($1)", [(m.value(dict)["i"],) for m in batch]
+                )
                 await c.commit(connection=app)
             assert await app.fetchval("SELECT count(*) FROM totals") == 5
             assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name='g'") == 5

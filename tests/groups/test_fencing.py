@@ -24,7 +24,9 @@ async def test_commit_including_a_partition_that_moved_raises_and_applies_nothin
     c2 = await b.consumer("g", topics=["t"], auto_commit=False, assignor="sticky").start()
     await eventually(lambda: len(c2.assignment()) == 1 and len(a.assignment()) == 1)
     await eventually(
-        lambda: b.pool.fetchval("SELECT count(*) FROM offsets WHERE group_name='g' AND owner=$1", c2.member_id)
+        lambda: b.pool.fetchval(
+            "SELECT count(*) FROM offsets WHERE group_name='g' AND owner=$1", c2.member_id
+        )
     )
     with pytest.raises(bus.StaleGenerationError):
         await a.commit()
@@ -59,9 +61,14 @@ async def test_expired_lease_cannot_commit_even_if_nobody_took_it(connect, fast)
     c = await b.consumer("g", topics=["t"]).start()
     await eventually(lambda: b.pool.fetchval("SELECT owner FROM offsets WHERE group_name='g'"))
     row = await b.pool.fetchrow("SELECT partition_id, owner, lease_epoch FROM offsets WHERE group_name='g'")
-    await b.pool.execute("UPDATE offsets SET lease_expires_at = now() - interval '1 second' WHERE group_name='g'")
+    await b.pool.execute(
+        "UPDATE offsets SET lease_expires_at = now() - interval '1 second' WHERE group_name='g'"
+    )
     async with b.pool.acquire() as conn:
-        assert await leases.commit(conn, "g", row["owner"], [(row["partition_id"], 1, row["lease_epoch"])]) == set()
+        assert (
+            await leases.commit(conn, "g", row["owner"], [(row["partition_id"], 1, row["lease_epoch"])])
+            == set()
+        )
     await c.close()
 
 
@@ -73,7 +80,9 @@ async def test_committed_offsets_never_move_backwards(connect, fast) -> None:
     c = await b.consumer("g", topics=["t"], auto_commit=False).start()
     await drain([c], 10)
     await c.commit()
-    row = await b.pool.fetchrow("SELECT partition_id, owner, lease_epoch, committed FROM offsets WHERE group_name='g'")
+    row = await b.pool.fetchrow(
+        "SELECT partition_id, owner, lease_epoch, committed FROM offsets WHERE group_name='g'"
+    )
     assert row["committed"] == 10
     async with b.pool.acquire() as conn:
         await leases.commit(conn, "g", row["owner"], [(row["partition_id"], 3, row["lease_epoch"])])
@@ -81,7 +90,9 @@ async def test_committed_offsets_never_move_backwards(connect, fast) -> None:
     await c.close()
 
 
-async def test_a_live_lease_cannot_be_taken_by_another_member_until_released_or_expired(connect, fast) -> None:
+async def test_a_live_lease_cannot_be_taken_by_another_member_until_released_or_expired(
+    connect, fast
+) -> None:
     """Invariant 4: ownership moves only after the old lease is released or has expired, even when the
     other member is already assigned the partition (as during a handover)."""
     b = await connect(**fast)
@@ -92,14 +103,21 @@ async def test_a_live_lease_cannot_be_taken_by_another_member_until_released_or_
     await eventually(
         lambda: b.pool.fetchval("SELECT count(*) FROM offsets WHERE group_name='g' AND owner=$1", a.member_id)
     )
-    row = await b.pool.fetchrow("SELECT partition_id, lease_epoch FROM offsets WHERE group_name='g' AND owner=$1", a.member_id)
+    row = await b.pool.fetchrow(
+        "SELECT partition_id, lease_epoch FROM offsets WHERE group_name='g' AND owner=$1", a.member_id
+    )
     pid, epoch = row["partition_id"], row["lease_epoch"]
     # `c` is (wrongly, or mid-handover) assigned a's partition too: the live lease still wins.
     await b.pool.execute(
-        "UPDATE members SET assignment = array_append(assignment, $2::bigint) WHERE member_id = $1", c.member_id, pid
+        "UPDATE members SET assignment = array_append(assignment, $2::bigint) WHERE member_id = $1",
+        c.member_id,
+        pid,
     )
     assert await leases.acquire(b.pool, "g", pid, c.member_id, c.generation, 5.0) is None
-    assert await b.pool.fetchval("SELECT owner FROM offsets WHERE group_name='g' AND partition_id=$1", pid) == a.member_id
+    assert (
+        await b.pool.fetchval("SELECT owner FROM offsets WHERE group_name='g' AND partition_id=$1", pid)
+        == a.member_id
+    )
     # Once the lease has expired it may move, with a new fencing epoch; the old owner's commit is refused.
     await b.pool.execute(
         "UPDATE offsets SET lease_expires_at = clock_timestamp() - interval '1 second' "
@@ -114,7 +132,9 @@ async def test_a_live_lease_cannot_be_taken_by_another_member_until_released_or_
     await c.close()
 
 
-async def test_a_consumer_commit_after_seeking_back_never_moves_the_committed_offset_backwards(connect, fast) -> None:
+async def test_a_consumer_commit_after_seeking_back_never_moves_the_committed_offset_backwards(
+    connect, fast
+) -> None:
     """Invariant 2 on the consumer's own commit statement: only an admin reset moves an offset back."""
     b = await connect(**fast)
     await b.create_topic("t", partitions=1)

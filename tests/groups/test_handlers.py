@@ -63,7 +63,9 @@ async def test_failing_handler_is_retried_then_dead_lettered_with_error_headers(
 
     for i in range(3):
         await b.publish("t", {"i": i})
-    sub = await b.subscribe("g", handler, topics=["t"], retry=bus.Retry(max_attempts=3, backoff=0.01), dead_letter="t.dlq")
+    sub = await b.subscribe(
+        "g", handler, topics=["t"], retry=bus.Retry(max_attempts=3, backoff=0.01), dead_letter="t.dlq"
+    )
     await eventually(lambda: ok == [0, 2])
     assert attempts == [1, 2, 3]
     dlq = await b.read("t.dlq", partition="0")
@@ -117,8 +119,12 @@ async def test_on_assign_and_on_revoke_are_awaited_around_ownership(connect, fas
     c = b.consumer("g", topics=["t"], on_assign=on_assign, on_revoke=on_revoke)
     await c.start()
     await eventually(lambda: events)
+
     async def leased() -> bool:
-        return await b.pool.fetchval("SELECT count(*) FROM offsets WHERE group_name='g' AND owner IS NOT NULL") == 2
+        return (
+            await b.pool.fetchval("SELECT count(*) FROM offsets WHERE group_name='g' AND owner IS NOT NULL")
+            == 2
+        )
 
     await eventually(leased)
     await c.close()
@@ -169,7 +175,9 @@ async def test_wildcard_group_picks_up_topics_created_later(connect, fast) -> No
         await b.create_topic("shop.refunds", partitions=2, namespace="shop")
         await b.publish("shop.refunds", b"2", partition="1")
         later = []
-        await eventually(lambda: _poll_until(c, later, lambda: any(m.topic == "shop.refunds" for m in later)), timeout=15)
+        await eventually(
+            lambda: _poll_until(c, later, lambda: any(m.topic == "shop.refunds" for m in later)), timeout=15
+        )
 
 
 async def _poll_until(c, out, done):
@@ -278,8 +286,9 @@ async def test_a_database_error_in_the_middle_of_a_batch_resumes_from_the_last_c
     assert await b.pool.fetchval("SELECT committed FROM offsets WHERE group_name = 'g'") == 10
 
 
-
-async def test_a_database_error_after_a_lost_lease_is_retried_in_a_stable_group(connect, fast, monkeypatch) -> None:
+async def test_a_database_error_after_a_lost_lease_is_retried_in_a_stable_group(
+    connect, fast, monkeypatch
+) -> None:
     from storage import membership
     from storage.errors import StorageUnavailableError
 
@@ -306,7 +315,9 @@ async def test_a_database_error_after_a_lost_lease_is_retried_in_a_stable_group(
     monkeypatch.setattr(membership, "assignment", failing_once)
     # The lease runs out under the worker (a stall, a restart): it notices, stops, and its
     # coordinator's Sync meets the error. No generation moves and no group NOTIFY comes.
-    await b.pool.execute("UPDATE offsets SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE group_name = 'g'")
+    await b.pool.execute(
+        "UPDATE offsets SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE group_name = 'g'"
+    )
     await eventually(lambda: failures == [1])
     await b.publish("t", b"after")
     await eventually(lambda: seen == [b"before", b"after"], timeout=15)

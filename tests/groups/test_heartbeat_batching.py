@@ -10,7 +10,9 @@ from bus.testing import eventually
 from storage import membership
 
 
-async def test_one_heartbeat_statement_per_interval_covers_every_local_member(connect, fast, monkeypatch) -> None:
+async def test_one_heartbeat_statement_per_interval_covers_every_local_member(
+    connect, fast, monkeypatch
+) -> None:
     b = await connect(**fast)
     await b.create_topic("a", partitions=2)
     await b.create_topic("b", partitions=2)
@@ -43,9 +45,13 @@ async def test_heartbeats_keep_leases_alive_past_the_lease_time(connect, fast, n
     b = await connect(**{**fast, "lease_time": 0.6})
     await b.create_topic("t", partitions=n)
     c = await b.consumer("g", topics=["t"]).start()
-    await eventually(lambda: b.pool.fetchval("SELECT lease_epoch FROM offsets WHERE group_name='g' AND owner IS NOT NULL"))
+    await eventually(
+        lambda: b.pool.fetchval("SELECT lease_epoch FROM offsets WHERE group_name='g' AND owner IS NOT NULL")
+    )
     epoch = await b.pool.fetchval("SELECT lease_epoch FROM offsets WHERE group_name='g'")
     await asyncio.sleep(1.5)  # well past lease_time: only renewals keep it
-    row = await b.pool.fetchrow("SELECT lease_epoch, lease_expires_at > now() AS live FROM offsets WHERE group_name='g'")
+    row = await b.pool.fetchrow(
+        "SELECT lease_epoch, lease_expires_at > now() AS live FROM offsets WHERE group_name='g'"
+    )
     assert row["live"] and row["lease_epoch"] == epoch
     await c.close()

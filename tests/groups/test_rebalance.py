@@ -50,7 +50,11 @@ async def test_burst_of_joins_inside_rebalance_delay_causes_one_rebalance(connec
 
 async def _stable(b, group, members):
     d = await b.admin.describe_group(group)
-    return d if d.state == "stable" and len(d.members) == members and all(m.partitions for m in d.members) else None
+    return (
+        d
+        if d.state == "stable" and len(d.members) == members and all(m.partitions for m in d.members)
+        else None
+    )
 
 
 async def test_partitions_that_keep_their_owner_keep_their_lease_across_a_rebalance(connect, fast) -> None:
@@ -59,7 +63,9 @@ async def test_partitions_that_keep_their_owner_keep_their_lease_across_a_rebala
     a = await b.consumer("g", topics=["t"], assignor="sticky").start()
     await eventually(lambda: len(a.assignment()) == 6)
     await eventually(lambda: _all_leased(b, "g", 6))
-    epochs_before = dict(await b.pool.fetch("SELECT partition_id, lease_epoch FROM offsets WHERE group_name='g'"))
+    epochs_before = dict(
+        await b.pool.fetch("SELECT partition_id, lease_epoch FROM offsets WHERE group_name='g'")
+    )
     second = await b.consumer("g", topics=["t"], assignor="sticky").start()
     await eventually(lambda: len(a.assignment()) == 3 and len(second.assignment()) == 3)
 
@@ -81,7 +87,8 @@ async def test_partitions_that_keep_their_owner_keep_their_lease_across_a_rebala
 
 async def _all_leased(b, group, n):
     c = await b.pool.fetchval(
-        "SELECT count(*) FROM offsets WHERE group_name=$1 AND owner IS NOT NULL AND lease_expires_at > now()", group
+        "SELECT count(*) FROM offsets WHERE group_name=$1 AND owner IS NOT NULL AND lease_expires_at > now()",
+        group,
     )
     return c == n
 
@@ -101,7 +108,9 @@ async def test_graceful_leave_hands_partitions_over_within_one_second(connect, f
     await a.close()
 
 
-async def test_messages_flow_to_the_group_exactly_in_partition_order_across_a_rebalance(connect, fast) -> None:
+async def test_messages_flow_to_the_group_exactly_in_partition_order_across_a_rebalance(
+    connect, fast
+) -> None:
     b = await connect(**fast)
     await b.create_topic("t", partitions=4)
     a = await b.consumer("g", topics=["t"], max_poll_records=7).start()
@@ -120,12 +129,16 @@ async def test_messages_flow_to_the_group_exactly_in_partition_order_across_a_re
     for p, offs in seen.items():
         assert set(offs) >= set(range(50)), p
         dedup = list(dict.fromkeys(offs))
-        assert all(x < y for x, y in zip(dedup, dedup[1:], strict=False)) or sorted(set(offs)) == list(range(50))
+        assert all(x < y for x, y in zip(dedup, dedup[1:], strict=False)) or sorted(set(offs)) == list(
+            range(50)
+        )
     await a.close()
     await c2.close()
 
 
-async def test_static_member_restarting_within_session_keeps_its_partitions_without_rebalance(connect, fast) -> None:
+async def test_static_member_restarting_within_session_keeps_its_partitions_without_rebalance(
+    connect, fast
+) -> None:
     b = await connect(**fast)
     await b.create_topic("t", partitions=4)
     s = await b.consumer("g", topics=["t"], instance_id="node-1").start()

@@ -19,7 +19,9 @@ async def _publish_retrying(b: bus.Bus, payload: dict, partition: str) -> bus.Re
     raise AssertionError("publish kept failing")
 
 
-async def test_consumption_resumes_after_every_bus_connection_is_terminated(connect, fast, dsn, schema) -> None:
+async def test_consumption_resumes_after_every_bus_connection_is_terminated(
+    connect, fast, dsn, schema
+) -> None:
     b = await connect(**fast)
     await b.create_topic("t", partitions=2)
     c = await b.consumer("g", topics=["t"]).start()

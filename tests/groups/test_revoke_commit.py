@@ -18,7 +18,9 @@ async def _committed(b: bus.Bus) -> dict[str, int]:
     return {r["name"]: r["committed"] for r in rows}
 
 
-async def test_an_earlier_uncommitted_revoke_is_reported_once_then_commit_in_on_revoke_applies(connect, fast) -> None:
+async def test_an_earlier_uncommitted_revoke_is_reported_once_then_commit_in_on_revoke_applies(
+    connect, fast
+) -> None:
     b = await connect(**fast)
     await b.create_topic("t", partitions=3)
     for i in range(30):
@@ -74,7 +76,9 @@ async def test_commit_after_an_unannounced_move_still_reports_it_once(connect, f
     c2 = await b.consumer("g", topics=["t"], auto_commit=False, assignor="sticky").start()
     await eventually(lambda: len(a.assignment()) == 1 and len(c2.assignment()) == 1)
     await eventually(
-        lambda: b.pool.fetchval("SELECT count(*) FROM offsets WHERE group_name='g' AND owner=$1", c2.member_id)
+        lambda: b.pool.fetchval(
+            "SELECT count(*) FROM offsets WHERE group_name='g' AND owner=$1", c2.member_id
+        )
     )
     # No on_revoke: the next commit is what reports the move (nothing applied) ...
     with pytest.raises(bus.StaleGenerationError):

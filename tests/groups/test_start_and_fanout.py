@@ -21,7 +21,9 @@ async def test_latest_group_that_joined_after_three_old_messages_shows_lag_zero(
         assert [m.value(dict) for m in got] == [{"new": 1}]
 
 
-async def test_latest_group_reads_a_partition_created_after_it_joined_from_its_first_message(connect, fast) -> None:
+async def test_latest_group_reads_a_partition_created_after_it_joined_from_its_first_message(
+    connect, fast
+) -> None:
     b = await connect(**{**fast, "new_lookback": 0.0001})
     await b.create_topic("devices", partitions=None)
     await b.publish("devices", b"old", partition="d1")

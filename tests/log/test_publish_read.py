@@ -25,7 +25,9 @@ async def test_publish_many_is_atomic_and_ordered(b: bus.Bus) -> None:
     assert [(r.partition, r.offset) for r in recs] == [(str(i % 2), i // 2) for i in range(10)]
 
 
-async def test_read_runs_on_a_connection_with_generic_plans(b: bus.Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_read_runs_on_a_connection_with_generic_plans(
+    b: bus.Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # With the default plan_cache_mode PostgreSQL re-plans the read of the log on every call
     # once `messages` is large; `read` runs on a connection the Lender lends (generic plans).
     from storage import messages as log_sql

@@ -47,7 +47,9 @@ async def test_refused_publish_counts_nothing(b: bus.Bus, uniq: Uniq) -> None:
     assert value("bus_published_messages_total", topic=topic) == 0
 
 
-async def test_poll_consumer_counts_fetched_and_consumed_messages(connect: Connect, fast: dict[str, Any], uniq: Uniq) -> None:
+async def test_poll_consumer_counts_fetched_and_consumed_messages(
+    connect: Connect, fast: dict[str, Any], uniq: Uniq
+) -> None:
     b = await connect(**fast)
     topic, group = uniq("events"), uniq("readers")
     await b.create_topic(topic, partitions=3)
@@ -64,7 +66,9 @@ async def test_poll_consumer_counts_fetched_and_consumed_messages(connect: Conne
     assert 1 <= value("bus_fetch_batch_size_count", **labels) <= 30
 
 
-async def test_handler_errors_and_dead_letters_are_counted(connect: Connect, fast: dict[str, Any], uniq: Uniq) -> None:
+async def test_handler_errors_and_dead_letters_are_counted(
+    connect: Connect, fast: dict[str, Any], uniq: Uniq
+) -> None:
     b = await connect(**fast)
     topic, group, dlq = uniq("jobs"), uniq("workers"), uniq("jobs.dlq")
     await b.create_topic(topic, partitions=1)
@@ -76,7 +80,9 @@ async def test_handler_errors_and_dead_letters_are_counted(connect: Connect, fas
             raise RuntimeError("poison")
         handled.append(m.offset)
 
-    sub = await b.subscribe(group, handler, topics=[topic], retry=bus.Retry(max_attempts=3, backoff=0.01), dead_letter=dlq)
+    sub = await b.subscribe(
+        group, handler, topics=[topic], retry=bus.Retry(max_attempts=3, backoff=0.01), dead_letter=dlq
+    )
     try:
         await eventually(lambda: len(handled) == 4 and sub.dead_lettered == 1)
     finally:
@@ -88,7 +94,9 @@ async def test_handler_errors_and_dead_letters_are_counted(connect: Connect, fas
     assert value("bus_published_messages_total", topic=dlq) == 1
 
 
-async def test_rebalances_and_assignments_are_counted(connect: Connect, fast: dict[str, Any], uniq: Uniq) -> None:
+async def test_rebalances_and_assignments_are_counted(
+    connect: Connect, fast: dict[str, Any], uniq: Uniq
+) -> None:
     b1 = await connect(**fast)
     b2 = await connect(**fast)
     topic, group = uniq("orders"), uniq("billing")
@@ -158,7 +166,12 @@ async def test_lag_gauges_equal_describe_group_after_an_update(b: bus.Bus, uniq:
     assert c is not None
     await c.ack()
     # Before any update the gauges are absent: a scrape never queries the database.
-    assert bus.metrics.registry.get_sample_value("bus_consumer_lag", {"group": group, "topic": topic, "partition": "0"}) is None
+    assert (
+        bus.metrics.registry.get_sample_value(
+            "bus_consumer_lag", {"group": group, "topic": topic, "partition": "0"}
+        )
+        is None
+    )
     values = await b.metrics.update_lag(b)
     d = await b.admin.describe_group(group)
     assert {p.partition: p.lag for p in d.partitions} == {"0": 2, "1": 3}
@@ -214,7 +227,9 @@ async def test_bad_metric_arguments_are_refused(b: bus.Bus) -> None:
         bus.metrics.start_http_server(-1)
 
 
-async def test_the_text_exposition_and_the_http_endpoint_serve_the_bus_registry(b: bus.Bus, uniq: Uniq) -> None:
+async def test_the_text_exposition_and_the_http_endpoint_serve_the_bus_registry(
+    b: bus.Bus, uniq: Uniq
+) -> None:
     topic = uniq("exposed")
     await b.create_topic(topic)
     await b.publish(topic, b"x")
@@ -278,10 +293,17 @@ _NO_PROMETHEUS = textwrap.dedent(
 )
 
 
-async def test_without_prometheus_client_every_metric_is_a_no_op(dsn: str, schema: str, drop_schema: None) -> None:
+async def test_without_prometheus_client_every_metric_is_a_no_op(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
     env = dict(os.environ)
     proc = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-c", _NO_PROMETHEUS, dsn, schema], capture_output=True, text=True, timeout=60, env=env
+        subprocess.run,
+        [sys.executable, "-c", _NO_PROMETHEUS, dsn, schema],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"

@@ -28,7 +28,9 @@ def spans() -> Iterator[InMemorySpanExporter]:
         provider.shutdown()
 
 
-async def test_a_publish_handler_publish_chain_is_one_trace(connect, fast, spans: InMemorySpanExporter) -> None:
+async def test_a_publish_handler_publish_chain_is_one_trace(
+    connect, fast, spans: InMemorySpanExporter
+) -> None:
     b = await connect(**fast)
     await b.create_topic("orders", partitions=2)
     await b.create_topic("emails", partitions=1)
@@ -93,7 +95,6 @@ async def test_a_poll_records_one_receive_span_linked_to_each_publisher(
     assert sum(int(s.attributes["messaging.batch.message_count"]) for s in receive) == 3
     assert {link.context.span_id for s in receive for link in s.links} == {publish[0].context.span_id}
     assert all(s.attributes["messaging.consumer.group.name"] == "g" for s in receive)
-
 
 
 async def test_claims_and_queue_takes_record_spans_linked_to_their_publishers(

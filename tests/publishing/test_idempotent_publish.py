@@ -34,7 +34,9 @@ async def test_a_repeated_key_returns_the_original_record_and_writes_nothing(b: 
     first = await b.publish("orders", {"n": 1}, key="c1", idempotency_key="order-42")
     await asyncio.sleep(0.01)
     # A retry may differ in everything but the key: still the original, nothing written.
-    again = await b.publish("orders", {"n": 2}, partition=(int(first.partition) + 1) % 4, idempotency_key="order-42")
+    again = await b.publish(
+        "orders", {"n": 2}, partition=(int(first.partition) + 1) % 4, idempotency_key="order-42"
+    )
     assert again == first
     other = await b.publish("orders", {"n": 3}, key="c1", idempotency_key="order-43")
     assert other.offset == first.offset + 1 and other.partition == first.partition
@@ -91,7 +93,9 @@ async def test_queue_topics_enqueue_one_job_per_key(b: bus.Bus) -> None:
     assert sorted(m.value()["job"] for m in taken) == [1, 2]  # type: ignore[index]
 
 
-async def test_the_outbox_path_dedupes_and_a_rolled_back_key_is_not_kept(b: bus.Bus, dsn: str, schema: str) -> None:
+async def test_the_outbox_path_dedupes_and_a_rolled_back_key_is_not_kept(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
     await b.create_topic("t")
     conn = await asyncpg.connect(dsn)
     try:
@@ -166,7 +170,9 @@ async def test_deleting_a_topic_forgets_its_keys(b: bus.Bus) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [123, b"bytes", "", "x" * 257, "nul\x00", "\ud800", ["k"]], ids=lambda v: type(v).__name__ + str(len(str(v)))
+    "bad",
+    [123, b"bytes", "", "x" * 257, "nul\x00", "\ud800", ["k"]],
+    ids=lambda v: type(v).__name__ + str(len(str(v))),
 )
 async def test_a_bad_key_is_a_validation_error_and_writes_nothing(b: bus.Bus, bad: Any) -> None:
     await b.create_topic("t")
@@ -222,7 +228,9 @@ async def test_a_producer_retrying_through_terminated_backends_writes_each_messa
                 pids = [h._con.get_server_pid() for h in b.pool._holders if h._con is not None]  # type: ignore[attr-defined]
                 pids += list(b.producer_stats.server_pids) * 4  # the Producer's own connections, mostly
                 if pids:
-                    kills += int(bool(await admin.fetchval("SELECT pg_terminate_backend($1)", rng.choice(pids))))
+                    kills += int(
+                        bool(await admin.fetchval("SELECT pg_terminate_backend($1)", rng.choice(pids)))
+                    )
                 await asyncio.sleep(rng.uniform(0.03, 0.1))
         finally:
             await admin.close()

@@ -15,14 +15,18 @@ from tests.conftest import Connect
 
 
 @asynccontextmanager
-async def _partitions_locked(dsn: str, schema: str, topic: str, only: str | None = None) -> AsyncIterator[None]:
+async def _partitions_locked(
+    dsn: str, schema: str, topic: str, only: str | None = None
+) -> AsyncIterator[None]:
     """Hold the topic's partition rows (or only partition `only`) locked, so a flush waits (and callers gather)."""
     conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
     try:
         tx = conn.transaction()
         await tx.start()
         await conn.execute(
-            "SELECT id FROM partitions WHERE topic = $1 AND ($2::text IS NULL OR name = $2) FOR UPDATE", topic, only
+            "SELECT id FROM partitions WHERE topic = $1 AND ($2::text IS NULL OR name = $2) FOR UPDATE",
+            topic,
+            only,
         )
         try:
             yield
@@ -84,7 +88,9 @@ async def test_flushes_of_other_partitions_do_not_wait_and_a_partition_keeps_its
     async with _partitions_locked(dsn, schema, "t", only="0"):
         stuck = asyncio.create_task(b.publish("t", b"a", partition=0))
         await asyncio.sleep(0.05)
-        behind = asyncio.create_task(b.publish_many("t", [bus.Outgoing(b"b", partition="0"), bus.Outgoing(b"c", partition="1")]))
+        behind = asyncio.create_task(
+            b.publish_many("t", [bus.Outgoing(b"b", partition="0"), bus.Outgoing(b"c", partition="1")])
+        )
         await asyncio.sleep(0.05)
         # Partition 2 is free: its flush runs beside the stuck one. The call that shares partition 0
         # waits, so it cannot commit before the earlier one (nor can a later call on its partitions).
@@ -193,7 +199,9 @@ async def test_a_duplicate_key_inside_one_flush_gives_both_callers_the_one_recor
         tasks = [
             asyncio.create_task(b.publish("t", b"a", partition="1", idempotency_key="k")),
             asyncio.create_task(b.publish("t", b"b", partition="2", idempotency_key="k2")),
-            asyncio.create_task(b.publish_many("t", [bus.Outgoing(b"c", partition="3", idempotency_key="k2")])),
+            asyncio.create_task(
+                b.publish_many("t", [bus.Outgoing(b"c", partition="3", idempotency_key="k2")])
+            ),
             asyncio.create_task(b.publish("t", b"d", partition="2", idempotency_key="k2")),
         ]
         await asyncio.sleep(0.1)
@@ -283,7 +291,9 @@ async def test_a_lone_flush_notifies_with_its_commit_and_side_by_side_flushes_th
     got: list[tuple[int, str]] = []
     listener = await asyncpg.connect(dsn)
     try:
-        await listener.add_listener(b.channels.messages, lambda _c, pid, _ch, payload: got.append((pid, payload)))
+        await listener.add_listener(
+            b.channels.messages, lambda _c, pid, _ch, payload: got.append((pid, payload))
+        )
         rows = await b.pool.fetch("SELECT id::text, name FROM partitions WHERE topic = $1", "t")
         ids = {r[1]: r[0] for r in rows}
         # Alone: the NOTIFY is part of the flush's own statement (sent by the Producer's backend).

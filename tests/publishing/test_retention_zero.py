@@ -10,7 +10,9 @@ from tests.conftest import Connect
 
 
 async def _log_start(b: bus.Bus, topic: str) -> int:
-    return int(await b.pool.fetchval("SELECT log_start FROM partitions WHERE topic = $1 AND name = '0'", topic))
+    return int(
+        await b.pool.fetchval("SELECT log_start FROM partitions WHERE topic = $1 AND name = '0'", topic)
+    )
 
 
 async def _stored(b: bus.Bus, topic: str) -> list[int]:

@@ -89,7 +89,10 @@ async def test_expired_visibility_counts_as_an_attempt_and_dead_letters(b: bus.B
 async def test_ordered_by_key_never_hands_out_two_messages_of_one_key(b: bus.Bus) -> None:
     await _queue(b, partitions=1)
     await b.publish_many("jobs", [bus.Outgoing(b"%d" % i, key=f"k{i % 3}") for i in range(9)])
-    async with b.queue_consumer("jobs", ordered_by_key=True) as q1, b.queue_consumer("jobs", ordered_by_key=True) as q2:
+    async with (
+        b.queue_consumer("jobs", ordered_by_key=True) as q1,
+        b.queue_consumer("jobs", ordered_by_key=True) as q2,
+    ):
         first = await q1.take(max_messages=10, timeout=0)
         assert sorted(m.key for m in first) == ["k0", "k1", "k2"]
         assert await q2.take(max_messages=10, timeout=0) == []
@@ -161,7 +164,8 @@ async def test_queue_consumer_on_a_pubsub_topic_is_refused(b: bus.Bus) -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"visibility_timeout": 0}, {"max_attempts": 0}, {"dead_letter": "bad name"}, {"dead_letter": "jobs"}]
+    "kwargs",
+    [{"visibility_timeout": 0}, {"max_attempts": 0}, {"dead_letter": "bad name"}, {"dead_letter": "jobs"}],
 )
 async def test_bad_queue_consumer_arguments_raise_validation_error(b: bus.Bus, kwargs: dict) -> None:
     await _queue(b)

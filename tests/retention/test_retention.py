@@ -39,7 +39,9 @@ async def _offsets(b: bus.Bus, topic: str = "t") -> list[int]:
 
 
 async def _log_start(b: bus.Bus, topic: str = "t") -> int:
-    return int(await b.pool.fetchval("SELECT log_start FROM partitions WHERE topic = $1 AND name = '0'", topic))
+    return int(
+        await b.pool.fetchval("SELECT log_start FROM partitions WHERE topic = $1 AND name = '0'", topic)
+    )
 
 
 async def test_retention_removes_what_every_group_consumed_once_retention_passed(connect: Connect) -> None:

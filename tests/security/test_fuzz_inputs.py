@@ -41,23 +41,58 @@ weird_text = st.one_of(
     st.text(max_size=30),
     st.text(min_size=195, max_size=260, alphabet="ab.-_"),
     st.sampled_from(
-        ["", "a\x00b", "\ud800", "caf\u00e9", "a b", "a;b", "a..b", "-x", ".x", "x" * 201, "Ω", "\n", "' OR 1=1 --",
-         "ok-name", "a" * 200, "0"]
+        [
+            "",
+            "a\x00b",
+            "\ud800",
+            "caf\u00e9",
+            "a b",
+            "a;b",
+            "a..b",
+            "-x",
+            ".x",
+            "x" * 201,
+            "Ω",
+            "\n",
+            "' OR 1=1 --",
+            "ok-name",
+            "a" * 200,
+            "0",
+        ]
     ),
 )
 anything = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.binary(max_size=20), weird_text,
-    st.lists(st.integers(), max_size=3), st.builds(object), st.just(2**63), st.just(-(2**63) - 1),
-    st.just(float("nan")), st.just(float("inf")), st.just(datetime(2020, 1, 1)), st.just(timedelta(seconds=-1)),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.binary(max_size=20),
+    weird_text,
+    st.lists(st.integers(), max_size=3),
+    st.builds(object),
+    st.just(2**63),
+    st.just(-(2**63) - 1),
+    st.just(float("nan")),
+    st.just(float("inf")),
+    st.just(datetime(2020, 1, 1)),
+    st.just(timedelta(seconds=-1)),
 )
 names = st.one_of(weird_text, anything)
 hashable = st.one_of(weird_text, st.integers(), st.none(), st.floats(), st.binary(max_size=4))
 numbers = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70), st.floats(), st.sampled_from([0, 1, -1, 2**31, 2**63, 2**64]),
-    st.none(), st.booleans(), weird_text,
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    st.sampled_from([0, 1, -1, 2**31, 2**63, 2**64]),
+    st.none(),
+    st.booleans(),
+    weird_text,
 )
 json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(), weird_text,
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    weird_text,
     st.binary(max_size=10),
 )
 payloads = st.one_of(
@@ -65,7 +100,9 @@ payloads = st.one_of(
         json_leaf,
         lambda inner: st.one_of(
             st.lists(inner, max_size=4),
-            st.dictionaries(st.one_of(weird_text, st.integers(), st.floats(), st.tuples(st.integers())), inner, max_size=4),
+            st.dictionaries(
+                st.one_of(weird_text, st.integers(), st.floats(), st.tuples(st.integers())), inner, max_size=4
+            ),
             st.sets(st.integers(), max_size=3),
             st.frozensets(weird_text, max_size=3),
             st.tuples(inner),
@@ -118,7 +155,9 @@ class Fuzz:
         assert row is not None
         return tuple(row)
 
-    async def only_bus_errors(self, call: Callable[[], Awaitable[Any]], cleanup: Callable[[Any], Awaitable[Any]] | None = None) -> Any:
+    async def only_bus_errors(
+        self, call: Callable[[], Awaitable[Any]], cleanup: Callable[[Any], Awaitable[Any]] | None = None
+    ) -> Any:
         """Run `call`: it succeeds, or raises a BusError having written nothing. Anything else fails the test."""
         before = await self.fingerprint()
         try:
@@ -168,24 +207,51 @@ async def fz(dsn: str) -> AsyncIterator[Fuzz]:
     namespace=st.one_of(st.none(), names),
     max_message_bytes=st.one_of(st.none(), numbers),
 )
-@example(name="fz-big", partitions_=1, semantics="pubsub", cleanup="delete", retention=None, namespace=None,
-         max_message_bytes=2**31)
-@example(name="fz-nan", partitions_=1, semantics="pubsub", cleanup="delete", retention=float("nan"), namespace=None,
-         max_message_bytes=None)
+@example(
+    name="fz-big",
+    partitions_=1,
+    semantics="pubsub",
+    cleanup="delete",
+    retention=None,
+    namespace=None,
+    max_message_bytes=2**31,
+)
+@example(
+    name="fz-nan",
+    partitions_=1,
+    semantics="pubsub",
+    cleanup="delete",
+    retention=float("nan"),
+    namespace=None,
+    max_message_bytes=None,
+)
 async def test_create_topic_refuses_bad_input_with_a_bus_error(
-    fz: Fuzz, name: Any, partitions_: Any, semantics: Any, cleanup: Any, retention: Any, namespace: Any,
+    fz: Fuzz,
+    name: Any,
+    partitions_: Any,
+    semantics: Any,
+    cleanup: Any,
+    retention: Any,
+    namespace: Any,
     max_message_bytes: Any,
 ) -> None:
     await fz.only_bus_errors(
         lambda: fz.b.create_topic(
-            name, partitions_, semantics=semantics, cleanup=cleanup, retention=retention, namespace=namespace,
+            name,
+            partitions_,
+            semantics=semantics,
+            cleanup=cleanup,
+            retention=retention,
+            namespace=namespace,
             max_message_bytes=max_message_bytes,
         )
     )
 
 
 @SETTINGS
-@given(topic=topic_names, payload=payloads, key=st.one_of(st.none(), names), partition=partitions, head=headers)
+@given(
+    topic=topic_names, payload=payloads, key=st.one_of(st.none(), names), partition=partitions, head=headers
+)
 @example(topic="fz-fixed", payload=b"x", key="\ud800", partition=None, head=None)
 @example(topic="fz-fixed", payload={"k": "\ud800"}, key=None, partition=None, head=None)
 @example(topic="fz-fixed", payload=b"x", key=None, partition=None, head={"k": "\ud800"})
@@ -202,7 +268,13 @@ async def test_publish_refuses_bad_input_with_a_bus_error(
     messages=st.one_of(
         st.lists(
             st.one_of(
-                st.builds(bus.Outgoing, payloads, key=st.one_of(st.none(), names), partition=partitions, headers=headers),
+                st.builds(
+                    bus.Outgoing,
+                    payloads,
+                    key=st.one_of(st.none(), names),
+                    partition=partitions,
+                    headers=headers,
+                ),
                 payloads,
             ),
             max_size=4,
@@ -218,8 +290,12 @@ async def test_publish_many_refuses_bad_input_atomically(fz: Fuzz, topic: Any, m
 @given(topic=topic_names, partition=partitions, offset=numbers, max_messages=numbers)
 @example(topic="fz-fixed", partition="0", offset=2**63, max_messages=10)
 @example(topic="fz-dyn", partition="new-one", offset=2**64, max_messages=10)
-async def test_read_refuses_bad_input_with_a_bus_error(fz: Fuzz, topic: Any, partition: Any, offset: Any, max_messages: Any) -> None:
-    await fz.only_bus_errors(lambda: fz.b.read(topic, partition=partition, offset=offset, max_messages=max_messages))
+async def test_read_refuses_bad_input_with_a_bus_error(
+    fz: Fuzz, topic: Any, partition: Any, offset: Any, max_messages: Any
+) -> None:
+    await fz.only_bus_errors(
+        lambda: fz.b.read(topic, partition=partition, offset=offset, max_messages=max_messages)
+    )
 
 
 @settings(SETTINGS, max_examples=40)
@@ -231,17 +307,33 @@ async def test_read_refuses_bad_input_with_a_bus_error(fz: Fuzz, topic: Any, par
     assignor=st.one_of(st.sampled_from(["range", "roundrobin", "sticky"]), names),
     instance_id=st.one_of(st.none(), names),
 )
-@example(group="g", topics=["fz-fixed"], start={("fz-fixed", "0"): 2**63}, max_poll_records=10, assignor="range",
-         instance_id=None)
-@example(group="g", topics=["fz-fixed"], start={("fz-fixed", "0"): -1}, max_poll_records=10, assignor="range",
-         instance_id=None)
+@example(
+    group="g",
+    topics=["fz-fixed"],
+    start={("fz-fixed", "0"): 2**63},
+    max_poll_records=10,
+    assignor="range",
+    instance_id=None,
+)
+@example(
+    group="g",
+    topics=["fz-fixed"],
+    start={("fz-fixed", "0"): -1},
+    max_poll_records=10,
+    assignor="range",
+    instance_id=None,
+)
 @example(group="g", topics=object(), start=None, max_poll_records=10, assignor="range", instance_id=None)
 async def test_consumer_refuses_bad_input_with_a_bus_error(
     fz: Fuzz, group: Any, topics: Any, start: Any, max_poll_records: Any, assignor: Any, instance_id: Any
 ) -> None:
     async def make() -> Any:
         c = fz.b.consumer(
-            group, topics=topics, start=start, max_poll_records=max_poll_records, assignor=assignor,
+            group,
+            topics=topics,
+            start=start,
+            max_poll_records=max_poll_records,
+            assignor=assignor,
             instance_id=instance_id,
         )
         try:
@@ -267,16 +359,46 @@ async def test_consumer_refuses_bad_input_with_a_bus_error(
     lease_time=st.one_of(st.none(), numbers),
     start=st.one_of(st.none(), starts),
 )
-@example(group="g", topic="fz-fixed", namespace=None, worker_id="w", max_messages=1, lease_time=float("inf"), start=None)
-@example(group="g", topic="fz-fixed", namespace=None, worker_id="w", max_messages=1, lease_time=float("nan"), start=None)
-@example(group="g", topic="fz-fixed", namespace=None, worker_id="w", max_messages=1, lease_time=1e300, start=None)
+@example(
+    group="g",
+    topic="fz-fixed",
+    namespace=None,
+    worker_id="w",
+    max_messages=1,
+    lease_time=float("inf"),
+    start=None,
+)
+@example(
+    group="g",
+    topic="fz-fixed",
+    namespace=None,
+    worker_id="w",
+    max_messages=1,
+    lease_time=float("nan"),
+    start=None,
+)
+@example(
+    group="g", topic="fz-fixed", namespace=None, worker_id="w", max_messages=1, lease_time=1e300, start=None
+)
 async def test_claim_refuses_bad_input_with_a_bus_error(
-    fz: Fuzz, group: Any, topic: Any, namespace: Any, worker_id: Any, max_messages: Any, lease_time: Any, start: Any
+    fz: Fuzz,
+    group: Any,
+    topic: Any,
+    namespace: Any,
+    worker_id: Any,
+    max_messages: Any,
+    lease_time: Any,
+    start: Any,
 ) -> None:
     await fz.only_bus_errors(
         lambda: fz.b.claim(
-            group, topic=topic, namespace=namespace, worker_id=worker_id, max_messages=max_messages,
-            lease_time=lease_time, start=start,
+            group,
+            topic=topic,
+            namespace=namespace,
+            worker_id=worker_id,
+            max_messages=max_messages,
+            lease_time=lease_time,
+            start=start,
         )
     )
 
@@ -290,13 +412,25 @@ async def test_claim_refuses_bad_input_with_a_bus_error(
     take=numbers,
     timeout=numbers,
 )
-@example(topic="fz-queue", visibility_timeout=float("inf"), max_attempts=1, dead_letter=None, take=1, timeout=0)
-@example(topic="fz-queue", visibility_timeout=1.0, max_attempts=1, dead_letter=None, take=1, timeout=float("nan"))
+@example(
+    topic="fz-queue", visibility_timeout=float("inf"), max_attempts=1, dead_letter=None, take=1, timeout=0
+)
+@example(
+    topic="fz-queue", visibility_timeout=1.0, max_attempts=1, dead_letter=None, take=1, timeout=float("nan")
+)
 async def test_queue_consumer_refuses_bad_input_with_a_bus_error(
-    fz: Fuzz, topic: Any, visibility_timeout: Any, max_attempts: Any, dead_letter: Any, take: Any, timeout: Any,  # noqa: ASYNC109
+    fz: Fuzz,
+    topic: Any,
+    visibility_timeout: Any,
+    max_attempts: Any,
+    dead_letter: Any,
+    take: Any,
+    timeout: Any,  # noqa: ASYNC109
 ) -> None:
     async def open_() -> Any:
-        q = fz.b.queue_consumer(topic, visibility_timeout=visibility_timeout, max_attempts=max_attempts, dead_letter=dead_letter)
+        q = fz.b.queue_consumer(
+            topic, visibility_timeout=visibility_timeout, max_attempts=max_attempts, dead_letter=dead_letter
+        )
         await q.start()  # may create the dead-letter topic: a valid write
         return q
 
@@ -323,7 +457,9 @@ class FuzzEvent(bus.Event, tag="fuzz.thing"):
     partition_by=st.one_of(st.lists(names, max_size=2), anything),
     handled=st.one_of(st.lists(st.one_of(st.just(FuzzEvent), anything), max_size=2), anything),
     worker_id=names,
-    events=st.one_of(st.lists(st.one_of(st.builds(FuzzEvent, thing=weird_text), anything), max_size=2), anything),
+    events=st.one_of(
+        st.lists(st.one_of(st.builds(FuzzEvent, thing=weird_text), anything), max_size=2), anything
+    ),
 )
 @example(store="s", group="g", partition_by=None, handled=[FuzzEvent], worker_id="w", events=[])
 @example(store="s", group="g", partition_by=["thing"], handled=object(), worker_id="w", events=[])
@@ -339,7 +475,9 @@ async def test_event_store_refuses_bad_input_with_a_bus_error(
 
     async def claim() -> Any:
         s = fz.b.event_store(store)
-        return await s.claim_next(group, partition_by=partition_by, handled_types=handled, worker_id=worker_id)
+        return await s.claim_next(
+            group, partition_by=partition_by, handled_types=handled, worker_id=worker_id
+        )
 
     async def read() -> Any:
         return await fz.b.event_store(store).read(conditions=partition_by, after=0)
@@ -353,7 +491,9 @@ async def test_event_store_refuses_bad_input_with_a_bus_error(
 @example(group="g", to=2**63, topic=None, older_than=1.0)
 @example(group="g", to="earliest", topic=None, older_than=None)
 @example(group="g", to="earliest", topic=None, older_than=float("nan"))
-async def test_admin_refuses_bad_input_with_a_bus_error(fz: Fuzz, group: Any, to: Any, topic: Any, older_than: Any) -> None:
+async def test_admin_refuses_bad_input_with_a_bus_error(
+    fz: Fuzz, group: Any, to: Any, topic: Any, older_than: Any
+) -> None:
     a = fz.b.admin
     await fz.only_bus_errors(lambda: a.describe_group(group))
     await fz.only_bus_errors(lambda: a.reset_offsets(group, to=to, topic=topic))
@@ -367,12 +507,16 @@ CONFIG_KEYS = list(bus.Config.__struct_fields__)
 @settings(SETTINGS, max_examples=50)
 @given(
     schema=st.one_of(names, st.text(alphabet="abc_", min_size=64, max_size=70)),
-    config=st.dictionaries(st.one_of(st.sampled_from([k for k in CONFIG_KEYS if k != "schema"]), weird_text), numbers, max_size=3),
+    config=st.dictionaries(
+        st.one_of(st.sampled_from([k for k in CONFIG_KEYS if k != "schema"]), weird_text), numbers, max_size=3
+    ),
 )
 @example(schema="ok", config={"heartbeat_interval": float("nan")})
 @example(schema="ok", config={"pool_max_size": -5})
 @example(schema="ok", config={"session_timeout": float("inf"), "heartbeat_interval": 1.0})
-async def test_connect_refuses_bad_schema_and_config_with_a_bus_error(fz: Fuzz, schema: Any, config: Any) -> None:
+async def test_connect_refuses_bad_schema_and_config_with_a_bus_error(
+    fz: Fuzz, schema: Any, config: Any
+) -> None:
     try:
         bus.Config.load({"schema": schema, **config}, environ={})
     except bus.BusError:
@@ -380,7 +524,9 @@ async def test_connect_refuses_bad_schema_and_config_with_a_bus_error(fz: Fuzz, 
     # A valid schema name must not reach the database here: the config is always invalid
     # (cleaner_interval is a number, so a text value is refused), or the schema is.
     config = dict(config)
-    valid_schema = isinstance(schema, str) and schema.isidentifier() and schema.isascii() and len(schema) <= 63
+    valid_schema = (
+        isinstance(schema, str) and schema.isidentifier() and schema.isascii() and len(schema) <= 63
+    )
     if valid_schema and not any(isinstance(v, str) and not _is_number(v) for v in config.values()):
         config["cleaner_interval"] = "not-a-number"
     connected: list[bus.Bus] = []
@@ -418,7 +564,13 @@ def test_config_values_are_checked_before_anything_connects(config: dict[str, An
         c = bus.Config.load(config, environ={})
     except bus.BusError:
         return
-    for name in ("heartbeat_interval", "session_timeout", "lease_time", "max_poll_interval", "rebalance_delay"):
+    for name in (
+        "heartbeat_interval",
+        "session_timeout",
+        "lease_time",
+        "max_poll_interval",
+        "rebalance_delay",
+    ):
         assert math.isfinite(getattr(c, name)) and getattr(c, name) >= 0
     assert 0 <= c.pool_min_size <= c.pool_max_size and 0 < c.max_message_bytes <= 1 << 30
 

@@ -23,7 +23,10 @@ import bus
 import bus.metrics
 import bus.testing
 
-FAST: dict[str, Any] = {**bus.testing.FAST, "cleaner_interval": 0.2}  # the retention cleaner runs as the role too
+FAST: dict[str, Any] = {
+    **bus.testing.FAST,
+    "cleaner_interval": 0.2,
+}  # the retention cleaner runs as the role too
 
 PASSWORD = "bus-app-secret"
 
@@ -179,7 +182,9 @@ async def _exercise_every_mode(b: bus.Bus) -> None:
     await b.delete_topic("latest")
 
 
-async def test_the_bus_runs_as_an_unprivileged_role_that_owns_only_its_schema(app_role: AppRole, dsn: str) -> None:
+async def test_the_bus_runs_as_an_unprivileged_role_that_owns_only_its_schema(
+    app_role: AppRole, dsn: str
+) -> None:
     admin = await asyncpg.connect(dsn)
     try:
         others = ["public", app_role.bystander]
@@ -196,17 +201,25 @@ async def test_the_bus_runs_as_an_unprivileged_role_that_owns_only_its_schema(ap
         finally:
             await b.close()
 
-        owner = await admin.fetchval("SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = $1", app_role.schema)
+        owner = await admin.fetchval(
+            "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = $1", app_role.schema
+        )
         assert owner == app_role.name
         outside = [r[0] for r in await admin.fetch(OWNED_OUTSIDE_SCHEMA, app_role.name, app_role.schema)]
         assert outside == [], f"objects owned by the bus role outside its schema: {outside}"
         not_owned = [r[0] for r in await admin.fetch(IN_SCHEMA_NOT_OWNED, app_role.name, app_role.schema)]
         assert not_owned == [], f"objects in the bus schema owned by someone else: {not_owned}"
         tables = await admin.fetchval(
-            "SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace AND relkind = 'r'", app_role.schema
+            "SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace AND relkind = 'r'",
+            app_role.schema,
         )
         assert tables >= 10  # the migrations did create the bus's tables, as the role
-        assert await admin.fetchval("SELECT count(*) FROM pg_extension WHERE extowner = $1::regrole", app_role.name) == 0
+        assert (
+            await admin.fetchval(
+                "SELECT count(*) FROM pg_extension WHERE extowner = $1::regrole", app_role.name
+            )
+            == 0
+        )
 
         # Other schemas untouched: same objects, same owners, same data.
         assert [tuple(r) for r in await admin.fetch(SNAPSHOT_OTHER_SCHEMAS, others)] == before
@@ -216,7 +229,9 @@ async def test_the_bus_runs_as_an_unprivileged_role_that_owns_only_its_schema(ap
         await admin.close()
 
 
-async def test_the_unprivileged_role_cannot_reach_another_schema_through_the_bus(app_role: AppRole, dsn: str) -> None:
+async def test_the_unprivileged_role_cannot_reach_another_schema_through_the_bus(
+    app_role: AppRole, dsn: str
+) -> None:
     # The bus only ever names its own schema; pointing it at a schema the role may not
     # use fails with a typed error instead of touching it.
     with pytest.raises(bus.StorageUnavailableError, match="refused to create or use schema"):
@@ -225,7 +240,8 @@ async def test_the_unprivileged_role_cannot_reach_another_schema_through_the_bus
     admin = await asyncpg.connect(dsn)
     try:
         tables = await admin.fetch(
-            "SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace ORDER BY relname", app_role.bystander
+            "SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace ORDER BY relname",
+            app_role.bystander,
         )
         assert [r[0] for r in tables] == ["accounts", "accounts_pkey"]
     finally:
@@ -242,6 +258,8 @@ async def test_a_role_that_may_not_create_schemas_gets_a_typed_error_and_nothing
         with pytest.raises(bus.StorageUnavailableError, match="GRANT CREATE ON DATABASE"):
             async with bus.connect(app_role.dsn, schema=app_role.schema, **FAST):
                 pass
-        assert await admin.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = $1", app_role.schema) == 0
+        assert (
+            await admin.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = $1", app_role.schema) == 0
+        )
     finally:
         await admin.close()

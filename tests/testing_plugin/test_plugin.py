@@ -30,8 +30,23 @@ def run_pytest(tmp_path: Path, dsn: str, code: str, *args: str) -> subprocess.Co
     (tmp_path / "test_user.py").write_text(code)
     env = {**os.environ, "BUS_TEST_DSN": dsn}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "bus.testing", "-p", "no:cacheprovider", *args, "test_user.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "bus.testing",
+            "-p",
+            "no:cacheprovider",
+            *args,
+            "test_user.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
 
 
@@ -73,7 +88,9 @@ def test_bus_client_gets_a_fresh_schema_that_is_dropped_after(dsn: str, tmp_path
     async def existing() -> list[str]:
         conn = await asyncpg.connect(dsn)
         try:
-            rows = await conn.fetch("SELECT nspname FROM pg_namespace WHERE nspname = ANY($1::text[])", schemas)
+            rows = await conn.fetch(
+                "SELECT nspname FROM pg_namespace WHERE nspname = ANY($1::text[])", schemas
+            )
             return [r["nspname"] for r in rows]
         finally:
             await conn.close()
