@@ -9,7 +9,6 @@ async with bus.connect() as b:
 
 from typing import TYPE_CHECKING, Any
 
-from bus.client import Bus, connect
 from bus.config import Config
 from bus.errors import (
     BusError,
@@ -29,10 +28,14 @@ from bus.errors import (
 )
 from bus.types import Message, Outgoing, PartitionStats, Rate, Record, TopicInfo, TopicPartition
 
-# Consumer groups, claims, queues, the event store and admin are what only some services use (and the
-# pytest plugin, loaded in every pytest run, needs none of them): their modules load on the first
-# use of one of their names (`bus.EventStore`, `b.subscribe(...)`), not with `import bus`.
+# What `import bus` loads is the names: errors, configuration and message types. The Bus and the
+# database driver load with the first `bus.connect` (or `bus.Bus`); consumer groups, claims, queues,
+# the event store and admin, which only some services use (and the pytest plugin, loaded in every
+# pytest run, needs none of them), on the first use of one of their names (`bus.EventStore`,
+# `b.subscribe(...)`).
 _LAZY = {
+    "Bus": "bus.client",
+    "connect": "bus.client",
     "Admin": "bus.admin",
     "GroupDescription": "bus.admin",
     "GroupSummary": "bus.admin",
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
         SubscriptionInfo,
     )
     from bus.claims import Claim
+    from bus.client import Bus, connect
     from bus.consumer import Consumer, Retry, Subscription
     from bus.eventstore import (
         Event,

@@ -113,3 +113,21 @@ def test_the_check_sees_a_circle_and_no_sub_facade_imports_the_bus() -> None:
         pass
     else:
         raise AssertionError("a circle went unnoticed")
+
+
+def test_import_bus_loads_names_not_the_driver_and_connect_loads_the_bus() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import bus, sys\n"
+        "heavy = {'asyncpg', 'asyncio', 'actors', 'bus.client', 'storage.db'}\n"
+        "assert not heavy & set(sys.modules), sorted(heavy & set(sys.modules))\n"
+        "assert issubclass(bus.TopicNotFoundError, bus.BusError) and bus.Config is not None\n"
+        "connect = bus.connect\n"
+        "assert {'asyncpg', 'bus.client'} <= set(sys.modules) and connect.__module__ == 'bus.client'\n"
+        "from bus import Bus\n"
+        "assert Bus.__module__ == 'bus.client'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
