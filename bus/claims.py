@@ -175,7 +175,13 @@ class Claim:
         with db.translate_errors():
             async with self._ctx.lender.lend() as conn:
                 expires = await sql.extend(
-                    conn, self.group, self._partition_id, self.worker_id, self._epoch, seconds
+                    conn,
+                    self.group,
+                    self._partition_id,
+                    self.worker_id,
+                    self._epoch,
+                    seconds,
+                    self._ctx.now(),
                 )
                 if expires is None:
                     await self._lost(conn, "extend")
@@ -244,7 +250,7 @@ async def claim(
                 return None
             for _ in range(_MAX_STALE_SKIPS):
                 async with conn.transaction():
-                    cand = await sql.pick_candidate(conn, group, topics)
+                    cand = await sql.pick_candidate(conn, group, topics, ctx.now())
                     if cand is None:
                         return None
                     pid = cand.partition_id
@@ -254,7 +260,7 @@ async def claim(
                         # pending_since was stale (e.g. another reader advanced the cursor).
                         await sql.refresh_pending(conn, group, pid)
                         continue
-                    lease = await sql.take_lease(conn, group, pid, worker_id, seconds, log_start)
+                    lease = await sql.take_lease(conn, group, pid, worker_id, seconds, log_start, ctx.now())
                 await sql.touch_group(conn, group)
                 messages = messages_from_rows(cand.topic, cand.partition, rows)
                 _metrics.claimed(group, cand.topic, len(messages))

@@ -10,6 +10,7 @@ none of them imports `bus.client` and the Bus stays the one place that builds th
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -76,6 +77,9 @@ class BusContext:
         self.publish_many = publish_many
         self.group_system = group_system
         self.system: GroupSystem | None = None
+        # The time lease and expiry statements judge by: None, the server's clock. `bus.testing.Clock`
+        # moves it, so a test expires a lease without sleeping past it (River's queries take `now` alike).
+        self.now: Callable[[], datetime | None] = _server_clock
         self._states: dict[type[Any], Any] = {}
 
     def state(self, kind: type[S], make: Callable[[], S] | None = None) -> S:
@@ -84,6 +88,10 @@ class BusContext:
         if found is None:
             found = self._states[kind] = make() if make is not None else kind()
         return found
+
+
+def _server_clock() -> datetime | None:
+    return None
 
 
 class Connected(Protocol):

@@ -653,7 +653,17 @@ class EventStore:
         unsure: list[int] = []
         try:
             claimed = await es_storage.claim(
-                self._db, self.name, group, names, worker, ttl, handled, union, max_messages, unsure
+                self._db,
+                self.name,
+                group,
+                names,
+                worker,
+                ttl,
+                handled,
+                union,
+                max_messages,
+                unsure,
+                self._ctx.now(),
             )
         except BaseException:
             self._unsure.update((worker, group, offset_id) for offset_id in unsure)
@@ -791,7 +801,9 @@ class EventStore:
         text = text.replace("\x00", "")
         self._claims.pop(offset_id, None)
         with db.translate_errors():
-            outcome = await es_storage.nack(self._db, self.name, group, offset_id, text, delay, worker)
+            outcome = await es_storage.nack(
+                self._db, self.name, group, offset_id, text, delay, worker, self._ctx.now()
+            )
         if outcome is None:
             await self._explain_missing(group, offset_id, worker)
             return False
@@ -811,7 +823,7 @@ class EventStore:
         worker = validate_worker_id(worker_id)
         with db.translate_errors():
             await self._release_unsure(worker)
-            return await es_storage.heartbeat(self._db, self.name, worker)
+            return await es_storage.heartbeat(self._db, self.name, worker, self._ctx.now())
 
     async def _release_unsure(self, worker: str) -> None:
         """Release the worker's claims whose commit went unanswered: it never saw their events."""
@@ -832,7 +844,7 @@ class EventStore:
             else validate_seconds(ttl, "ttl", allow_zero=True)
         )
         with db.translate_errors():
-            released = await es_storage.release_stale(self._db, self.name, seconds)
+            released = await es_storage.release_stale(self._db, self.name, seconds, self._ctx.now())
         if released:
             self._log.info("event_stale_claims_released", count=released, ttl=seconds)
         return released

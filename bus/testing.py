@@ -18,7 +18,9 @@ Fixtures:
 
 Helpers: `await wait_consumed(b, "group")` returns once the group has
 committed everything published to its topics before the call;
-`await eventually(check)` waits for a condition instead of a blind sleep.
+`await eventually(check)` waits for a condition instead of a blind sleep;
+`Clock(b).advance(seconds)` moves the time claim and event store leases are
+judged by, so a test expires a lease without sleeping past it.
 
     from bus.testing import wait_consumed
 
@@ -40,6 +42,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -60,11 +63,37 @@ except ImportError:  # the entry point loads this module in every pytest run: ne
 
 _NEEDS_ASYNCIO = "bus.testing's fixtures need pytest-asyncio: pip install 'pgactorbus[testing]'"
 
-__all__ = ["FAST", "eventually", "wait_consumed"]
+__all__ = ["FAST", "Clock", "eventually", "wait_consumed"]
 
 #: Timings for tests (`bus.config.FAST_TIMINGS`): heartbeats every 0.2 s, sessions of 1.5 s,
 #: rebalances after 0.05 s. The project's own tests use them too (the `fast` fixture).
 FAST: dict[str, Any] = dict(FAST_TIMINGS)
+
+
+class Clock:
+    """A movable clock for one Bus's lease and expiry statements (claims, event store claims).
+
+    `Clock(b).advance(31)` and a 30-second claim lease has run out for every
+    statement of `b` that judges it; other Buses, and the server, keep real time.
+    Until advanced, and after `reset()`, the server's clock is used as always.
+    """
+
+    def __init__(self, b: bus.Bus) -> None:
+        self._context = b.context
+        self._shift: timedelta | None = None
+        self._context.now = self.now
+
+    def now(self) -> datetime | None:
+        """The moved time (the local clock plus every advance), or None (the server's) before any."""
+        return None if self._shift is None else datetime.now(UTC) + self._shift
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock `seconds` forward."""
+        self._shift = (self._shift or timedelta()) + timedelta(seconds=seconds)
+
+    def reset(self) -> None:
+        """Back to the server's clock."""
+        self._shift = None
 
 
 async def eventually(

@@ -70,7 +70,7 @@ PICK_CANDIDATE = """
 SELECT o.partition_id, o.committed, p.topic, p.name AS partition, p.log_start, p.next_offset
 FROM offsets o JOIN partitions p ON p.id = o.partition_id
 WHERE o.group_name = $1 AND o.pending_since IS NOT NULL
-  AND (o.lease_expires_at IS NULL OR o.lease_expires_at < clock_timestamp())
+  AND (o.lease_expires_at IS NULL OR o.lease_expires_at < COALESCE($3::timestamptz, clock_timestamp()))
   AND p.topic = ANY($2::text[])
 ORDER BY o.pending_since
 LIMIT 1
@@ -101,7 +101,7 @@ WHERE o.group_name = $1 AND o.partition_id = p.id
 TAKE_LEASE = """
 UPDATE offsets o
 SET owner = $3, owner_generation = NULL, lease_epoch = o.lease_epoch + 1,
-    lease_expires_at = clock_timestamp() + make_interval(secs => $4),
+    lease_expires_at = COALESCE($6::timestamptz, clock_timestamp()) + make_interval(secs => $4),
     committed = GREATEST(o.committed, $5)
 WHERE o.group_name = $1 AND o.partition_id = $2
 RETURNING o.lease_epoch, o.lease_expires_at
@@ -135,7 +135,7 @@ RETURNING partition_id
 """
 
 EXTEND = """
-UPDATE offsets SET lease_expires_at = clock_timestamp() + make_interval(secs => $5)
+UPDATE offsets SET lease_expires_at = COALESCE($6::timestamptz, clock_timestamp()) + make_interval(secs => $5)
 WHERE group_name = $1 AND partition_id = $2 AND owner = $3 AND lease_epoch = $4
 RETURNING lease_expires_at
 """
@@ -202,9 +202,14 @@ class LeaseState(msgspec.Struct, frozen=True, gc=False):
     lease_expires_at: datetime | None
 
 
-async def pick_candidate(conn: Connection, group: str, topics: list[str]) -> Candidate | None:
-    """The free cursor with the earliest pending message, row-locked; None if there is none."""
-    row = await conn.fetchrow(PICK_CANDIDATE, group, topics)
+async def pick_candidate(
+    conn: Connection, group: str, topics: list[str], now: datetime | None = None
+) -> Candidate | None:
+    """The free cursor with the earliest pending message, row-locked; None if there is none.
+
+    `now` (None: the server's clock) is the time leases are judged expired against; tests move it.
+    """
+    row = await conn.fetchrow(PICK_CANDIDATE, group, topics, now)
     return None if row is None else Candidate(*row)
 
 
@@ -219,10 +224,16 @@ async def refresh_pending(conn: Connection, group: str, partition_id: int) -> No
 
 
 async def take_lease(
-    conn: Connection, group: str, partition_id: int, worker: str, seconds: float, log_start: int
+    conn: Connection,
+    group: str,
+    partition_id: int,
+    worker: str,
+    seconds: float,
+    log_start: int,
+    now: datetime | None = None,
 ) -> Lease:
-    """Lease the (locked) cursor to `worker` with a new epoch."""
-    row = await conn.fetchrow(TAKE_LEASE, group, partition_id, worker, seconds, log_start)
+    """Lease the (locked) cursor to `worker` with a new epoch, until `now` (None: the server's) + seconds."""
+    row = await conn.fetchrow(TAKE_LEASE, group, partition_id, worker, seconds, log_start, now)
     assert row is not None
     return Lease(*row)
 
@@ -246,10 +257,16 @@ async def release(conn: Conn, group: str, partition_id: int, worker: str, epoch:
 
 
 async def extend(
-    conn: Conn, group: str, partition_id: int, worker: str, epoch: int, seconds: float
+    conn: Conn,
+    group: str,
+    partition_id: int,
+    worker: str,
+    epoch: int,
+    seconds: float,
+    now: datetime | None = None,
 ) -> datetime | None:
-    """Push the lease's expiry to now + seconds, if it is still ours; the new expiry or None."""
-    expires: datetime | None = await conn.fetchval(EXTEND, group, partition_id, worker, epoch, seconds)
+    """Push the lease's expiry to `now` (None: the server's) + seconds, if it is still ours; the new expiry or None."""
+    expires: datetime | None = await conn.fetchval(EXTEND, group, partition_id, worker, epoch, seconds, now)
     return expires
 
 

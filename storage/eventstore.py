@@ -307,18 +307,18 @@ WHERE o.id = t.id
 # types other workers of the group handle).
 CLAIM_PARTITION = """
 UPDATE es_offsets o
-SET claimed_by = $4, claimed_at = clock_timestamp(), claim_bumps = o.bumps
+SET claimed_by = $4, claimed_at = COALESCE($7::timestamptz, clock_timestamp()), claim_bumps = o.bumps
 WHERE o.id = (
         SELECT c.id FROM es_offsets c
         WHERE c.store = $1 AND c.group_name = $2 AND c.names = $3::text[]
           AND c.next_position IS NOT NULL
-          AND (c.claimed_by IS NULL OR c.claimed_at < clock_timestamp() - make_interval(secs => $5))
-          AND (c.retry_at IS NULL OR c.retry_at <= clock_timestamp())
+          AND (c.claimed_by IS NULL OR c.claimed_at < COALESCE($7::timestamptz, clock_timestamp()) - make_interval(secs => $5))
+          AND (c.retry_at IS NULL OR c.retry_at <= COALESCE($7::timestamptz, clock_timestamp()))
           AND c.id <> ALL($6::bigint[])
         ORDER BY c.next_position, c.id
         LIMIT 1
         FOR UPDATE SKIP LOCKED)
-  AND (o.claimed_by IS NULL OR o.claimed_at < clock_timestamp() - make_interval(secs => $5))
+  AND (o.claimed_by IS NULL OR o.claimed_at < COALESCE($7::timestamptz, clock_timestamp()) - make_interval(secs => $5))
   AND EXISTS (SELECT 1 FROM es_groups g WHERE g.store = $1 AND g.name = $2 AND g.status = 'active')
 RETURNING o.id, o.partition_key, o.vals, o.position, o.attempts, o.next_position
 """
@@ -394,7 +394,7 @@ OFFSET_EXISTS = "SELECT claimed_by FROM es_offsets WHERE store = $1 AND group_na
 NACK = """
 UPDATE es_offsets o
 SET attempts = o.attempts + 1, last_error = $4,
-    retry_at = clock_timestamp() + make_interval(
+    retry_at = COALESCE($7::timestamptz, clock_timestamp()) + make_interval(
         secs => coalesce($5::float8, LEAST(300.0, g.retry_backoff * power(2.0, o.attempts)))),
     claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL
 FROM es_groups g
@@ -404,13 +404,14 @@ RETURNING o.attempts, g.max_attempts, o.partition_key, o.names, o.vals, o.positi
 """
 
 HEARTBEAT = """
-UPDATE es_offsets SET claimed_at = clock_timestamp() WHERE store = $1 AND claimed_by = $2
+UPDATE es_offsets SET claimed_at = COALESCE($3::timestamptz, clock_timestamp()) WHERE store = $1 AND claimed_by = $2
 """
 
 RELEASE_STALE = """
 UPDATE es_offsets
 SET claimed_by = NULL, claimed_at = NULL, claim_bumps = NULL
-WHERE store = $1 AND claimed_by IS NOT NULL AND claimed_at < clock_timestamp() - make_interval(secs => $2)
+WHERE store = $1 AND claimed_by IS NOT NULL
+  AND claimed_at < COALESCE($3::timestamptz, clock_timestamp()) - make_interval(secs => $2)
 """
 
 GROUP_OFFSETS = """
@@ -749,6 +750,7 @@ async def claim(
     union: list[str],
     max_messages: int,
     unsure: list[int] | None = None,
+    now: datetime | None = None,
 ) -> ClaimedPartition | None:
     """Take the partition with the earliest pending event; it and its events of the `handled` types.
 
@@ -774,7 +776,7 @@ async def claim(
             # of staying held by a worker whose heartbeats would keep it forever.
             # Only a commit whose answer is lost can leave one: `unsure` names it.
             async with c.transaction():
-                row = await c.fetchrow(CLAIM_PARTITION, store, group, names, worker, ttl, skipped)
+                row = await c.fetchrow(CLAIM_PARTITION, store, group, names, worker, ttl, skipped, now)
                 if row is None:
                     return None
                 offset_id = int(row["id"])
@@ -846,6 +848,7 @@ async def nack(
     error: str,
     delay: float | None,
     worker: str | None,
+    now: datetime | None = None,
 ) -> NackOutcome | None:
     """Record a failed attempt and release the claim for a retry after `delay` (None: the group's backoff).
 
@@ -854,7 +857,7 @@ async def nack(
     context, in the same transaction. None if no cursor matched.
     """
     async with _connection(conn) as c, c.transaction():
-        row = await c.fetchrow(NACK, store, group, offset_id, error, delay, worker)
+        row = await c.fetchrow(NACK, store, group, offset_id, error, delay, worker, now)
         if row is None:
             return None
         attempts, max_attempts = int(row["attempts"]), int(row["max_attempts"])
@@ -884,11 +887,11 @@ async def offset_state(conn: Conn, store: str, group: str, offset_id: int) -> Of
     return OffsetState(exists=False, claimed_by=None, group_exists=group_exists)
 
 
-async def heartbeat(conn: Conn, store: str, worker: str) -> int:
+async def heartbeat(conn: Conn, store: str, worker: str, now: datetime | None = None) -> int:
     """Refresh every claim `worker` holds in the store; how many it holds."""
-    return _affected(await conn.execute(HEARTBEAT, store, worker))
+    return _affected(await conn.execute(HEARTBEAT, store, worker, now))
 
 
-async def release_stale(conn: Conn, store: str, ttl: float) -> int:
+async def release_stale(conn: Conn, store: str, ttl: float, now: datetime | None = None) -> int:
     """Release the store's claims not heartbeaten for `ttl` seconds; how many."""
-    return _affected(await conn.execute(RELEASE_STALE, store, ttl))
+    return _affected(await conn.execute(RELEASE_STALE, store, ttl, now))

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 import bus
+from bus.testing import Clock
 from tests.conftest import Connect, plan_modes
 
 
@@ -103,6 +104,24 @@ async def test_extend_keeps_the_lease_from_others(b: bus.Bus) -> None:
     assert c.lease_expires_at > before
     await asyncio.sleep(0.3)
     assert await b.claim("g", topic="t", worker_id="other") is None
+
+
+async def test_a_lease_run_out_on_the_moved_clock_goes_to_another_worker(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"a")
+    old = await b.claim("g", topic="t", worker_id="w", lease_time=30)
+    assert old is not None
+    assert await b.claim("g", topic="t", worker_id="other") is None
+    clock = Clock(b)
+    clock.advance(31)  # past the lease: no sleeping for it
+    new = await b.claim("g", topic="t", worker_id="other")
+    assert new is not None and [m.offset for m in new.messages] == [0]
+    assert new.lease_expires_at > old.lease_expires_at  # leased from the moved time on
+    with pytest.raises(bus.LeaseLostError):
+        await old.ack()
+    await new.extend(5)
+    clock.advance(10)  # an extension counts from the moved time too: run out again
+    assert await b.claim("g", topic="t", worker_id="third") is not None
 
 
 async def test_partial_ack_advances_up_to_and_including_the_offset(b: bus.Bus) -> None:

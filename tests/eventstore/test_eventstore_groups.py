@@ -8,6 +8,7 @@ import pytest
 
 import bus
 from bus.eventstore import EventStore
+from bus.testing import Clock
 from storage import eventstore as es_sql
 from tests.conftest import Connect, plan_modes
 from tests.eventstore.es_events import (
@@ -489,25 +490,31 @@ async def test_events_of_unhandled_types_do_not_produce_empty_claims(store: Even
     )
 
 
-async def test_heartbeat_keeps_claims_while_stale_ones_are_released(store: EventStore, group: str) -> None:
+async def test_heartbeat_keeps_claims_while_stale_ones_are_released(
+    es_bus: bus.Bus, store: EventStore, group: str
+) -> None:
     await store.append([DeviceReading(device_id="d1", value=0.0), DeviceReading(device_id="d2", value=0.0)])
     assert await claim_device(store, group, "alive") is not None
     assert await claim_device(store, group, "silent") is not None
-    await asyncio.sleep(0.3)
-    assert await store.heartbeat("alive") == 1
-    assert await store.release_stale_claims(ttl=0.2) == 1
+    clock = Clock(es_bus)
+    try:
+        clock.advance(60)  # no sleeping past the ttl: the clock the statements judge by moves
+        assert await store.heartbeat("alive") == 1
+        assert await store.release_stale_claims(ttl=30) == 1
+    finally:
+        clock.reset()
     holders = {c.partition_key: c.claimed_by for c in await store.partitions(group)}
     assert set(holders.values()) == {"alive", None}
 
 
 async def test_an_expired_claim_moves_to_another_worker_and_the_old_ack_is_refused(connect: Connect) -> None:
-    b = await connect(claim_ttl=0.2)
+    b = await connect(claim_ttl=30)
     store = b.event_store("devices")
     await store.register_group("g")
     await store.append(DeviceReading(device_id="d1", value=0.0))
     old = await claim_device(store, "g", "w-old")
     assert old is not None and await claim_device(store, "g", "w-new") is None
-    await asyncio.sleep(0.3)
+    Clock(b).advance(31)  # past the claim's ttl, without waiting for it
     new = await claim_device(store, "g", "w-new")
     assert new is not None and new.offset_id == old.offset_id
     with pytest.raises(bus.LeaseLostError, match="w-new"):
