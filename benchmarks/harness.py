@@ -65,6 +65,7 @@ SCENARIOS: tuple[str, ...] = (
     "faststream",
     "pooler",
     "failover",
+    "anyio_ab",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"
