@@ -14,7 +14,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Iterable, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -43,9 +43,10 @@ from faststream._internal.logger.logging import get_broker_logger
 from faststream._internal.parser import DefaultCodec
 from faststream._internal.producer import ProducerProto
 from faststream._internal.testing.broker import TestBroker, change_producer
-from faststream.exceptions import FeatureNotSupportedException, IncorrectState
+from faststream.exceptions import FeatureNotSupportedException, IncorrectState, SubscriberNotFound
 from faststream.message import StreamMessage, decode_message, gen_cor_id
 from faststream.middlewares import AckPolicy
+from faststream.response import Response, ensure_response
 from faststream.response.publish_type import PublishType
 from faststream.response.response import PublishCommand
 from faststream.specification.asyncapi.utils import resolve_payloads
@@ -67,6 +68,8 @@ __all__ = ["BusBroker", "BusMessage", "BusPublishCommand", "BusPublisher", "BusS
 _CORRELATION = "correlation_id"
 _CONTENT_TYPE = "content-type"
 _REPLY_TO = "reply_to"
+_JSON = "application/json"
+_TAKE = 10  # jobs a queue subscriber takes at a time
 
 
 class _Retried(Exception):
@@ -76,10 +79,11 @@ class _Retried(Exception):
 # -- messages -------------------------------------------------------------------------------
 
 
-# The queue consumer that leased the message in hand and the list its verdict goes to (set by the
-# subscriber around each message, read by the parser), so an ack reaches the consumer that leased it.
-_current: contextvars.ContextVar[tuple[QueueConsumer | None, list[str]] | None] = contextvars.ContextVar(
-    "bus_faststream_current", default=None
+# The queue consumer that leased the message in hand, the list its verdict goes to and the list of
+# queue jobs waiting for their ack (set by the subscriber around each message, read by the parser),
+# so an ack reaches the consumer that leased it.
+_current: contextvars.ContextVar[tuple[QueueConsumer | None, list[str], list[Message] | None] | None] = (
+    contextvars.ContextVar("bus_faststream_current", default=None)
 )
 
 
@@ -88,18 +92,27 @@ class BusMessage(StreamMessage[Message]):
 
     queue: QueueConsumer | None = None
     verdicts: list[str] | None = None
+    acks: list[Message] | None = None
 
     def _note(self, verdict: str) -> None:
         if self.verdicts is not None:
             self.verdicts.append(verdict)
 
     async def _settle(self, verdict: str) -> None:
-        """Record the verdict once; a queue job is nacked for "nack", acked for "ack" and "reject"."""
+        """Record the verdict once; a queue job is nacked for "nack", acked for "ack" and "reject".
+
+        A queue subscriber's acks wait in `acks` and go out with the other acks of the jobs it took
+        together, in one statement, once their handlers are done (see `BusSubscriber._queue_loop`).
+        """
         if self.committed is None:
             self._note(verdict)
             if self.queue is not None:
-                settle = self.queue.nack if verdict == "nack" else self.queue.ack
-                await settle(self.raw_message)
+                if verdict == "nack":
+                    await self.queue.nack(self.raw_message)
+                elif self.acks is not None:
+                    self.acks.append(self.raw_message)
+                else:
+                    await self.queue.ack(self.raw_message)
 
     async def ack(self) -> None:
         await self._settle("ack")
@@ -117,25 +130,37 @@ class BusMessage(StreamMessage[Message]):
 async def parse_message(msg: Message) -> BusMessage:
     """FastStream's view of a bus Message (headers carry correlation id, content type, reply_to)."""
     headers = dict(msg.headers)
+    message_id = f"{msg.topic}/{msg.partition}@{msg.offset}"
     parsed = BusMessage(
         raw_message=msg,
         body=msg.payload or b"",
         headers=headers,
         reply_to=headers.get(_REPLY_TO, ""),
         content_type=headers.get(_CONTENT_TYPE),
-        message_id=f"{msg.topic}/{msg.partition}@{msg.offset}",
-        correlation_id=headers.get(_CORRELATION),
+        message_id=message_id,
+        # A message published without one is its own correlation: its id names it as well as a
+        # random one would, without drawing one per message.
+        correlation_id=headers.get(_CORRELATION) or message_id,
     )
     current = _current.get()
     if current is not None:
-        parsed.queue, parsed.verdicts = current
+        parsed.queue, parsed.verdicts, parsed.acks = current
     return parsed
 
 
 async def decode(msg: StreamMessage[Any]) -> Any:
-    """The body decoded by its content type (JSON when the bus stored a structure)."""
-    if msg.content_type is None and msg.body[:1] in (b"{", b"[", b'"'):
-        msg.content_type = "application/json"
+    """The body decoded by its content type (JSON when the bus stored a structure).
+
+    JSON is decoded by msgspec (the bus's own codec, several times faster than the standard
+    library's); a body it refuses (NaN, numbers beyond a double) goes to FastStream's decoder,
+    which decides as it always does.
+    """
+    content_type = msg.content_type
+    if content_type is None and msg.body[:1] in (b"{", b"[", b'"'):
+        content_type = msg.content_type = _JSON
+    if content_type is not None and content_type.startswith(_JSON):
+        with suppress(msgspec.DecodeError):
+            return msgspec.json.decode(msg.body)
     return decode_message(msg)
 
 
@@ -372,6 +397,9 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         self._visibility = config.visibility_timeout
         self._subscription: Any = None
         self._queue: QueueConsumer | None = None
+        self._acks: list[Message] = []  # queue jobs handled, their acks not written yet
+        self._pipeline_key: Any = None
+        self._pipeline_built: tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]] = ((), ())
 
     @property
     def topic(self) -> str:
@@ -386,6 +414,78 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
 
     def _make_response_publisher(self, message: StreamMessage[Any]) -> Sequence[Any]:
         return (_ReplyPublisher(self._outer_config.producer, message.reply_to),)
+
+    # -- the per-message pipeline --------------------------------------------------------------
+    #
+    # FastStream's `SubscriberUsecase.process_message`, step for step: the subscriber's lock and
+    # context scope, the middlewares entered in order and left in reverse (an error one of them
+    # handles goes no further out), the first suitable call, its result published to the reply
+    # topic and the handler's publishers. What stays the same from one message to the next (the
+    # middleware factories, the scope's items) is built once, and the middlewares nest as `async
+    # with` blocks instead of an AsyncExitStack: the per-message cost that was most of a
+    # subscriber's time, where `subscribe` pays a handler call.
+
+    def _pipeline(self) -> tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]]:
+        """(middleware factories, context scope items), built again only if the broker's changed."""
+        config = self._outer_config
+        key = (config.broker_middlewares, self.ack_policy, config.logger.logger.logger)
+        if self._pipeline_key != key:
+            self._pipeline_key = key
+            self._pipeline_built = (
+                tuple(self._SubscriberUsecase__build__middlewares_stack()),  # type: ignore[attr-defined]
+                (
+                    ("handler_", self),
+                    ("logger", config.logger.logger.logger),
+                    *config.extra_context.items(),
+                ),
+            )
+        return self._pipeline_built
+
+    async def process_message(self, msg: Message) -> Response:
+        context = self._outer_config.context
+        factories, scope = self._pipeline()
+        with self.lock, context.scopes(scope), ExitStack() as message_scope:
+            return await self._enter(msg, factories, 0, [], message_scope)
+
+    async def _enter(
+        self,
+        msg: Message,
+        factories: tuple[Any, ...],
+        index: int,
+        middlewares: list[Any],
+        message_scope: ExitStack,
+    ) -> Response:
+        if index == len(factories):
+            return await self._call(msg, middlewares, message_scope)
+        middleware = factories[index](msg, context=self._outer_config.context)
+        middlewares.append(middleware)
+        async with middleware:
+            return await self._enter(msg, factories, index + 1, middlewares, message_scope)
+        return ensure_response(None)  # the error was handled by a middleware
+
+    async def _call(self, msg: Message, middlewares: list[Any], message_scope: ExitStack) -> Response:
+        context = self._outer_config.context
+        cache: dict[Any, Any] = {}
+        for h in self.calls:
+            message = await h.is_suitable(msg, cache)  # a parsing error goes out through the middlewares
+            if message is None:
+                continue
+            message_scope.enter_context(
+                context.scopes((("log_context", self.get_log_context(message)), ("message", message)))
+            )
+            result = ensure_response(
+                await h.call(message=message, _extra_middlewares=(m.consume_scope for m in middlewares[::-1]))
+            )
+            if not result.correlation_id:
+                result.correlation_id = message.correlation_id
+            replies = () if not message.reply_to or self._no_reply else self._make_response_publisher(message)
+            for p in (*replies, *h.handler._publishers):
+                await p._publish(
+                    result.as_publish_command(),
+                    _extra_middlewares=(m.publish_scope for m in middlewares[::-1]),
+                )
+            return result
+        raise SubscriberNotFound(f"There is no suitable handler for {msg=}")
 
     async def start(self) -> None:
         await super().start()
@@ -425,6 +525,7 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
             self._subscription = None
         await super().stop()
         if self._queue is not None:
+            await self._write_acks(self._queue)  # handled before the stop: acked, not given back
             with suppress(Exception):
                 await self._queue.close()
             self._queue = None
@@ -436,15 +537,39 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
             raise _Retried(f"{raw.topic}/{raw.partition}@{raw.offset} nacked by its handler")
 
     async def _queue_loop(self) -> None:
+        """Take jobs, hand each to the pipeline in turn, then ack the handled ones in one statement.
+
+        An ack is written after its handler returned, as the bus's own `ack_many` does for a batch: a
+        crash before it gives the jobs back after their visibility timeout (at-least-once). The acks
+        go out before the next take, and sooner when the jobs in hand have held their lease for a
+        quarter of the visibility timeout, so a slow handler never lets a finished job's lease run out.
+        """
         queue = self._queue
         assert queue is not None
+        loop = asyncio.get_running_loop()
         while self.running:
-            for raw in await queue.take(max_messages=10, timeout=1.0):
+            taken = await queue.take(max_messages=_TAKE, timeout=1.0)
+            due = loop.time() + self._visibility / 4
+            for raw in taken:
                 await self._run(raw, queue)
+                if self._acks and loop.time() >= due:
+                    await self._write_acks(queue)
+            await self._write_acks(queue)
+
+    async def _write_acks(self, queue: QueueConsumer) -> None:
+        """Ack the handled jobs in one statement; a failed ack is logged as FastStream logs one."""
+        if not self._acks:
+            return
+        acks = list(self._acks)
+        self._acks.clear()
+        try:
+            await queue.ack_many(acks)
+        except Exception as exc:  # a lease lost meanwhile: the job comes again, as after any lost ack
+            self._outer_config.logger.log(repr(exc), logging.CRITICAL, exc_info=exc)
 
     async def _run(self, raw: Message, queue: QueueConsumer | None) -> str:
         verdicts: list[str] = []
-        _current.set((queue, verdicts))
+        _current.set((queue, verdicts, self._acks if queue is not None else None))
         await self.consume(raw)
         return verdicts[-1] if verdicts else "ack"
 

@@ -1,0 +1,256 @@
+"""The BusBroker subscriber's per-message pipeline and its writes.
+
+FastStream's steps run in FastStream's order (middlewares in, handler, middlewares out in reverse,
+an error a middleware handles goes no further, replies published), and what the bus writes for
+them is batched: a queue subscriber acks the jobs of one take in one statement, a pubsub
+subscriber's commits are coalesced by its group. The write counts are taken by wrapping the
+storage functions (the real statements still run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pydantic
+import pytest
+from faststream import Context
+from faststream.middlewares import BaseMiddleware
+
+import bus
+from bus.faststream import BusBroker
+from bus.testing import FAST, eventually
+from storage import leases
+from storage import queues as queue_sql
+
+
+class Order(pydantic.BaseModel):
+    id: int
+    amount: int
+
+
+def _broker(dsn: str, schema: str, **kw: Any) -> BusBroker:
+    return BusBroker(dsn, schema=schema, logger=None, **FAST, **kw)
+
+
+@pytest.fixture
+def ack_statements(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every queue ack statement sent (the number of jobs in it), in order."""
+    sent: list[int] = []
+    real = queue_sql.ack_many
+
+    async def counting(conn: Any, jobs: list[tuple[int, int, int]], leases: Any = ()) -> Any:
+        sent.append(len(jobs))
+        return await real(conn, jobs, leases)
+
+    monkeypatch.setattr(queue_sql, "ack_many", counting)
+    return sent
+
+
+@pytest.fixture
+def commit_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The group of every pubsub commit statement sent, in order."""
+    sent: list[str] = []
+    real = leases.commit
+
+    async def counting(conn: Any, group: str, member_id: str, entries: Any) -> Any:
+        sent.append(group)
+        return await real(conn, group, member_id, entries)
+
+    monkeypatch.setattr(leases, "commit", counting)
+    return sent
+
+
+async def _left_on_queue(dsn: str, schema: str, topic: str) -> list[bus.Message]:
+    async with bus.connect(dsn, schema=schema, **FAST) as b, b.queue_consumer(topic) as q:
+        return await q.take(max_messages=100, timeout=0.2)
+
+
+# -- queue topics -------------------------------------------------------------------------------
+
+
+async def test_queue_subscriber_acks_each_take_in_one_statement(
+    dsn: str, schema: str, drop_schema: None, ack_statements: list[int]
+) -> None:
+    broker = _broker(dsn, schema)
+    seen: list[int] = []
+
+    @broker.subscriber("jobs")
+    async def work(job: dict[str, int]) -> None:
+        seen.append(job["n"])
+
+    async with broker:
+        await broker.bus.create_topic("jobs", partitions=1, semantics="queue")
+        await broker.bus.publish_many("jobs", [{"n": n} for n in range(30)])
+        await broker.start()
+        await eventually(lambda: sum(ack_statements) == 30)
+    assert sorted(seen) == list(range(30))
+    # Three takes of ten: an ack statement per take, not per job.
+    assert len(ack_statements) <= 4, ack_statements
+    assert await _left_on_queue(dsn, schema, "jobs") == []
+
+
+async def test_queue_subscriber_nacked_job_comes_back_while_the_others_are_acked(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    broker = _broker(dsn, schema)
+    seen: list[int] = []
+
+    @broker.subscriber("jobs", retry=bus.Retry(max_attempts=3))
+    async def work(job: dict[str, int], message: Any = Context()) -> None:  # noqa: B008
+        seen.append(job["n"])
+        if job["n"] == 2 and message.raw_message.attempt == 1:
+            raise RuntimeError("first attempt fails: nacked, taken again")
+
+    async with broker:
+        await broker.bus.create_topic("jobs", partitions=1, semantics="queue")
+        await broker.bus.publish_many("jobs", [{"n": n} for n in range(5)])
+        await broker.start()
+        await eventually(lambda: len(seen) == 6)
+    assert sorted(seen) == [0, 1, 2, 2, 3, 4]
+    assert await _left_on_queue(dsn, schema, "jobs") == []
+
+
+async def test_queue_subscriber_stopping_acks_what_it_handled(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    broker = _broker(dsn, schema)
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    @broker.subscriber("jobs")
+    async def work(job: dict[str, int]) -> None:
+        seen.append(job["n"])
+        if len(seen) == 4:
+            done.set()
+
+    async with broker:
+        await broker.bus.create_topic("jobs", partitions=1, semantics="queue")
+        await broker.bus.publish_many("jobs", [{"n": n} for n in range(4)])
+        await broker.start()
+        await asyncio.wait_for(done.wait(), 10)
+    # Stopped right after the last handler: every job it handled is acked, none given back.
+    assert await _left_on_queue(dsn, schema, "jobs") == []
+    assert sorted(seen) == [0, 1, 2, 3]
+
+
+# -- pubsub topics ------------------------------------------------------------------------------
+
+
+async def test_pubsub_subscriber_commits_are_coalesced(
+    dsn: str, schema: str, drop_schema: None, commit_statements: list[str]
+) -> None:
+    broker = _broker(dsn, schema)
+    count = [0]
+
+    @broker.subscriber("orders", group="billing", start="earliest")
+    async def bill(order: Order) -> None:
+        count[0] += 1
+
+    async with broker:
+        await broker.bus.create_topic("orders", partitions=1)
+        await broker.bus.publish_many("orders", [{"id": i, "amount": 1} for i in range(300)])
+        await broker.start()
+        await eventually(lambda: count[0] == 300)
+    # Committed after the handlers, a commit per batch at most, never one per message.
+    assert 1 <= commit_statements.count("billing") <= 10, commit_statements
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        described = await b.admin.describe_group("billing")
+    assert described.total_lag == 0  # every message committed once the subscriber stopped
+
+
+async def test_middlewares_nest_and_an_error_one_handles_is_not_retried(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    calls: list[str] = []
+
+    class Outer(BaseMiddleware):
+        async def on_receive(self) -> None:
+            calls.append("outer in")
+
+        async def after_processed(
+            self, exc_type: Any = None, exc_val: Any = None, exc_tb: Any = None
+        ) -> bool:
+            calls.append(f"outer out {exc_type.__name__ if exc_type else None}")
+            return False
+
+    class Swallow(BaseMiddleware):
+        async def on_receive(self) -> None:
+            calls.append("swallow in")
+
+        async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+            calls.append("swallow scope")
+            return await call_next(msg)
+
+        async def after_processed(
+            self, exc_type: Any = None, exc_val: Any = None, exc_tb: Any = None
+        ) -> bool:
+            calls.append(f"swallow out {exc_type.__name__ if exc_type else None}")
+            return True  # handled: the error goes no further out
+
+    broker = _broker(dsn, schema, middlewares=[Outer, Swallow])
+    done = asyncio.Event()
+
+    @broker.subscriber("orders", group="g", start="earliest", retry=bus.Retry(max_attempts=3, backoff=0.01))
+    async def h(order: Order) -> None:
+        calls.append("handler")
+        done.set()
+        raise RuntimeError("handled by Swallow")
+
+    async with broker:
+        await broker.bus.create_topic("orders", partitions=1)
+        await broker.start()
+        await broker.publish({"id": 1, "amount": 1}, "orders")
+        await asyncio.wait_for(done.wait(), 10)
+        await asyncio.sleep(0.3)
+    assert calls == [
+        "outer in",
+        "swallow in",
+        "swallow scope",
+        "handler",
+        "swallow out RuntimeError",
+        "outer out None",  # the error stopped at Swallow: acked, committed, not retried
+    ]
+
+
+async def test_reply_to_gets_the_result_with_the_correlation_id(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    broker = _broker(dsn, schema)
+
+    @broker.subscriber("orders", group="g", start="earliest")
+    async def h(order: Order) -> dict[str, int]:
+        return {"receipt": order.id}
+
+    async with broker:
+        await broker.bus.create_topic("orders", partitions=1)
+        await broker.bus.create_topic("replies", partitions=1)
+        await broker.start()
+        await broker.publish({"id": 7, "amount": 1}, "orders", reply_to="replies", correlation_id="c-7")
+        replies: list[bus.Message] = []
+
+        async def replied() -> bool:
+            replies[:] = await broker.bus.read("replies", "0", 0)
+            return bool(replies)
+
+        await eventually(replied)
+    assert replies[0].value(dict) == {"receipt": 7}
+    assert replies[0].headers["correlation_id"] == "c-7"
+
+
+async def test_a_message_without_a_correlation_id_is_its_own(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    broker = _broker(dsn, schema)
+    seen: list[tuple[str, str | None]] = []
+
+    @broker.subscriber("orders", group="g", start="earliest")
+    async def h(order: Order, message: Any = Context()) -> None:  # noqa: B008
+        seen.append((message.message_id, message.correlation_id))
+
+    async with broker:
+        await broker.bus.create_topic("orders", partitions=1)
+        await broker.bus.publish("orders", {"id": 1, "amount": 1})  # the bus's own publish: no header
+        await broker.start()
+        await eventually(lambda: bool(seen))
+    assert seen == [("orders/0@0", "orders/0@0")]
