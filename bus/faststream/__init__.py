@@ -55,12 +55,13 @@ from faststream.specification.schema import Message as SpecMessage
 
 import bus as _bus
 from bus.consumer import Retry
-from bus.types import Message
+from bus.types import Message, Outgoing
 
 if TYPE_CHECKING:
     from faststream._internal.basic_types import LoggerProto, SendableMessage
 
     from bus.client import Bus
+    from bus.consumer import Consumer
     from bus.queues import QueueConsumer
 
 __all__ = ["BusBroker", "BusMessage", "BusPublishCommand", "BusPublisher", "BusSubscriber", "TestBusBroker"]
@@ -148,6 +149,49 @@ async def parse_message(msg: Message) -> BusMessage:
     return parsed
 
 
+async def parse_batch(msgs: Sequence[Message]) -> BusMessage:
+    """FastStream's view of a batch (FastStream's Kafka batch shape): the bodies in order, each
+    message's headers in `batch_headers`, the first message's metadata for the batch."""
+    batch_headers = [dict(m.headers) for m in msgs]
+    first, last = msgs[0], msgs[-1]
+    headers = batch_headers[0]
+    message_id = (
+        f"{first.topic}/{first.partition}@{first.offset}..{last.topic}/{last.partition}@{last.offset}"
+    )
+    parsed = BusMessage(
+        raw_message=cast("Message", msgs),  # a batch: the messages in order
+        body=[m.payload or b"" for m in msgs],
+        headers=headers,
+        batch_headers=batch_headers,
+        reply_to=headers.get(_REPLY_TO, ""),
+        content_type=headers.get(_CONTENT_TYPE),
+        message_id=message_id,
+        correlation_id=headers.get(_CORRELATION) or message_id,
+    )
+    current = _current.get()
+    if current is not None:
+        parsed.queue, parsed.verdicts, parsed.acks = current
+    return parsed
+
+
+def _decode_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:
+    """(the decoded body, its content type): JSON by msgspec, anything else as FastStream decodes it."""
+    if content_type is None and body[:1] in (b"{", b"[", b'"'):
+        content_type = _JSON
+    if content_type is not None and content_type.startswith(_JSON):
+        with suppress(msgspec.DecodeError):
+            return msgspec.json.decode(body), content_type
+    return decode_message(cast("StreamMessage[Any]", _Body(body, content_type))), content_type
+
+
+@dataclass(frozen=True)
+class _Body:
+    """What FastStream's `decode_message` reads of a message: its body and content type."""
+
+    body: bytes
+    content_type: str | None
+
+
 async def decode(msg: StreamMessage[Any]) -> Any:
     """The body decoded by its content type (JSON when the bus stored a structure).
 
@@ -155,13 +199,14 @@ async def decode(msg: StreamMessage[Any]) -> Any:
     library's); a body it refuses (NaN, numbers beyond a double) goes to FastStream's decoder,
     which decides as it always does.
     """
-    content_type = msg.content_type
-    if content_type is None and msg.body[:1] in (b"{", b"[", b'"'):
-        content_type = msg.content_type = _JSON
-    if content_type is not None and content_type.startswith(_JSON):
-        with suppress(msgspec.DecodeError):
-            return msgspec.json.decode(msg.body)
-    return decode_message(msg)
+    decoded, msg.content_type = _decode_body(msg.body, msg.content_type)
+    return decoded
+
+
+async def decode_batch(msg: StreamMessage[Any]) -> Any:
+    """Each body of a batch decoded by its own content type, in order."""
+    types = [h.get(_CONTENT_TYPE) for h in msg.batch_headers] or [msg.content_type] * len(msg.body)
+    return [_decode_body(body, ct)[0] for body, ct in zip(msg.body, types, strict=True)]
 
 
 # -- publishing -----------------------------------------------------------------------------
@@ -316,6 +361,8 @@ class BusSubscriberConfig(SubscriberUsecaseConfig):
     dead_letter: str | None
     start: Any
     visibility_timeout: float
+    batch: bool = False
+    max_records: int = 500
 
     @property
     def ack_policy(self) -> AckPolicy:
@@ -386,8 +433,8 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         specification: BusSubscriberSpecification,
         calls: CallsCollection[Message],
     ) -> None:
-        config.parser = parse_message
-        config.decoder = decode
+        config.parser = parse_batch if config.batch else parse_message
+        config.decoder = decode_batch if config.batch else decode
         super().__init__(config, specification, calls)
         self._topic = config.topic
         self.group = config.group
@@ -395,6 +442,9 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         self._dead_letter = config.dead_letter
         self._start = config.start
         self._visibility = config.visibility_timeout
+        self.batch = config.batch
+        self._max_records = config.max_records
+        self._consumer: Consumer | None = None
         self._subscription: Any = None
         self._queue: QueueConsumer | None = None
         self._acks: list[Message] = []  # queue jobs handled, their acks not written yet
@@ -492,6 +542,11 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         if self.calls:
             connection = self._outer_config.connection
             info = await connection.topic(self.topic)
+            if info.semantics == "queue" and self.batch:
+                raise _bus.ValidationError(
+                    f"batch=True reads a pubsub topic; {self.topic!r} is a queue: "
+                    "subscribe without batch (each job is acked on its own)"
+                )
             if info.semantics == "queue":
                 self._queue = connection.queue_consumer(
                     self.topic,
@@ -507,6 +562,18 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
                         f"subscriber on pubsub topic {self.topic!r} needs group=...: "
                         "each group reads every message once"
                     )
+                if self.batch:
+                    self._consumer = connection.consumer(
+                        self.group,
+                        topics=[self.topic],
+                        start=self._start,
+                        auto_commit=False,
+                        max_poll_records=self._max_records,
+                    )
+                    await self._consumer.start()
+                    self.add_task(self._batch_loop)
+                    self._post_start()
+                    return
                 self._subscription = await connection.subscribe(
                     self.group,
                     self._handle,
@@ -523,7 +590,14 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
             with suppress(Exception):
                 await self._subscription.stop()
             self._subscription = None
+        if self._consumer is not None and self.tasks:
+            # The batch in hand is handled and committed before the group is left.
+            await asyncio.wait(list(self.tasks), timeout=self._outer_config.graceful_timeout or 15.0)
         await super().stop()
+        if self._consumer is not None:
+            with suppress(Exception):
+                await self._consumer.close()
+            self._consumer = None
         if self._queue is not None:
             await self._write_acks(self._queue)  # handled before the stop: acked, not given back
             with suppress(Exception):
@@ -535,6 +609,75 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         verdict = await self._run(raw, None)
         if verdict == "nack":
             raise _Retried(f"{raw.topic}/{raw.partition}@{raw.offset} nacked by its handler")
+
+    async def _batch_loop(self) -> None:
+        """`batch=True`: poll a batch, hand it to the pipeline once, commit it after the handler.
+
+        A nacked batch is rewound and comes again (with what joined it since) after the Retry's
+        backoff; after its last attempt it goes to the dead-letter topic and is committed, or,
+        without one, the subscriber stops there with nothing committed past it (as a group's
+        partition does).
+        """
+        consumer = self._consumer
+        assert consumer is not None
+        policy = (self._retry or Retry()).policy()
+        failed: dict[tuple[str, str, int], int] = {}  # the attempts of a nacked batch's messages
+        while self.running:
+            batch = await consumer.poll(timeout=0.5)
+            if not batch or not self.running:
+                continue
+            attempt = 1 + max(failed.get((m.topic, m.partition, m.offset), 0) for m in batch)
+            if await self._run(batch, None) == "nack":
+                failed = {(m.topic, m.partition, m.offset): attempt for m in batch}
+                if attempt < policy.max_attempts:
+                    await consumer.rewind()
+                    await asyncio.sleep(policy.delay(attempt))
+                    continue
+                if not await self._dead_letter_batch(batch, attempt):
+                    self._outer_config.logger.log(
+                        f"{self.topic} group {self.group}: a batch from {batch[0].partition}@{batch[0].offset} "
+                        f"was nacked {attempt} times and there is no dead_letter topic; stopped before it",
+                        logging.CRITICAL,
+                    )
+                    return
+            failed = {}
+            try:
+                await consumer.commit()
+            except _bus.StaleGenerationError:
+                await consumer.rewind()  # partitions moved: their new owner reads them from the commit
+
+    async def _dead_letter_batch(self, batch: Sequence[Message], attempts: int) -> bool:
+        """Publish every message of a batch to the dead-letter topic (created if missing), as a group does."""
+        if self._dead_letter is None:
+            return False
+        connection = self._outer_config.connection
+        try:
+            info = await connection.topic(self._dead_letter)
+        except _bus.TopicNotFoundError:
+            await connection.create_topic(self._dead_letter, partitions=None)
+            info = await connection.topic(self._dead_letter)
+        error = f"batch nacked by its handler ({attempts} attempts)"
+        await connection.publish_many(
+            self._dead_letter,
+            [
+                Outgoing(
+                    m.payload if m.payload is not None else b"",
+                    key=m.key,
+                    partition=m.partition if info.dynamic else None,
+                    headers={
+                        **m.headers,
+                        "bus.error": error,
+                        "bus.attempts": str(attempts),
+                        "bus.source.topic": m.topic,
+                        "bus.source.partition": m.partition,
+                        "bus.source.offset": str(m.offset),
+                        "bus.group": self.group or "",
+                    },
+                )
+                for m in batch
+            ],
+        )
+        return True
 
     async def _queue_loop(self) -> None:
         """Take jobs, hand each to the pipeline in turn, then ack the handled ones in one statement.
@@ -567,7 +710,7 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         except Exception as exc:  # a lease lost meanwhile: the job comes again, as after any lost ack
             self._outer_config.logger.log(repr(exc), logging.CRITICAL, exc_info=exc)
 
-    async def _run(self, raw: Message, queue: QueueConsumer | None) -> str:
+    async def _run(self, raw: Any, queue: QueueConsumer | None) -> str:
         verdicts: list[str] = []
         _current.set((queue, verdicts, self._acks if queue is not None else None))
         await self.consume(raw)
@@ -683,6 +826,8 @@ class BusRegistrator(Registrator[Message, BusBrokerConfig]):
         retry: Retry | None = None,
         dead_letter: str | None = None,
         visibility_timeout: float = 30.0,
+        batch: bool = False,
+        max_records: int = 500,
         ack_policy: AckPolicy = EMPTY,
         no_reply: bool = False,
         dependencies: Sequence[Any] = (),
@@ -693,7 +838,18 @@ class BusRegistrator(Registrator[Message, BusBrokerConfig]):
         description: str | None = None,
         include_in_schema: bool = True,
     ) -> BusSubscriber:
-        """Handle `topic`: as consumer group `group` on a pubsub topic, as a competing consumer on a queue."""
+        """Handle `topic`: as consumer group `group` on a pubsub topic, as a competing consumer on a queue.
+
+        `batch=True` (pubsub): the handler takes a list, up to `max_records` messages at a time.
+        """
+        if not isinstance(batch, bool):
+            raise _bus.ValidationError(f"batch must be True or False, not {batch!r}")
+        if batch and (
+            isinstance(max_records, bool)
+            or not isinstance(max_records, int)
+            or not 1 <= max_records <= 10_000
+        ):
+            raise _bus.ValidationError(f"max_records must be an int from 1 to 10000, not {max_records!r}")
         config = cast("BusBrokerConfig", self.config)
         calls = CallsCollection[Message]()
         spec = BusSubscriberSpecification(
@@ -715,6 +871,8 @@ class BusRegistrator(Registrator[Message, BusBrokerConfig]):
                 dead_letter=dead_letter,
                 start=start,
                 visibility_timeout=visibility_timeout,
+                batch=batch,
+                max_records=max_records,
                 no_reply=no_reply,
                 _outer_config=config,
                 _ack_policy=ack_policy,
@@ -949,5 +1107,5 @@ class _FakeProducer(BusProducer):
             if handler.topic != cmd.destination or handler.group in groups:
                 continue
             groups.add(handler.group)
-            await handler.process_message(raw)
+            await handler.process_message(cast("Message", [raw]) if handler.batch else raw)
         return None

@@ -18,7 +18,7 @@ from faststream import Context
 from faststream.middlewares import BaseMiddleware
 
 import bus
-from bus.faststream import BusBroker
+from bus.faststream import BusBroker, TestBusBroker
 from bus.testing import FAST, eventually
 from storage import leases
 from storage import queues as queue_sql
@@ -254,3 +254,100 @@ async def test_a_message_without_a_correlation_id_is_its_own(
         await broker.start()
         await eventually(lambda: bool(seen))
     assert seen == [("orders/0@0", "orders/0@0")]
+
+
+# -- batch subscribers --------------------------------------------------------------------------
+
+
+async def test_in_memory_batch_subscriber_gets_a_list() -> None:
+    broker = BusBroker()
+
+    @broker.subscriber("orders", group="billing", batch=True)
+    async def bill(orders: list[Order]) -> None:
+        assert all(isinstance(o, Order) for o in orders)
+
+    async with TestBusBroker(broker) as br:
+        await br.publish({"id": 1, "amount": 3}, "orders")
+        bill.mock.assert_called_once_with([{"id": 1, "amount": 3}])
+
+
+def test_batch_subscriber_refuses_bad_max_records() -> None:
+    broker = BusBroker()
+    with pytest.raises(bus.ValidationError, match="max_records"):
+        broker.subscriber("orders", group="g", batch=True, max_records=0)
+    assert broker.subscribers == []  # nothing registered
+
+
+async def test_batch_subscriber_handles_each_message_once_and_commits_after_the_handler(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    broker = _broker(dsn, schema)
+    batches: list[list[int]] = []
+
+    @broker.subscriber("orders", group="billing", start="earliest", batch=True, max_records=50)
+    async def bill(orders: list[Order]) -> None:
+        batches.append([o.id for o in orders])
+
+    async with broker:
+        await broker.bus.create_topic("orders", partitions=2)
+        await broker.bus.publish_many("orders", [{"id": i, "amount": 1} for i in range(200)])
+        await broker.start()
+        await eventually(lambda: sum(map(len, batches)) >= 200)
+    assert sorted(i for b in batches for i in b) == list(range(200))  # each once
+    assert all(len(b) <= 50 for b in batches)
+    assert len(batches) < 200  # handed over in batches
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        described = await b.admin.describe_group("billing")
+    assert described.total_lag == 0  # committed after the handler
+
+
+async def test_batch_subscriber_retries_a_nacked_batch_then_dead_letters_it(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    broker = _broker(dsn, schema)
+    calls: list[list[int]] = []
+
+    @broker.subscriber(
+        "orders",
+        group="billing",
+        start="earliest",
+        batch=True,
+        retry=bus.Retry(max_attempts=2, backoff=0.01),
+        dead_letter="orders.dlq",
+    )
+    async def bill(orders: list[Order]) -> None:
+        calls.append([o.id for o in orders])
+        if any(o.id == 1 for o in orders):
+            raise RuntimeError("a bad order in the batch")
+
+    async with broker:
+        await broker.bus.create_topic("orders", partitions=1)
+        await broker.bus.create_topic("orders.dlq", partitions=1)
+        await broker.bus.publish_many("orders", [{"id": i, "amount": 1} for i in range(3)])
+        await broker.start()
+        dead: list[bus.Message] = []
+
+        async def dead_lettered() -> bool:
+            dead[:] = await broker.bus.read("orders.dlq", "0", 0)
+            return len(dead) == 3
+
+        await eventually(dead_lettered)
+        await asyncio.sleep(0.2)
+        await broker.publish({"id": 5, "amount": 1}, "orders")
+        await eventually(lambda: calls[-1] == [5])
+    assert calls[:2] == [[0, 1, 2], [0, 1, 2]]  # the batch twice (max_attempts=2), then dead-lettered
+    assert [m.value(dict)["id"] for m in dead] == [0, 1, 2]
+    assert dead[0].headers["bus.attempts"] == "2"
+    assert dead[0].headers["bus.source.topic"] == "orders"
+
+
+async def test_batch_subscriber_on_a_queue_topic_is_refused(dsn: str, schema: str, drop_schema: None) -> None:
+    broker = _broker(dsn, schema)
+
+    @broker.subscriber("jobs", batch=True)
+    async def work(jobs: list[dict[str, int]]) -> None: ...
+
+    async with broker:
+        await broker.bus.create_topic("jobs", partitions=1, semantics="queue")
+        with pytest.raises(bus.ValidationError, match="queue"):
+            await broker.start()
