@@ -70,6 +70,8 @@ _CORRELATION = "correlation_id"
 _CONTENT_TYPE = "content-type"
 _REPLY_TO = "reply_to"
 _JSON = "application/json"
+_JSON_STARTS = (b"{", b"[", b'"')
+_json_decode = msgspec.json.Decoder().decode
 _TAKE = 10  # jobs a queue subscriber takes at a time
 
 
@@ -176,11 +178,13 @@ async def parse_batch(msgs: Sequence[Message]) -> BusMessage:
 
 def _decode_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:
     """(the decoded body, its content type): JSON by msgspec, anything else as FastStream decodes it."""
-    if content_type is None and body[:1] in (b"{", b"[", b'"'):
+    if content_type is None and body[:1] in _JSON_STARTS:
         content_type = _JSON
     if content_type is not None and content_type.startswith(_JSON):
-        with suppress(msgspec.DecodeError):
-            return msgspec.json.decode(body), content_type
+        try:
+            return _json_decode(body), content_type
+        except msgspec.DecodeError:
+            pass
     return decode_message(cast("StreamMessage[Any]", _Body(body, content_type))), content_type
 
 
@@ -626,7 +630,7 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
             batch = await consumer.poll(timeout=0.5)
             if not batch or not self.running:
                 continue
-            attempt = 1 + max(failed.get((m.topic, m.partition, m.offset), 0) for m in batch)
+            attempt = 1 + max(failed.get((m.topic, m.partition, m.offset), 0) for m in batch) if failed else 1
             if await self._run(batch, None) == "nack":
                 failed = {(m.topic, m.partition, m.offset): attempt for m in batch}
                 if attempt < policy.max_attempts:
