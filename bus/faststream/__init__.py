@@ -589,14 +589,15 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         self._post_start()
 
     async def stop(self) -> None:
-        self.running = False
+        # A group member stops as `Subscription.stop` does: its workers hand the rest of what they
+        # fetched to the handler, commit what it handled and release their partitions. The subscriber
+        # is marked stopped only then: a message FastStream skipped as "not running" would count as
+        # handled, and be committed unseen.
         if self._subscription is not None:
             with suppress(Exception):
                 await self._subscription.stop()
             self._subscription = None
-        if self._consumer is not None and self.tasks:
-            # The batch in hand is handled and committed before the group is left.
-            await asyncio.wait(list(self.tasks), timeout=self._outer_config.graceful_timeout or 15.0)
+        # Waits for the message (or batch) in hand, handled and committed or acked, then ends the loops.
         await super().stop()
         if self._consumer is not None:
             with suppress(Exception):
@@ -627,28 +628,31 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         policy = (self._retry or Retry()).policy()
         failed: dict[tuple[str, str, int], int] = {}  # the attempts of a nacked batch's messages
         while self.running:
-            batch = await consumer.poll(timeout=0.5)
+            batch = await consumer.poll(timeout=1.0)
             if not batch or not self.running:
                 continue
             attempt = 1 + max(failed.get((m.topic, m.partition, m.offset), 0) for m in batch) if failed else 1
-            if await self._run(batch, None) == "nack":
-                failed = {(m.topic, m.partition, m.offset): attempt for m in batch}
-                if attempt < policy.max_attempts:
+            with self.lock:  # a stop waits for the batch in hand: handled, then committed or rewound
+                nacked = await self._run(batch, None) == "nack"
+                if nacked and attempt < policy.max_attempts:
+                    failed = {(m.topic, m.partition, m.offset): attempt for m in batch}
                     await consumer.rewind()
-                    await asyncio.sleep(policy.delay(attempt))
+                else:
+                    if nacked and not await self._dead_letter_batch(batch, attempt):
+                        self._outer_config.logger.log(
+                            f"{self.topic} group {self.group}: a batch from {batch[0].partition}@"
+                            f"{batch[0].offset} was nacked {attempt} times and there is no dead_letter "
+                            "topic; stopped before it",
+                            logging.CRITICAL,
+                        )
+                        return
+                    failed = {}
+                    try:
+                        await consumer.commit()
+                    except _bus.StaleGenerationError:
+                        await consumer.rewind()  # partitions moved: their new owner reads from the commit
                     continue
-                if not await self._dead_letter_batch(batch, attempt):
-                    self._outer_config.logger.log(
-                        f"{self.topic} group {self.group}: a batch from {batch[0].partition}@{batch[0].offset} "
-                        f"was nacked {attempt} times and there is no dead_letter topic; stopped before it",
-                        logging.CRITICAL,
-                    )
-                    return
-            failed = {}
-            try:
-                await consumer.commit()
-            except _bus.StaleGenerationError:
-                await consumer.rewind()  # partitions moved: their new owner reads them from the commit
+            await asyncio.sleep(policy.delay(attempt))
 
     async def _dead_letter_batch(self, batch: Sequence[Message], attempts: int) -> bool:
         """Publish every message of a batch to the dead-letter topic (created if missing), as a group does."""

@@ -351,3 +351,35 @@ async def test_batch_subscriber_on_a_queue_topic_is_refused(dsn: str, schema: st
         await broker.bus.create_topic("jobs", partitions=1, semantics="queue")
         with pytest.raises(bus.ValidationError, match="queue"):
             await broker.start()
+
+
+@pytest.mark.parametrize("batch", [False, True])
+async def test_stopping_commits_only_what_the_handler_saw(
+    dsn: str, schema: str, drop_schema: None, batch: bool
+) -> None:
+    broker = _broker(dsn, schema)
+    seen: list[int] = []
+
+    if batch:
+
+        @broker.subscriber("orders", group="billing", start="earliest", batch=True, max_records=20)
+        async def bill_many(orders: list[Order], message: Any = Context()) -> None:  # noqa: B008
+            seen.extend(m.offset for m in message.raw_message)
+            await asyncio.sleep(0.05)
+    else:
+
+        @broker.subscriber("orders", group="billing", start="earliest")
+        async def bill(order: Order, message: Any = Context()) -> None:  # noqa: B008
+            seen.append(message.raw_message.offset)
+            await asyncio.sleep(0.002)
+
+    async with broker:
+        await broker.bus.create_topic("orders", partitions=1)
+        await broker.bus.publish_many("orders", [{"id": i, "amount": 1} for i in range(300)])
+        await broker.start()
+        await eventually(lambda: len(seen) >= 10, every=0.001)
+    # Stopped in the middle of what it fetched: whatever it committed, its handler handled.
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        (partition,) = (await b.admin.describe_group("billing")).partitions
+    assert partition.committed is not None
+    assert sorted(seen) == list(range(partition.committed))
