@@ -73,6 +73,7 @@ _JSON = "application/json"
 _JSON_STARTS = (b"{", b"[", b'"')
 _json_decode = msgspec.json.Decoder().decode
 _TAKE = 10  # jobs a queue subscriber takes at a time
+_ACK_AFTER = frozenset({AckPolicy.ACK, AckPolicy.NACK_ON_ERROR, AckPolicy.REJECT_ON_ERROR})
 
 
 class _Retried(Exception):
@@ -720,7 +721,10 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
 
     async def _run(self, raw: Any, queue: QueueConsumer | None) -> str:
         verdicts: list[str] = []
-        _current.set((queue, verdicts, self._acks if queue is not None else None))
+        # Acks wait for the take's statement only when the ack policy writes them after the handler;
+        # ACK_FIRST and MANUAL acks are written when they are made.
+        deferred = queue is not None and self.ack_policy in _ACK_AFTER
+        _current.set((queue, verdicts, self._acks if deferred else None))
         await self.consume(raw)
         return verdicts[-1] if verdicts else "ack"
 

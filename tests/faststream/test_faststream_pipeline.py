@@ -15,7 +15,7 @@ from typing import Any
 import pydantic
 import pytest
 from faststream import Context
-from faststream.middlewares import BaseMiddleware
+from faststream.middlewares import AckPolicy, BaseMiddleware
 
 import bus
 from bus.faststream import BusBroker, TestBusBroker
@@ -108,6 +108,27 @@ async def test_queue_subscriber_nacked_job_comes_back_while_the_others_are_acked
         await broker.start()
         await eventually(lambda: len(seen) == 6)
     assert sorted(seen) == [0, 1, 2, 2, 3, 4]
+    assert await _left_on_queue(dsn, schema, "jobs") == []
+
+
+async def test_queue_subscriber_ack_first_writes_each_ack_before_its_handler(
+    dsn: str, schema: str, drop_schema: None, ack_statements: list[int]
+) -> None:
+    broker = _broker(dsn, schema)
+    acked_before: list[int] = []
+
+    @broker.subscriber("jobs", ack_policy=AckPolicy.ACK_FIRST)
+    async def work(job: dict[str, int]) -> None:
+        acked_before.append(sum(ack_statements))
+        raise RuntimeError("acked first: not retried")
+
+    async with broker:
+        await broker.bus.create_topic("jobs", partitions=1, semantics="queue")
+        await broker.bus.publish_many("jobs", [{"n": n} for n in range(3)])
+        await broker.start()
+        await eventually(lambda: len(acked_before) == 3)
+        await asyncio.sleep(0.3)
+    assert acked_before == [1, 2, 3]  # each job's ack written before its handler ran, none retried
     assert await _left_on_queue(dsn, schema, "jobs") == []
 
 
