@@ -500,26 +500,28 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         context = self._outer_config.context
         factories, scope = self._pipeline()
         with self.lock, context.scopes(scope), ExitStack() as message_scope:
-            return await self._enter(msg, factories, 0, [], message_scope)
+            return await self._enter(msg, context, factories, 0, [], message_scope)
 
     async def _enter(
         self,
         msg: Message,
+        context: ContextRepo,
         factories: tuple[Any, ...],
         index: int,
         middlewares: list[Any],
         message_scope: ExitStack,
     ) -> Response:
         if index == len(factories):
-            return await self._call(msg, middlewares, message_scope)
-        middleware = factories[index](msg, context=self._outer_config.context)
+            return await self._call(msg, context, middlewares, message_scope)
+        middleware = factories[index](msg, context=context)
         middlewares.append(middleware)
         async with middleware:
-            return await self._enter(msg, factories, index + 1, middlewares, message_scope)
+            return await self._enter(msg, context, factories, index + 1, middlewares, message_scope)
         return ensure_response(None)  # the error was handled by a middleware
 
-    async def _call(self, msg: Message, middlewares: list[Any], message_scope: ExitStack) -> Response:
-        context = self._outer_config.context
+    async def _call(
+        self, msg: Message, context: ContextRepo, middlewares: list[Any], message_scope: ExitStack
+    ) -> Response:
         cache: dict[Any, Any] = {}
         for h in self.calls:
             message = await h.is_suitable(msg, cache)  # a parsing error goes out through the middlewares
