@@ -1,10 +1,11 @@
-"""The BusBroker subscriber's per-message pipeline and its writes.
+"""The BusBroker subscriber's pipeline, what it writes, batch subscribers and stopping.
 
 FastStream's steps run in FastStream's order (middlewares in, handler, middlewares out in reverse,
 an error a middleware handles goes no further, replies published), and what the bus writes for
 them is batched: a queue subscriber acks the jobs of one take in one statement, a pubsub
-subscriber's commits are coalesced by its group. The write counts are taken by wrapping the
-storage functions (the real statements still run).
+subscriber's commits are coalesced by its group, a `batch=True` subscriber commits once per batch.
+Stopping commits nothing a handler did not see. The write counts are taken by wrapping the storage
+functions (the real statements still run).
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def ack_statements(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sent: list[int] = []
     real = queue_sql.ack_many
 
-    async def counting(conn: Any, jobs: list[tuple[int, int, int]], leases: Any = ()) -> Any:
+    async def counting(conn: Any, jobs: list[tuple[int, int, int]], range_leases: Any = ()) -> Any:
         sent.append(len(jobs))
-        return await real(conn, jobs, leases)
+        return await real(conn, jobs, range_leases)
 
     monkeypatch.setattr(queue_sql, "ack_many", counting)
     return sent
