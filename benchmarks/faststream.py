@@ -8,6 +8,13 @@ sides measure delivery, not a log handler.
 * throughput: M messages already on a topic of 4 partitions, drained by a FastStream subscriber
   (`BusBroker`, a consumer group) and by the bus's own `subscribe` (another group), handlers that
   only count; msg/s, higher is better. Target >= 0.8x.
+* batch throughput: the same, drained by a FastStream `batch=True` subscriber (the handler takes
+  `list[dict]`, one pipeline run and one commit per batch) against the same `subscribe` run.
+  Target >= 0.8x.
+* queue throughput: J jobs on a queue topic, drained by a FastStream subscriber (competing
+  consumers, ten jobs a take, the acks of a take in one statement) and by the bus's own
+  `queue_consumer` loop (`take(10)`, `ack_many`), each side on its own topic; msg/s, higher is
+  better (no target: a row that shows the cost).
 * publish->handler latency: messages published one at a time, paced, by `broker.publish` to a
   FastStream subscriber and by `b.publish` to a `subscribe` handler (both at once, alternating, on
   two topics); the p50 of handler time minus publish time (`time.time()` in one process).
@@ -48,8 +55,8 @@ async def _until(check: Callable[[], bool], timeout: float) -> None:  # noqa: AS
         await asyncio.sleep(0.005)
 
 
-async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple[float, float]:
-    """(FastStream msg/s, subscribe msg/s) draining the same `messages`."""
+async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple[float, float, float]:
+    """(FastStream msg/s, FastStream batch msg/s, subscribe msg/s) draining the same `messages`."""
     for first in range(0, messages, 1000):
         await b.publish_many(TOPIC, [{"i": i} for i in range(first, min(first + 1000, messages))])
 
@@ -61,6 +68,19 @@ async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple
         async def handle(body: dict[str, int]) -> None:
             count[0] += 1
 
+        return await _drain(broker, count)
+
+    async def faststream_batch_side(group: str) -> float:
+        broker = BusBroker(dsn, schema=schema, logger=None, **FAST)
+        count = [0]
+
+        @broker.subscriber(TOPIC, group=group, start="earliest", batch=True)
+        async def handle(bodies: list[dict[str, int]]) -> None:
+            count[0] += len(bodies)
+
+        return await _drain(broker, count)
+
+    async def _drain(broker: BusBroker, count: list[int]) -> float:
         async with broker:
             started = time.perf_counter()  # from the group's start, as the subscribe side
             await broker.start()
@@ -84,12 +104,13 @@ async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple
             await sub.stop()
         return messages / elapsed
 
-    # Alternate the two sides so neither gets only the warmer cache.
-    fs, own = [], []
+    # Alternate the sides so none gets only the warmer cache.
+    fs, fs_batch, own = [], [], []
     for n in range(2):
         own.append(await bus_side(f"own-{n}"))
         fs.append(await faststream_side(f"fs-{n}"))
-    return max(fs), max(own)
+        fs_batch.append(await faststream_batch_side(f"fs-batch-{n}"))
+    return max(fs), max(fs_batch), max(own)
 
 
 async def _latency(dsn: str, schema: str, b: bus.Bus, count: int, rate: float) -> tuple[float, float]:
@@ -137,6 +158,50 @@ async def _latency(dsn: str, schema: str, b: bus.Bus, count: int, rate: float) -
     return statistics.median(fs_seen) * 1000, statistics.median(own_seen) * 1000
 
 
+async def _queue(dsn: str, schema: str, b: bus.Bus, jobs: int) -> tuple[float, float]:
+    """(FastStream queue subscriber msg/s, queue_consumer take/ack_many msg/s), `jobs` each."""
+
+    async def fill(topic: str) -> None:
+        await b.create_topic(topic, partitions=1, semantics="queue")
+        for first in range(0, jobs, 1000):
+            await b.publish_many(topic, [{"i": i} for i in range(first, min(first + 1000, jobs))])
+
+    async def faststream_side(topic: str) -> float:
+        await fill(topic)
+        broker = BusBroker(dsn, schema=schema, logger=None, **FAST)
+        count = [0]
+
+        @broker.subscriber(topic)
+        async def handle(body: dict[str, int]) -> None:
+            count[0] += 1
+
+        async with broker:
+            started = time.perf_counter()
+            await broker.start()
+            await _until(lambda: count[0] >= jobs, 300)
+            elapsed = time.perf_counter() - started
+        return jobs / elapsed
+
+    async def bus_side(topic: str) -> float:
+        await fill(topic)
+        count = 0
+        started = time.perf_counter()
+        async with b.queue_consumer(topic) as q:
+            while count < jobs:
+                taken = await q.take(max_messages=10, timeout=1.0)
+                for m in taken:
+                    m.value(dict)
+                    count += 1
+                await q.ack_many(taken)
+        return jobs / (time.perf_counter() - started)
+
+    fs, own = [], []
+    for n in range(2):
+        own.append(await bus_side(f"{TOPIC}.q-own-{n}"))
+        fs.append(await faststream_side(f"{TOPIC}.q-fs-{n}"))
+    return max(fs), max(own)
+
+
 async def _sql_publish(dsn: str, schema: str, b: bus.Bus, count: int) -> tuple[float, float]:
     """(SQL publish us/message, b.publish us/message), one message per call, sequential."""
     topic = TOPIC + ".sql"
@@ -162,10 +227,11 @@ async def _sql_publish(dsn: str, schema: str, b: bus.Bus, count: int) -> tuple[f
 async def run(dsn: str, quick: bool) -> list[Result]:
     schema = "bench_" + uuid.uuid4().hex[:10]
     b = await bus.connect(dsn, schema=schema, **FAST)
-    messages, lat_count, sql_count = (2_000, 60, 300) if quick else (20_000, 400, 3_000)
+    messages, jobs, lat_count, sql_count = (2_000, 300, 60, 300) if quick else (20_000, 3_000, 400, 3_000)
     try:
         await b.create_topic(TOPIC, partitions=PARTITIONS)
-        fs_rate, own_rate = await _throughput(dsn, schema, b, messages)
+        fs_rate, fs_batch_rate, own_rate = await _throughput(dsn, schema, b, messages)
+        fs_queue_rate, own_queue_rate = await _queue(dsn, schema, b, jobs)
         fs_p50, own_p50 = await _latency(dsn, schema, b, lat_count, 100.0)
         sql_us, own_us = await _sql_publish(dsn, schema, b, sql_count)
     finally:
@@ -182,6 +248,26 @@ async def run(dsn: str, quick: bool) -> list[Result]:
             "bus subscribe",
             True,
             "≥ 0.8×",
+        ),
+        Result(
+            SCENARIO,
+            f"FastStream batch subscriber throughput ({messages:,} msgs, {PARTITIONS} partitions, batch=True)",
+            fs_batch_rate,
+            "msg/s",
+            own_rate,
+            "bus subscribe",
+            True,
+            "≥ 0.8×",
+        ),
+        Result(
+            SCENARIO,
+            f"FastStream queue subscriber throughput ({jobs:,} jobs)",
+            fs_queue_rate,
+            "msg/s",
+            own_queue_rate,
+            "queue_consumer take/ack_many",
+            True,
+            None,
         ),
         Result(
             SCENARIO,

@@ -14,7 +14,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Iterable, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -43,9 +43,10 @@ from faststream._internal.logger.logging import get_broker_logger
 from faststream._internal.parser import DefaultCodec
 from faststream._internal.producer import ProducerProto
 from faststream._internal.testing.broker import TestBroker, change_producer
-from faststream.exceptions import FeatureNotSupportedException, IncorrectState
+from faststream.exceptions import FeatureNotSupportedException, IncorrectState, SubscriberNotFound
 from faststream.message import StreamMessage, decode_message, gen_cor_id
 from faststream.middlewares import AckPolicy
+from faststream.response import Response, ensure_response
 from faststream.response.publish_type import PublishType
 from faststream.response.response import PublishCommand
 from faststream.specification.asyncapi.utils import resolve_payloads
@@ -54,12 +55,13 @@ from faststream.specification.schema import Message as SpecMessage
 
 import bus as _bus
 from bus.consumer import Retry
-from bus.types import Message
+from bus.types import Message, Outgoing
 
 if TYPE_CHECKING:
     from faststream._internal.basic_types import LoggerProto, SendableMessage
 
     from bus.client import Bus
+    from bus.consumer import Consumer
     from bus.queues import QueueConsumer
 
 __all__ = ["BusBroker", "BusMessage", "BusPublishCommand", "BusPublisher", "BusSubscriber", "TestBusBroker"]
@@ -67,6 +69,11 @@ __all__ = ["BusBroker", "BusMessage", "BusPublishCommand", "BusPublisher", "BusS
 _CORRELATION = "correlation_id"
 _CONTENT_TYPE = "content-type"
 _REPLY_TO = "reply_to"
+_JSON = "application/json"
+_JSON_STARTS = (b"{", b"[", b'"')
+_json_decode = msgspec.json.Decoder().decode
+_TAKE = 10  # jobs a queue subscriber takes at a time
+_ACK_AFTER = frozenset({AckPolicy.ACK, AckPolicy.NACK_ON_ERROR, AckPolicy.REJECT_ON_ERROR})
 
 
 class _Retried(Exception):
@@ -76,10 +83,11 @@ class _Retried(Exception):
 # -- messages -------------------------------------------------------------------------------
 
 
-# The queue consumer that leased the message in hand and the list its verdict goes to (set by the
-# subscriber around each message, read by the parser), so an ack reaches the consumer that leased it.
-_current: contextvars.ContextVar[tuple[QueueConsumer | None, list[str]] | None] = contextvars.ContextVar(
-    "bus_faststream_current", default=None
+# The queue consumer that leased the message in hand, the list its verdict goes to and the list of
+# queue jobs waiting for their ack (set by the subscriber around each message, read by the parser),
+# so an ack reaches the consumer that leased it.
+_current: contextvars.ContextVar[tuple[QueueConsumer | None, list[str], list[Message] | None] | None] = (
+    contextvars.ContextVar("bus_faststream_current", default=None)
 )
 
 
@@ -88,18 +96,27 @@ class BusMessage(StreamMessage[Message]):
 
     queue: QueueConsumer | None = None
     verdicts: list[str] | None = None
+    acks: list[Message] | None = None
 
     def _note(self, verdict: str) -> None:
         if self.verdicts is not None:
             self.verdicts.append(verdict)
 
     async def _settle(self, verdict: str) -> None:
-        """Record the verdict once; a queue job is nacked for "nack", acked for "ack" and "reject"."""
+        """Record the verdict once; a queue job is nacked for "nack", acked for "ack" and "reject".
+
+        A queue subscriber's acks wait in `acks` and go out with the other acks of the jobs it took
+        together, in one statement, once their handlers are done (see `BusSubscriber._queue_loop`).
+        """
         if self.committed is None:
             self._note(verdict)
             if self.queue is not None:
-                settle = self.queue.nack if verdict == "nack" else self.queue.ack
-                await settle(self.raw_message)
+                if verdict == "nack":
+                    await self.queue.nack(self.raw_message)
+                elif self.acks is not None:
+                    self.acks.append(self.raw_message)
+                else:
+                    await self.queue.ack(self.raw_message)
 
     async def ack(self) -> None:
         await self._settle("ack")
@@ -117,26 +134,84 @@ class BusMessage(StreamMessage[Message]):
 async def parse_message(msg: Message) -> BusMessage:
     """FastStream's view of a bus Message (headers carry correlation id, content type, reply_to)."""
     headers = dict(msg.headers)
+    message_id = f"{msg.topic}/{msg.partition}@{msg.offset}"
     parsed = BusMessage(
         raw_message=msg,
         body=msg.payload or b"",
         headers=headers,
         reply_to=headers.get(_REPLY_TO, ""),
         content_type=headers.get(_CONTENT_TYPE),
-        message_id=f"{msg.topic}/{msg.partition}@{msg.offset}",
-        correlation_id=headers.get(_CORRELATION),
+        message_id=message_id,
+        # A message published without one is its own correlation: its id names it as well as a
+        # random one would, without drawing one per message.
+        correlation_id=headers.get(_CORRELATION) or message_id,
     )
     current = _current.get()
     if current is not None:
-        parsed.queue, parsed.verdicts = current
+        parsed.queue, parsed.verdicts, parsed.acks = current
     return parsed
 
 
+async def parse_batch(msgs: Sequence[Message]) -> BusMessage:
+    """FastStream's view of a batch (FastStream's Kafka batch shape): the bodies in order, each
+    message's headers in `batch_headers`, the first message's metadata for the batch."""
+    batch_headers = [dict(m.headers) for m in msgs]
+    first, last = msgs[0], msgs[-1]
+    headers = batch_headers[0]
+    message_id = (
+        f"{first.topic}/{first.partition}@{first.offset}..{last.topic}/{last.partition}@{last.offset}"
+    )
+    parsed = BusMessage(
+        raw_message=cast("Message", msgs),  # a batch: the messages in order
+        body=[m.payload or b"" for m in msgs],
+        headers=headers,
+        batch_headers=batch_headers,
+        reply_to=headers.get(_REPLY_TO, ""),
+        content_type=headers.get(_CONTENT_TYPE),
+        message_id=message_id,
+        correlation_id=headers.get(_CORRELATION) or message_id,
+    )
+    current = _current.get()
+    if current is not None:
+        parsed.queue, parsed.verdicts, parsed.acks = current
+    return parsed
+
+
+def _decode_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:
+    """(the decoded body, its content type): JSON by msgspec, anything else as FastStream decodes it."""
+    if content_type is None and body[:1] in _JSON_STARTS:
+        content_type = _JSON
+    if content_type is not None and content_type.startswith(_JSON):
+        try:
+            return _json_decode(body), content_type
+        except msgspec.DecodeError:
+            pass
+    return decode_message(cast("StreamMessage[Any]", _Body(body, content_type))), content_type
+
+
+@dataclass(frozen=True)
+class _Body:
+    """What FastStream's `decode_message` reads of a message: its body and content type."""
+
+    body: bytes
+    content_type: str | None
+
+
 async def decode(msg: StreamMessage[Any]) -> Any:
-    """The body decoded by its content type (JSON when the bus stored a structure)."""
-    if msg.content_type is None and msg.body[:1] in (b"{", b"[", b'"'):
-        msg.content_type = "application/json"
-    return decode_message(msg)
+    """The body decoded by its content type (JSON when the bus stored a structure).
+
+    JSON is decoded by msgspec (the bus's own codec, several times faster than the standard
+    library's); a body it refuses (NaN, numbers beyond a double) goes to FastStream's decoder,
+    which decides as it always does.
+    """
+    decoded, msg.content_type = _decode_body(msg.body, msg.content_type)
+    return decoded
+
+
+async def decode_batch(msg: StreamMessage[Any]) -> Any:
+    """Each body of a batch decoded by its own content type, in order."""
+    types = [h.get(_CONTENT_TYPE) for h in msg.batch_headers] or [msg.content_type] * len(msg.body)
+    return [_decode_body(body, ct)[0] for body, ct in zip(msg.body, types, strict=True)]
 
 
 # -- publishing -----------------------------------------------------------------------------
@@ -291,6 +366,8 @@ class BusSubscriberConfig(SubscriberUsecaseConfig):
     dead_letter: str | None
     start: Any
     visibility_timeout: float
+    batch: bool = False
+    max_records: int = 500
 
     @property
     def ack_policy(self) -> AckPolicy:
@@ -361,8 +438,8 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         specification: BusSubscriberSpecification,
         calls: CallsCollection[Message],
     ) -> None:
-        config.parser = parse_message
-        config.decoder = decode
+        config.parser = parse_batch if config.batch else parse_message
+        config.decoder = decode_batch if config.batch else decode
         super().__init__(config, specification, calls)
         self._topic = config.topic
         self.group = config.group
@@ -370,8 +447,14 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         self._dead_letter = config.dead_letter
         self._start = config.start
         self._visibility = config.visibility_timeout
+        self.batch = config.batch
+        self._max_records = config.max_records
+        self._consumer: Consumer | None = None
         self._subscription: Any = None
         self._queue: QueueConsumer | None = None
+        self._acks: list[Message] = []  # queue jobs handled, their acks not written yet
+        self._pipeline_key: Any = None
+        self._pipeline_built: tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]] = ((), ())
 
     @property
     def topic(self) -> str:
@@ -387,11 +470,90 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
     def _make_response_publisher(self, message: StreamMessage[Any]) -> Sequence[Any]:
         return (_ReplyPublisher(self._outer_config.producer, message.reply_to),)
 
+    # -- the per-message pipeline --------------------------------------------------------------
+    #
+    # FastStream's `SubscriberUsecase.process_message`, step for step: the subscriber's lock and
+    # context scope, the middlewares entered in order and left in reverse (an error one of them
+    # handles goes no further out), the first suitable call, its result published to the reply
+    # topic and the handler's publishers. What stays the same from one message to the next (the
+    # middleware factories, the scope's items) is built once, and the middlewares nest as `async
+    # with` blocks instead of an AsyncExitStack: the per-message cost that was most of a
+    # subscriber's time, where `subscribe` pays a handler call.
+
+    def _pipeline(self) -> tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]]:
+        """(middleware factories, context scope items), built again only if the broker's changed."""
+        config = self._outer_config
+        key = (config.broker_middlewares, self.ack_policy, config.logger.logger.logger)
+        if self._pipeline_key != key:
+            self._pipeline_key = key
+            self._pipeline_built = (
+                tuple(self._SubscriberUsecase__build__middlewares_stack()),  # type: ignore[attr-defined]
+                (
+                    ("handler_", self),
+                    ("logger", config.logger.logger.logger),
+                    *config.extra_context.items(),
+                ),
+            )
+        return self._pipeline_built
+
+    async def process_message(self, msg: Message) -> Response:
+        context = self._outer_config.context
+        factories, scope = self._pipeline()
+        with self.lock, context.scopes(scope), ExitStack() as message_scope:
+            return await self._enter(msg, context, factories, 0, [], message_scope)
+
+    async def _enter(
+        self,
+        msg: Message,
+        context: ContextRepo,
+        factories: tuple[Any, ...],
+        index: int,
+        middlewares: list[Any],
+        message_scope: ExitStack,
+    ) -> Response:
+        if index == len(factories):
+            return await self._call(msg, context, middlewares, message_scope)
+        middleware = factories[index](msg, context=context)
+        middlewares.append(middleware)
+        async with middleware:
+            return await self._enter(msg, context, factories, index + 1, middlewares, message_scope)
+        return ensure_response(None)  # the error was handled by a middleware
+
+    async def _call(
+        self, msg: Message, context: ContextRepo, middlewares: list[Any], message_scope: ExitStack
+    ) -> Response:
+        cache: dict[Any, Any] = {}
+        for h in self.calls:
+            message = await h.is_suitable(msg, cache)  # a parsing error goes out through the middlewares
+            if message is None:
+                continue
+            message_scope.enter_context(
+                context.scopes((("log_context", self.get_log_context(message)), ("message", message)))
+            )
+            result = ensure_response(
+                await h.call(message=message, _extra_middlewares=(m.consume_scope for m in middlewares[::-1]))
+            )
+            if not result.correlation_id:
+                result.correlation_id = message.correlation_id
+            replies = () if not message.reply_to or self._no_reply else self._make_response_publisher(message)
+            for p in (*replies, *h.handler._publishers):
+                await p._publish(
+                    result.as_publish_command(),
+                    _extra_middlewares=(m.publish_scope for m in middlewares[::-1]),
+                )
+            return result
+        raise SubscriberNotFound(f"There is no suitable handler for {msg=}")
+
     async def start(self) -> None:
         await super().start()
         if self.calls:
             connection = self._outer_config.connection
             info = await connection.topic(self.topic)
+            if info.semantics == "queue" and self.batch:
+                raise _bus.ValidationError(
+                    f"batch=True reads a pubsub topic; {self.topic!r} is a queue: "
+                    "subscribe without batch (each job is acked on its own)"
+                )
             if info.semantics == "queue":
                 self._queue = connection.queue_consumer(
                     self.topic,
@@ -407,6 +569,18 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
                         f"subscriber on pubsub topic {self.topic!r} needs group=...: "
                         "each group reads every message once"
                     )
+                if self.batch:
+                    self._consumer = connection.consumer(
+                        self.group,
+                        topics=[self.topic],
+                        start=self._start,
+                        auto_commit=False,
+                        max_poll_records=self._max_records,
+                    )
+                    await self._consumer.start()
+                    self.add_task(self._batch_loop)
+                    self._post_start()
+                    return
                 self._subscription = await connection.subscribe(
                     self.group,
                     self._handle,
@@ -418,13 +592,22 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         self._post_start()
 
     async def stop(self) -> None:
-        self.running = False
+        # A group member stops as `Subscription.stop` does: its workers hand the rest of what they
+        # fetched to the handler, commit what it handled and release their partitions. The subscriber
+        # is marked stopped only then: a message FastStream skipped as "not running" would count as
+        # handled, and be committed unseen.
         if self._subscription is not None:
             with suppress(Exception):
                 await self._subscription.stop()
             self._subscription = None
+        # Waits for the message (or batch) in hand, handled and committed or acked, then ends the loops.
         await super().stop()
+        if self._consumer is not None:
+            with suppress(Exception):
+                await self._consumer.close()
+            self._consumer = None
         if self._queue is not None:
+            await self._write_acks(self._queue)  # handled before the stop: acked, not given back
             with suppress(Exception):
                 await self._queue.close()
             self._queue = None
@@ -435,16 +618,115 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         if verdict == "nack":
             raise _Retried(f"{raw.topic}/{raw.partition}@{raw.offset} nacked by its handler")
 
+    async def _batch_loop(self) -> None:
+        """`batch=True`: poll a batch, hand it to the pipeline once, commit it after the handler.
+
+        A nacked batch is rewound and comes again (with what joined it since) after the Retry's
+        backoff; after its last attempt it goes to the dead-letter topic and is committed, or,
+        without one, the subscriber stops there with nothing committed past it (as a group's
+        partition does).
+        """
+        consumer = self._consumer
+        assert consumer is not None
+        policy = (self._retry or Retry()).policy()
+        failed: dict[tuple[str, str, int], int] = {}  # the attempts of a nacked batch's messages
+        while self.running:
+            batch = await consumer.poll(timeout=1.0)
+            if not batch or not self.running:
+                continue
+            attempt = 1 + max(failed.get((m.topic, m.partition, m.offset), 0) for m in batch) if failed else 1
+            with self.lock:  # a stop waits for the batch in hand: handled, then committed or rewound
+                nacked = await self._run(batch, None) == "nack"
+                if nacked and attempt < policy.max_attempts:
+                    failed = {(m.topic, m.partition, m.offset): attempt for m in batch}
+                    await consumer.rewind()
+                else:
+                    if nacked and not await self._dead_letter_batch(batch, attempt):
+                        self._outer_config.logger.log(
+                            f"{self.topic} group {self.group}: a batch from {batch[0].partition}@"
+                            f"{batch[0].offset} was nacked {attempt} times and there is no dead_letter "
+                            "topic; stopped before it",
+                            logging.CRITICAL,
+                        )
+                        return
+                    failed = {}
+                    try:
+                        await consumer.commit()
+                    except _bus.StaleGenerationError:
+                        await consumer.rewind()  # partitions moved: their new owner reads from the commit
+                    continue
+            await asyncio.sleep(policy.delay(attempt))
+
+    async def _dead_letter_batch(self, batch: Sequence[Message], attempts: int) -> bool:
+        """Publish every message of a batch to the dead-letter topic (created if missing), as a group does."""
+        if self._dead_letter is None:
+            return False
+        connection = self._outer_config.connection
+        try:
+            info = await connection.topic(self._dead_letter)
+        except _bus.TopicNotFoundError:
+            await connection.create_topic(self._dead_letter, partitions=None)
+            info = await connection.topic(self._dead_letter)
+        error = f"batch nacked by its handler ({attempts} attempts)"
+        await connection.publish_many(
+            self._dead_letter,
+            [
+                Outgoing(
+                    m.payload if m.payload is not None else b"",
+                    key=m.key,
+                    partition=m.partition if info.dynamic else None,
+                    headers={
+                        **m.headers,
+                        "bus.error": error,
+                        "bus.attempts": str(attempts),
+                        "bus.source.topic": m.topic,
+                        "bus.source.partition": m.partition,
+                        "bus.source.offset": str(m.offset),
+                        "bus.group": self.group or "",
+                    },
+                )
+                for m in batch
+            ],
+        )
+        return True
+
     async def _queue_loop(self) -> None:
+        """Take jobs, hand each to the pipeline in turn, then ack the handled ones in one statement.
+
+        An ack is written after its handler returned, as the bus's own `ack_many` does for a batch: a
+        crash before it gives the jobs back after their visibility timeout (at-least-once). The acks
+        go out before the next take, and sooner when the jobs in hand have held their lease for a
+        quarter of the visibility timeout, so a slow handler never lets a finished job's lease run out.
+        """
         queue = self._queue
         assert queue is not None
+        loop = asyncio.get_running_loop()
         while self.running:
-            for raw in await queue.take(max_messages=10, timeout=1.0):
+            taken = await queue.take(max_messages=_TAKE, timeout=1.0)
+            due = loop.time() + self._visibility / 4
+            for raw in taken:
                 await self._run(raw, queue)
+                if self._acks and loop.time() >= due:
+                    await self._write_acks(queue)
+            await self._write_acks(queue)
 
-    async def _run(self, raw: Message, queue: QueueConsumer | None) -> str:
+    async def _write_acks(self, queue: QueueConsumer) -> None:
+        """Ack the handled jobs in one statement; a failed ack is logged as FastStream logs one."""
+        if not self._acks:
+            return
+        acks = list(self._acks)
+        self._acks.clear()
+        try:
+            await queue.ack_many(acks)
+        except Exception as exc:  # a lease lost meanwhile: the job comes again, as after any lost ack
+            self._outer_config.logger.log(repr(exc), logging.CRITICAL, exc_info=exc)
+
+    async def _run(self, raw: Any, queue: QueueConsumer | None) -> str:
         verdicts: list[str] = []
-        _current.set((queue, verdicts))
+        # Acks wait for the take's statement only when the ack policy writes them after the handler;
+        # ACK_FIRST and MANUAL acks are written when they are made.
+        deferred = queue is not None and self.ack_policy in _ACK_AFTER
+        _current.set((queue, verdicts, self._acks if deferred else None))
         await self.consume(raw)
         return verdicts[-1] if verdicts else "ack"
 
@@ -558,6 +840,8 @@ class BusRegistrator(Registrator[Message, BusBrokerConfig]):
         retry: Retry | None = None,
         dead_letter: str | None = None,
         visibility_timeout: float = 30.0,
+        batch: bool = False,
+        max_records: int = 500,
         ack_policy: AckPolicy = EMPTY,
         no_reply: bool = False,
         dependencies: Sequence[Any] = (),
@@ -568,7 +852,18 @@ class BusRegistrator(Registrator[Message, BusBrokerConfig]):
         description: str | None = None,
         include_in_schema: bool = True,
     ) -> BusSubscriber:
-        """Handle `topic`: as consumer group `group` on a pubsub topic, as a competing consumer on a queue."""
+        """Handle `topic`: as consumer group `group` on a pubsub topic, as a competing consumer on a queue.
+
+        `batch=True` (pubsub): the handler takes a list, up to `max_records` messages at a time.
+        """
+        if not isinstance(batch, bool):
+            raise _bus.ValidationError(f"batch must be True or False, not {batch!r}")
+        if batch and (
+            isinstance(max_records, bool)
+            or not isinstance(max_records, int)
+            or not 1 <= max_records <= 10_000
+        ):
+            raise _bus.ValidationError(f"max_records must be an int from 1 to 10000, not {max_records!r}")
         config = cast("BusBrokerConfig", self.config)
         calls = CallsCollection[Message]()
         spec = BusSubscriberSpecification(
@@ -590,6 +885,8 @@ class BusRegistrator(Registrator[Message, BusBrokerConfig]):
                 dead_letter=dead_letter,
                 start=start,
                 visibility_timeout=visibility_timeout,
+                batch=batch,
+                max_records=max_records,
                 no_reply=no_reply,
                 _outer_config=config,
                 _ack_policy=ack_policy,
@@ -824,5 +1121,5 @@ class _FakeProducer(BusProducer):
             if handler.topic != cmd.destination or handler.group in groups:
                 continue
             groups.add(handler.group)
-            await handler.process_message(raw)
+            await handler.process_message(cast("Message", [raw]) if handler.batch else raw)
         return None
