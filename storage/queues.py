@@ -302,6 +302,14 @@ TAKE_WITHIN_LIMITS = _TAKE_FRESH.format(
     SELECT n.key, count(*) AS n FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
     WHERE n.rn <= (SELECT cap.n FROM cap) AND n.key IS NOT NULL AND (SELECT per_key FROM lim) IS NOT NULL
     GROUP BY n.key
+), roomy AS (
+    -- every dealt key stays within its limit even if all the jobs in flight were its own (a
+    -- range lease counted by its span): then the count per key is not needed
+    SELECT (SELECT COALESCE(sum(l.last_offset - l.first_offset + 1), 0) FROM queue_leases l
+            WHERE l.topic = $1 AND l.visible_at > statement_timestamp())
+         + (SELECT count(*) FROM queue_jobs e
+            WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp() AND e.leased_by IS NOT NULL)
+         + (SELECT COALESCE(max(dk.n), 0) FROM dk) <= (SELECT per_key FROM lim) AS ok
 ), busy AS (
     -- their jobs in flight (as TAKE_LIMITED counts them): detached ones leased and not run
     -- out, and those of range leases not run out
@@ -315,9 +323,11 @@ TAKE_WITHIN_LIMITS = _TAKE_FRESH.format(
                          AND e."offset" BETWEEN l.first_offset AND l.last_offset AND NOT e.detached
         WHERE l.topic = $1 AND l.visible_at > statement_timestamp() AND e.key IN (SELECT dk.key FROM dk)
     ) AS f
+    WHERE NOT (SELECT ok FROM roomy)
     GROUP BY f.key
 ), gate AS (
-    SELECT NOT EXISTS (SELECT 1 FROM dk LEFT JOIN busy ON busy.key = dk.key
+    SELECT (SELECT ok FROM roomy) IS TRUE
+        OR NOT EXISTS (SELECT 1 FROM dk LEFT JOIN busy ON busy.key = dk.key
                        WHERE dk.n + COALESCE(busy.n, 0) > (SELECT per_key FROM lim)) AS ok""",
     deal_if="\n    WHERE n.rn <= (SELECT cap.n FROM cap) AND (SELECT ok FROM gate)",
     move_if=" AND (SELECT ok FROM gate)",
