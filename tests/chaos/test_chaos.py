@@ -72,7 +72,7 @@ async def test_through_a_transaction_pooler_the_transactional_pattern_loses_noth
     assert not outcome.problems, text
 
 
-LIMITED_SECONDS = float(os.environ.get("CHAOS_LIMITED_SECONDS", "10"))
+LIMITED_SECONDS = float(os.environ.get("CHAOS_LIMITED_SECONDS", "14"))
 
 
 @pytest.mark.timeout(LIMITED_SECONDS + 120)
