@@ -273,3 +273,17 @@ async def test_a_limited_take_that_raced_another_counts_what_that_one_committed(
     finally:
         await holder.close()
         await taker.close()
+
+
+async def test_an_ordered_consumer_of_a_rate_limited_queue_keeps_both(b: bus.Bus) -> None:
+    await _queue(b, partitions=2, rate_limit=bus.Rate(4, per=60.0))
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}, key=f"k{i % 3}") for i in range(9)])
+    async with b.queue_consumer("jobs", ordered_by_key=True) as q, b.queue_consumer("jobs") as plain:
+        first = await q.take(max_messages=10, timeout=0)
+        # Ordered: one job per key at a time, each key's earliest.
+        assert sorted(m.value(dict)["n"] for m in first) == [0, 1, 2]
+        await q.ack_many(first)
+        # Ordered and unordered takes share the window: one more job in it, then none.
+        assert [m.value(dict)["n"] for m in await plain.take(max_messages=10, timeout=0)] == [3]
+        assert await q.take(max_messages=10, timeout=0) == []
+        assert await plain.take(max_messages=10, timeout=0) == []
