@@ -47,6 +47,11 @@ class Lane(Generic[Request]):
         self._tasks: set[asyncio.Task[None]] = set()  # held, so no running writer is collected
         self._pending: list[Request] = []
 
+    def reshape(self, parallel: int, split_at: int) -> None:
+        """From the next write on: at most `parallel` writes out at once, split at `split_at` weight (0: never)."""
+        self._parallel = parallel
+        self._split_at = split_at
+
     def add(self, request: Request) -> None:
         """Queue `request` (a tuple whose last item is its future); written at once when a write slot is free."""
         self._pending.append(request)

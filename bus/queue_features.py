@@ -6,8 +6,9 @@ statements read them, so they hold across every consumer of every process:
 - `max_in_flight_per_key=N`: at most N jobs of one key taken and not yet
   acked (or run out) at once; `rate_limit=bus.Rate(100, per=1.0)`: at most 100
   jobs taken in any second. A limited queue's takes run one at a time under
-  its settings row's lock (a transaction of three statements instead of one
-  statement), which is what makes the counts exact.
+  its settings row's lock, which is what makes the counts exact; each is still
+  one statement that leases fresh jobs by range, as long as no key would go
+  over its limit (see TAKE_WITHIN_LIMITS in storage/queues.py).
 - `pause_queue`: every take of the queue hands out nothing from the next
   statement on; taken jobs finish and ack normally. `resume_queue` wakes the
   waiting consumers.

@@ -175,6 +175,8 @@ class _QueueWriter:
             self._write_acks, _MAX_ACK_BATCH, _PARALLEL, weight=_ack_weight, split_at=_SPLIT_AT
         )
         self._takes: dict[tuple[str, float, bool], Lane[_TakeRequest]] = {}
+        # The queues last found to have limits: taken the limited way at once (see take_for).
+        self._limited_topics: set[str] = set()
 
     def ack(self, jobs: list[_Job], leases: set[int]) -> asyncio.Future[set[tuple[int, int]]]:
         """Delete the jobs whose leases still hold; the future holds the (partition_id, offset) deleted.
@@ -218,7 +220,22 @@ class _QueueWriter:
         topic, timeout, ordered = key
         consumers, limits = [c for c, _, _ in batch], [n for _, n, _ in batch]
         with db.translate_errors():
-            dealt = await sql.take_for(self._lender, topic, consumers, limits, timeout, ordered=ordered)
+            dealt = await sql.take_for(
+                self._lender,
+                topic,
+                consumers,
+                limits,
+                timeout,
+                ordered=ordered,
+                limited_topics=self._limited_topics,
+            )
+        # A limited queue's takes run one at a time in every process anyway (storage/queues.py):
+        # one write at a time here, with every request that arrived meanwhile, instead of two
+        # that would wait for each other.
+        if topic in self._limited_topics:
+            self._takes[key].reshape(1, 0)
+        else:
+            self._takes[key].reshape(_PARALLEL, _SPLIT_AT)
         for (_, _, future), mine in zip(batch, dealt, strict=True):
             if not future.done():
                 future.set_result(mine)

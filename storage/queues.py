@@ -66,7 +66,7 @@ _turns = itertools.count(random.randrange(1 << 20))
 # those jobs are simply delivered again, as any job whose consumer vanished;
 # nothing acked or published is affected (acks and publishes still wait for
 # their flush). Set in `r`, which always runs before any job is leased.
-_TAKE_HEAD = """
+_TAKE_START = """
 WITH r AS (
     SELECT x.ord AS request, x.consumer, sum(x.n) OVER (ORDER BY x.ord) - x.n AS after,
            sum(x.n) OVER (ORDER BY x.ord) AS upto,
@@ -101,8 +101,12 @@ WITH r AS (
     WHERE j.partition_id = x.partition_id AND j."offset" BETWEEN x.first_offset AND x.last_offset
       AND NOT j.detached
     RETURNING j."offset"
-), c AS (
 """
+_TAKE_HEAD = (
+    _TAKE_START
+    + """), c AS (
+"""
+)
 
 # Shared by both takes: the candidates `n` (numbered `rn`) dealt out to the
 # requests, and the per-row lease of the detached ones (a job taken again
@@ -110,7 +114,7 @@ WITH r AS (
 _TAKE_DEAL = """
 ), k AS (
     SELECT n.partition_id, n."offset", n.fresh, n.rn, r.consumer, r.request
-    FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
+    FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto{deal_if}
 ), u AS (
     UPDATE queue_jobs j
     SET attempts = j.attempts + 1, lease_epoch = j.lease_epoch + 1, leased_by = k.consumer,
@@ -131,21 +135,24 @@ FROM u
 JOIN messages m ON m.partition_id = u.partition_id AND m."offset" = u."offset"
 """
 
-# $1 topic, $2 jobs per consumer (int[]), $3 visibility timeout (s), $4 consumer ids (text[]),
-# $5 sum of $2, $6 a random number (the partition fresh jobs are looked for first)
-TAKE = (
-    _TAKE_HEAD
-    + """
-    SELECT partition_id, "offset", visible_at, priority FROM queue_jobs
+# The take of detached and fresh jobs, TAKE's text. TAKE and TAKE_WITHIN_LIMITS are it with
+# constants formatted in, never a value: {limits} CTEs before the candidates, {stop} what makes
+# it hand out nothing, {total} how many jobs it may hand out in all, {gate} CTEs between the
+# candidates and the deal, {deal_if} the deal's condition, {move_if} the frontier moves'
+# condition, {log} CTEs after the leases, {markers} the marker rows after the jobs.
+_TAKE_FRESH = (
+    _TAKE_START
+    + """{limits}), c AS (
+    SELECT partition_id, "offset", visible_at, priority, key FROM queue_jobs
     WHERE topic = $1 AND detached AND NOT cancelled AND visible_at <= statement_timestamp()
-      AND NOT (SELECT paused OR limited FROM g)
+      AND NOT (SELECT {stop} FROM g)
     ORDER BY priority DESC, visible_at
-    LIMIT $5
+    LIMIT {total}
     FOR UPDATE SKIP LOCKED
 ), need AS (
     -- fresh jobs have priority 0: they go after detached jobs of priority >= 0, before the others
-    SELECT CASE WHEN (SELECT paused OR limited FROM g) THEN 0
-                ELSE $5 - count(*) FILTER (WHERE priority >= 0) END AS n
+    SELECT CASE WHEN (SELECT {stop} FROM g) THEN 0
+                ELSE {total} - count(*) FILTER (WHERE priority >= 0) END AS n
     FROM c
 ), f0 AS (
     SELECT s.partition_id, s.fresh, s.turn, s.stop, sum(s.fresh) OVER (ORDER BY s.turn) AS upto
@@ -162,10 +169,10 @@ TAKE = (
 ), fr AS (
     -- the next fresh jobs past each locked frontier (detached ones there, delayed or
     -- prioritized at publish, are taken through c instead)
-    SELECT lk.partition_id, j."offset", f0.turn
+    SELECT lk.partition_id, j."offset", j.key, f0.turn
     FROM lk JOIN f0 ON f0.partition_id = lk.partition_id CROSS JOIN need
     CROSS JOIN LATERAL (
-        SELECT j."offset" FROM queue_jobs j
+        SELECT j."offset", j.key FROM queue_jobs j
         WHERE j.partition_id = lk.partition_id AND j."offset" >= lk.next_offset AND NOT j.detached
         ORDER BY j."offset"
         LIMIT need.n
@@ -173,13 +180,12 @@ TAKE = (
 ), n AS (
     -- higher priority first; among equals the detached jobs by visibility, then the fresh ones
     -- (each partition's in offset order, so what is dealt of a partition is a prefix of it)
-    SELECT partition_id, "offset", fresh,
+    SELECT partition_id, "offset", fresh, key,
            row_number() OVER (ORDER BY prio DESC, fresh, t, turn, partition_id, "offset") AS rn
-    FROM (SELECT partition_id, "offset", 0 AS fresh, priority AS prio, visible_at AS t, 0::bigint AS turn
+    FROM (SELECT partition_id, "offset", 0 AS fresh, key, priority AS prio, visible_at AS t, 0::bigint AS turn
           FROM c
           UNION ALL
-          SELECT partition_id, "offset", 1, 0, NULL, turn FROM fr) AS a
-"""
+          SELECT partition_id, "offset", 1, key, 0, NULL, turn FROM fr) AS a{gate}"""
     + _TAKE_DEAL
     + """, fk AS (
     -- one lease per run of consecutive offsets a request got from a partition
@@ -188,9 +194,9 @@ TAKE = (
     FROM k WHERE k.fresh = 1
     GROUP BY k.partition_id, k.request, k."offset" - k.rn
 ), fa AS (
-    -- per partition read: its first fresh job not dealt (the deal stops at rn $5), how many fresh
-    -- jobs were read, the last one
-    SELECT n.partition_id, min(n."offset") FILTER (WHERE n.rn > $5) AS undealt,
+    -- per partition read: its first fresh job not dealt (the deal stops at rn {total}), how many
+    -- fresh jobs were read, the last one
+    SELECT n.partition_id, min(n."offset") FILTER (WHERE n.rn > {total}) AS undealt,
            count(*) AS got, max(n."offset") AS last
     FROM n WHERE n.fresh = 1
     GROUP BY n.partition_id
@@ -205,14 +211,14 @@ TAKE = (
                           CASE WHEN COALESCE(fa.got, 0) < need.n THEN f0.stop ELSE fa.last + 1 END) AS next_offset
           FROM lk JOIN f0 ON f0.partition_id = lk.partition_id CROSS JOIN need
           LEFT JOIN fa ON fa.partition_id = lk.partition_id) AS m
-    WHERE f.partition_id = m.partition_id AND m.next_offset > f.next_offset
+    WHERE f.partition_id = m.partition_id AND m.next_offset > f.next_offset{move_if}
 ), li AS (
     INSERT INTO queue_leases (topic, partition_id, first_offset, last_offset, leased_by, visible_at)
     SELECT $1, fk.partition_id, fk.first_offset, fk.last_offset, fk.consumer,
            clock_timestamp() + make_interval(secs => $3)
     FROM fk
     RETURNING id, partition_id, first_offset, last_offset
-)
+){log}
 """
     + _TAKE_RESULT
     + """UNION ALL
@@ -223,15 +229,125 @@ JOIN fk ON fk.partition_id = li.partition_id AND fk.first_offset = li.first_offs
 JOIN messages m ON m.partition_id = li.partition_id AND m."offset" BETWEEN li.first_offset AND li.last_offset
 UNION ALL
 SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
-WHERE NOT (SELECT paused OR limited FROM g)
+WHERE NOT (SELECT {stop} FROM g)
   AND (EXISTS (SELECT 1 FROM xj)
-       OR ((SELECT count(*) FROM k) < $5
+       OR ((SELECT count(*) FROM k) < {total}
            AND EXISTS (SELECT 1 FROM f0 WHERE f0.partition_id NOT IN (SELECT lk.partition_id FROM lk))))
 UNION ALL
-SELECT -1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
-WHERE (SELECT limited AND NOT paused FROM g)
+SELECT {markers}
 ORDER BY 12 DESC, 10, 2, 3
 """
+)
+
+# $1 topic, $2 jobs per consumer (int[]), $3 visibility timeout (s), $4 consumer ids (text[]),
+# $5 sum of $2, $6 a random number (the partition fresh jobs are looked for first).
+# A queue with limits hands out nothing here and answers with the marker LIMITED.
+TAKE = _TAKE_FRESH.format(
+    limits="",
+    stop="paused OR limited",
+    total="$5",
+    gate="",
+    deal_if="",
+    move_if="",
+    log="",
+    markers="""-1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE (SELECT limited AND NOT paused FROM g)""",
+)
+
+# The take of a queue with a per-key or rate limit, with TAKE's parameters: its fresh jobs stay
+# in range leases, unwritten, as in TAKE. Limited takes of every process run one at a time,
+# each seeing what the previous ones committed, which makes the counts exact:
+#
+# - Each writes a new version of the queue's settings row (`lockrow`), which also locks it
+#   until the take commits. One statement alone: it goes on only if the version it locked is
+#   the one its snapshot saw, that is no limited take committed between its snapshot and its
+#   lock (the UPDATE's condition on xmin is checked again against the newest version after a
+#   wait). Else it hands out nothing and answers RACED, and the caller takes again in a
+#   transaction that locked the row first (LOCK_SETTINGS), where the statement's snapshot
+#   comes after the lock. Every limited take writes the row, so none is missed.
+# - Rate limit: the take hands out at most the limit less what the takes logged in the window
+#   ending now (`cap`), and logs what it handed out (queue_take_log, a sliding window).
+# - Per-key limit: a gate on the whole deal. When a key would go over its limit (its jobs in
+#   flight and those dealt to it), the take hands out nothing, leaves the frontiers, and
+#   answers KEY_AT_LIMIT: the caller takes the exact way (DETACH_FRESH, then TAKE_LIMITED,
+#   which passes over the keys at their limit). A limit the load never reaches costs the
+#   count of the dealt keys' jobs in flight, not a write per job.
+# A queue found without limits answers UNLIMITED (with the jobs it handed out, as TAKE would).
+TAKE_WITHIN_LIMITS = _TAKE_FRESH.format(
+    limits="""
+), snap AS (
+    SELECT s.xmin AS seen FROM queue_settings s WHERE s.topic = $1
+), lockrow AS (
+    UPDATE queue_settings s SET paused = s.paused
+    WHERE s.topic = $1 AND s.xmin = (SELECT seen FROM snap)
+    RETURNING s.max_in_flight_per_key AS per_key, s.rate_limit, s.rate_per
+), lim AS (
+    SELECT NOT EXISTS (SELECT 1 FROM snap) OR EXISTS (SELECT 1 FROM lockrow) AS ok,
+           (SELECT per_key FROM lockrow) AS per_key, (SELECT rate_limit FROM lockrow) AS rate_limit,
+           (SELECT rate_per FROM lockrow) AS rate_per
+), cap AS (
+    SELECT CASE WHEN NOT lim.ok THEN 0
+                WHEN lim.rate_limit IS NULL THEN $5
+                ELSE GREATEST(0, LEAST($5, lim.rate_limit - (
+                    SELECT COALESCE(sum(l.n), 0) FROM queue_take_log l
+                    WHERE l.topic = $1 AND l.at > statement_timestamp() - make_interval(secs => lim.rate_per))))
+           END AS n
+    FROM lim
+""",
+    stop="paused OR NOT (SELECT ok FROM lim)",
+    total="(SELECT cap.n FROM cap)",
+    gate="""
+), dk AS (
+    -- the keys the deal would hand out, with how many jobs each
+    SELECT n.key, count(*) AS n FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
+    WHERE n.rn <= (SELECT cap.n FROM cap) AND n.key IS NOT NULL AND (SELECT per_key FROM lim) IS NOT NULL
+    GROUP BY n.key
+), roomy AS (
+    -- every dealt key stays within its limit even if all the jobs in flight were its own (a
+    -- range lease counted by its span): then the count per key is not needed
+    SELECT (SELECT COALESCE(sum(l.last_offset - l.first_offset + 1), 0) FROM queue_leases l
+            WHERE l.topic = $1 AND l.visible_at > statement_timestamp())
+         + (SELECT count(*) FROM queue_jobs e
+            WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp() AND e.leased_by IS NOT NULL)
+         + (SELECT COALESCE(max(dk.n), 0) FROM dk) <= (SELECT per_key FROM lim) AS ok
+), busy AS (
+    -- their jobs in flight (as TAKE_LIMITED counts them): detached ones leased and not run
+    -- out, and those of range leases not run out
+    SELECT f.key, count(*) AS n FROM (
+        SELECT e.key FROM queue_jobs e
+        WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp()
+          AND e.leased_by IS NOT NULL AND e.key IN (SELECT dk.key FROM dk)
+        UNION ALL
+        SELECT e.key FROM queue_leases l
+        JOIN queue_jobs e ON e.partition_id = l.partition_id
+                         AND e."offset" BETWEEN l.first_offset AND l.last_offset AND NOT e.detached
+        WHERE l.topic = $1 AND l.visible_at > statement_timestamp() AND e.key IN (SELECT dk.key FROM dk)
+    ) AS f
+    WHERE NOT (SELECT ok FROM roomy)
+    GROUP BY f.key
+), gate AS (
+    SELECT (SELECT ok FROM roomy) IS TRUE
+        OR NOT EXISTS (SELECT 1 FROM dk LEFT JOIN busy ON busy.key = dk.key
+                       WHERE dk.n + COALESCE(busy.n, 0) > (SELECT per_key FROM lim)) AS ok""",
+    deal_if="\n    WHERE n.rn <= (SELECT cap.n FROM cap) AND (SELECT ok FROM gate)",
+    move_if=" AND (SELECT ok FROM gate)",
+    log=""", tl AS (
+    INSERT INTO queue_take_log (topic, at, n)
+    SELECT $1, statement_timestamp(), count(*) FROM k
+    HAVING count(*) > 0 AND (SELECT rate_limit FROM lim) IS NOT NULL
+), tp AS (
+    DELETE FROM queue_take_log l
+    WHERE l.topic = $1 AND (SELECT ok FROM lim)
+      AND l.at <= statement_timestamp() - make_interval(secs => COALESCE((SELECT rate_per FROM lim), 0))
+)""",
+    markers="""-2, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE NOT (SELECT ok FROM gate)
+UNION ALL
+SELECT -3, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE NOT (SELECT ok FROM lim)
+UNION ALL
+SELECT -4, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE (SELECT ok AND per_key IS NULL AND rate_limit IS NULL FROM lim)""",
 )
 
 # ordered_by_key: a job is eligible when it is its key's earliest remaining one (j: the job).
@@ -262,7 +378,7 @@ TAKE_ORDERED = (
            row_number() OVER (ORDER BY priority DESC, visible_at, partition_id, "offset") AS rn
     FROM c
 """
-    + _TAKE_DEAL
+    + _TAKE_DEAL.format(deal_if="")
     + _TAKE_RESULT
     + """UNION ALL
 SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
@@ -347,7 +463,7 @@ TAKE_LIMITED = (
            row_number() OVER (ORDER BY priority DESC, visible_at, partition_id, "offset") AS rn
     FROM okl
 """
-    + _TAKE_DEAL
+    + _TAKE_DEAL.format(deal_if="")
     + """, tl AS (
     INSERT INTO queue_take_log (topic, at, n)
     SELECT $1, statement_timestamp(), count(*) FROM u
@@ -387,13 +503,21 @@ WHERE f.partition_id = lk.partition_id
 """
 
 
-# Limited takes of a queue run one at a time: the first statement of their
-# transaction locks the queue's settings row, then detaches its fresh jobs (as
+# Limited takes of a queue run one at a time: the first statement of an ordered
+# one's transaction writes (and so locks) the queue's settings row, as every
+# limited take does (see TAKE_WITHIN_LIMITS), then detaches its fresh jobs (as
 # DETACH_FRESH), so that TAKE_LIMITED, the next statement, sees them.
 LOCK_AND_DETACH = """
 WITH s AS (
-    SELECT topic FROM queue_settings WHERE topic = $1 FOR UPDATE
+    UPDATE queue_settings SET paused = paused WHERE topic = $1 RETURNING topic
 ),""" + _DETACH_FROM.format(topic="(SELECT topic FROM s)")
+
+# The first statement of a limited take's transaction when its take alone raced another
+# (TAKE_WITHIN_LIMITS): the queue's settings row, written (as every limited take writes it) and
+# so locked until the transaction ends (no row: no limits left).
+LOCK_SETTINGS = """
+UPDATE queue_settings SET paused = paused WHERE topic = $1 RETURNING max_in_flight_per_key, rate_limit
+"""
 
 # Give the fresh jobs of topic $1 their own state, moving its frontiers past
 # them (under their row locks, in id order, as a take locks them): for ordered
@@ -501,6 +625,13 @@ PAYLOAD = 8
 CREATED_AT = 9
 # 10: the marker flag; 11: the job's priority (the rows come higher priority first, then by created_at)
 
+# The requests of the marker rows (after the jobs, if any):
+AGAIN = 0  # jobs may be free that the statement could not lease: send it again for what is left
+LIMITED = -1  # TAKE: the queue has limits, take it with take_limited
+KEY_AT_LIMIT = -2  # TAKE_WITHIN_LIMITS: a key would go over its limit, nothing handed out
+RACED = -3  # TAKE_WITHIN_LIMITS: another limited take committed after its snapshot, nothing handed out
+UNLIMITED = -4  # TAKE_WITHIN_LIMITS: the queue has no limits (any more)
+
 
 class RemovedJob(msgspec.Struct, frozen=True, gc=False):
     """A job `delete_job` removed: its error history as JSON text (None: no errors recorded)."""
@@ -523,6 +654,7 @@ async def take_for(
     visibility_timeout: float,
     *,
     ordered: bool,
+    limited_topics: set[str] | None = None,
 ) -> list[list[TakenJob]]:
     """Lease free jobs of `topic` to several takers at once, each up to its limit: the jobs of each.
 
@@ -531,7 +663,15 @@ async def take_for(
     ends with the marker row is sent again for the requests it did not fill
     (at most a few times). A queue with limits answers with the limited
     marker (request -1) and is taken by `take_limited` instead.
+
+    `limited_topics`: the topics the caller last found limited, kept up to
+    date here; those are taken by `take_limited` at once, without the
+    statement that would answer with the limited marker.
     """
+    if limited_topics is not None and topic in limited_topics:
+        return await take_limited(
+            conn, topic, consumers, limits, visibility_timeout, ordered=ordered, limited_topics=limited_topics
+        )
     if ordered:
         await detach_fresh(conn, topic)
     dealt: list[list[TakenJob]] = [[] for _ in consumers]
@@ -552,7 +692,9 @@ async def take_for(
         again = False
         for row in await conn.fetch(TAKE_ORDERED if ordered else TAKE, *args):
             request = row[REQUEST]
-            if request == -1:  # the queue has limits: one limited take, in its own transaction
+            if request == LIMITED:  # one limited take instead
+                if limited_topics is not None:
+                    limited_topics.add(topic)
                 asking = [i for i, n in enumerate(left) if n > 0]
                 limited = await take_limited(
                     conn,
@@ -561,11 +703,12 @@ async def take_for(
                     [left[i] for i in asking],
                     visibility_timeout,
                     ordered=ordered,
+                    limited_topics=limited_topics,
                 )
                 for i, rows in zip(asking, limited, strict=True):
                     dealt[i] += rows
                 return dealt
-            if request == 0:  # jobs may be free that this statement could not lease
+            if request == AGAIN:
                 again = True
                 continue
             i = asking[request - 1]
@@ -597,19 +740,97 @@ async def take_limited(
     visibility_timeout: float,
     *,
     ordered: bool,
+    limited_topics: set[str] | None = None,
 ) -> list[list[TakenJob]]:
-    """The take of a queue with a per-key or rate limit (see TAKE_LIMITED): the jobs of each taker."""
-    total = sum(limits)
+    """The take of a queue with a per-key or rate limit: the jobs of each taker.
+
+    Unordered: one TAKE_WITHIN_LIMITS statement, which leases as TAKE does;
+    only when it raced another limited take does the take run in a
+    transaction that locks the settings row first, and only when a key would
+    go over its limit (or for ordered takes) are the fresh jobs detached and
+    taken one row at a time (TAKE_LIMITED), the keys at their limit passed
+    over. A queue found without limits is dropped from `limited_topics`.
+    """
     dealt: list[list[TakenJob]] = [[] for _ in consumers]
+    left = list(limits)
+    outcome = KEY_AT_LIMIT
+    if not ordered:
+        outcome = await _take_within_limits(conn, topic, consumers, left, visibility_timeout, dealt)
+        if outcome == UNLIMITED and limited_topics is not None:
+            limited_topics.discard(topic)
+        if outcome not in (RACED, KEY_AT_LIMIT):
+            return dealt
     async with _one_connection(conn) as c, c.transaction():
-        await c.execute(LOCK_AND_DETACH, topic)
+        if ordered:
+            await c.execute(LOCK_AND_DETACH, topic)
+        else:
+            await c.fetchrow(LOCK_SETTINGS, topic)
+            if outcome == RACED:
+                outcome = await _take_within_limits(c, topic, consumers, left, visibility_timeout, dealt)
+            if outcome != KEY_AT_LIMIT:
+                return dealt
+            await c.execute(DETACH_FRESH, topic)
+        asking = [i for i, n in enumerate(left) if n > 0]
+        if not asking:
+            return dealt
+        total = sum(left[i] for i in asking)
         rows = await c.fetch(
-            TAKE_LIMITED, topic, limits, visibility_timeout, consumers, total, ordered, total * 10 + 100
+            TAKE_LIMITED,
+            topic,
+            [left[i] for i in asking],
+            visibility_timeout,
+            [consumers[i] for i in asking],
+            total,
+            ordered,
+            total * 10 + 100,
         )
     for row in rows:
         if row[REQUEST] > 0:
-            dealt[row[REQUEST] - 1].append(row)
+            dealt[asking[row[REQUEST] - 1]].append(row)
     return dealt
+
+
+async def _take_within_limits(
+    conn: Conn,
+    topic: str,
+    consumers: list[str],
+    left: list[int],
+    visibility_timeout: float,
+    dealt: list[list[TakenJob]],
+) -> int:
+    """TAKE_WITHIN_LIMITS, sent again while it says AGAIN: adds to `dealt`, takes from `left`.
+
+    Answers its marker that says why it stopped (RACED, KEY_AT_LIMIT,
+    UNLIMITED), or AGAIN when it took what it could.
+    """
+    outcome = AGAIN
+    for _ in range(4):
+        asking = [i for i, n in enumerate(left) if n > 0]
+        if not asking:
+            break
+        again = False
+        rows = await conn.fetch(
+            TAKE_WITHIN_LIMITS,
+            topic,
+            [left[i] for i in asking],
+            visibility_timeout,
+            [consumers[i] for i in asking],
+            sum(left[i] for i in asking),
+            next(_turns),
+        )
+        for row in rows:
+            request = row[REQUEST]
+            if request > 0:
+                i = asking[request - 1]
+                dealt[i].append(row)
+                left[i] -= 1
+            elif request == AGAIN:
+                again = True
+            elif request != LIMITED:
+                outcome = request
+        if outcome in (RACED, KEY_AT_LIMIT) or not again:
+            break
+    return outcome
 
 
 async def partitions(conn: Conn, topic: str) -> dict[int, str]:

@@ -56,7 +56,19 @@ processes run on one host, so their clocks agree):
 9. guards hold: no guarded Tally was appended while an Item of its account had
    been appended after the guard's position; every acknowledged Item is covered
    by a Tally, twice only when a fault hit the first Tally's worker;
-10. the contract breaches the members saw themselves (`History.breaches`).
+10. the contract breaches the members saw themselves (`History.breaches`);
+11. queue limits hold (groups in `History.queue_limits`, from the consumers' own
+    timestamps, each job's `JobTake`): per key, never more jobs in flight than
+    `max_in_flight_per_key`, a job counting from its take's return to the start of
+    its ack that returned, cut at the take's start plus the visibility timeout (a
+    span inside the one the database held it); never more than the rate limit's
+    jobs handed out whose takes (from the call to its return) all fit in one
+    window of `per` seconds;
+12. no delayed job handed out before its time: a take that returned before the
+    publish's start plus its delay (`History.not_before`);
+13. a schedule's tick published once (`History.ticks`, what the queue's log
+    holds at the end), and no tick left out between its first and last one
+    (`History.tick_every`).
 
 `Report.patterns` holds the counts per group and pattern, printed by `summary()`.
 """
@@ -102,12 +114,12 @@ OBSERVED = {
     "ack_failed": "a claim, job or event-store ack that failed (unknown outcome: the messages may come again)",
 }
 #: Patterns whose deliveries have no order (competing consumers) / sparse positions (event store).
-UNORDERED = frozenset({"queue"})
+UNORDERED = frozenset({"queue", "lqueue"})
 SPARSE = frozenset({"es"})
 #: Patterns that keep one identity per process (a worker id), so a woken zombie may claim again under it.
-STABLE_IDENTITY = frozenset({"claims", "queue", "es"})
+STABLE_IDENTITY = frozenset({"claims", "queue", "lqueue", "es"})
 #: Patterns whose user acks are fenced by the generation recorded (epoch / attempt): check 8.
-FENCED_ACKS = frozenset({"claims", "queue"})
+FENCED_ACKS = frozenset({"claims", "queue", "lqueue"})
 
 
 @dataclass(frozen=True)
@@ -221,6 +233,34 @@ class Fault:
     groups: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class JobTake:
+    """A limited queue's job as its consumer saw it: the take's call and return, its ack's start.
+
+    `acked_from`: when the ack that returned was called (None: not acked by this take).
+    """
+
+    group: str
+    topic: str
+    partition: str
+    offset: int
+    msg_id: str
+    key: str | None
+    asked: float
+    got: float
+    acked_from: float | None = None
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """A limited queue's settings: per-key limit, rate limit (jobs per `per` s), visibility timeout."""
+
+    per_key: int | None
+    rate: int | None
+    per: float
+    visibility: float
+
+
 @dataclass
 class History:
     """Everything one chaos run recorded."""
@@ -243,6 +283,14 @@ class History:
     breaches: list[str] = field(default_factory=list)
     # (group, kind) -> how often the members' loops did it (released, nacked, committed, ...).
     counters: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Limited queues: each group's limits and the jobs its consumers took (check 11).
+    queue_limits: dict[str, QueueLimits] = field(default_factory=dict)
+    job_takes: list[JobTake] = field(default_factory=list)
+    # Delayed publishes: message id -> the earliest time its job may be handed out (check 12).
+    not_before: dict[str, float] = field(default_factory=dict)
+    # A schedule's published ticks (schedule, tick as ISO 8601) and its period in seconds (check 13).
+    ticks: list[tuple[str, str]] = field(default_factory=list)
+    tick_every: float | None = None
 
 
 @dataclass
@@ -388,6 +436,9 @@ def check(h: History) -> Report:
     _check_rows(h, r)
     _check_acked_stays_acked(h, r)
     _check_tallies(h, faults, r)
+    _check_queue_limits(h, r)
+    _check_delays(h, r)
+    _check_ticks(h, r)
     for text in h.breaches:
         r.violate(None, f"breach: {text}")
     samples = _samples_by_cursor(h)
@@ -609,6 +660,93 @@ def _check_acked_stays_acked(h: History, r: Report) -> None:
                 f"(pid {a.pid}, generation {a.generation}) and handed out again at {d.t:.3f} "
                 f"(pid {d.pid}, generation {d.generation})",
             )
+
+
+def _check_queue_limits(h: History, r: Report) -> None:
+    """Per key, never more jobs in flight than the limit; never more taken within a window than the rate."""
+    for g, limits in h.queue_limits.items():
+        takes = [j for j in h.job_takes if j.group == g]
+        # The most seen at once, printed with the counts: how close the run came to each limit.
+        peaks = r.pattern(g).events
+        if limits.per_key is not None:
+            # (time, +1 start / -1 end); at equal times an end goes first (half-open spans).
+            edges: dict[str, list[tuple[float, int, JobTake]]] = defaultdict(list)
+            for j in takes:
+                if j.key is None or j.acked_from is None:
+                    continue
+                end = min(j.acked_from, j.asked + limits.visibility)
+                if end > j.got:
+                    edges[j.key] += [(j.got, 1, j), (end, -1, j)]
+            for key, points in sorted(edges.items()):
+                out: set[JobTake] = set()
+                for t, step, j in sorted(points, key=lambda p: (p[0], p[1])):
+                    if step < 0:
+                        out.discard(j)
+                        continue
+                    out.add(j)
+                    peaks["peak_per_key"] = max(peaks["peak_per_key"], len(out))
+                    if len(out) > limits.per_key:
+                        jobs = ", ".join(
+                            f"{o.partition}@{o.offset}" for o in sorted(out, key=lambda o: o.got)
+                        )
+                        r.violate(
+                            g,
+                            f"per-key limit: {g} had {len(out)} jobs of key {key!r} in flight at {t:.3f} "
+                            f"(limit {limits.per_key}): {jobs}",
+                        )
+                        break
+        if limits.rate is not None:
+            # Jobs whose takes all lie in [start, start + per) were handed out within one window.
+            ordered = sorted(takes, key=lambda j: j.asked)
+            for i, first in enumerate(ordered):
+                end = first.asked + limits.per
+                inside = []
+                for j in ordered[i:]:
+                    if j.asked >= end:
+                        break
+                    if j.got < end:
+                        inside.append(j)
+                peaks["peak_per_window"] = max(peaks["peak_per_window"], len(inside))
+                if len(inside) > limits.rate:
+                    r.violate(
+                        g,
+                        f"rate limit: {g} was handed {len(inside)} jobs within {limits.per:g} s from "
+                        f"{first.asked:.3f} (limit {limits.rate})",
+                    )
+                    break
+
+
+def _check_delays(h: History, r: Report) -> None:
+    """No delayed job was handed out (its take returned) before its publish's start plus its delay."""
+    for j in h.job_takes:
+        due = h.not_before.get(j.msg_id)
+        if due is not None and j.got < due:
+            r.violate(
+                j.group,
+                f"early: {j.group} was handed {j.topic}/{j.partition}@{j.offset} ({j.msg_id}) at "
+                f"{j.got:.3f}, {due - j.got:.3f} s before its time",
+            )
+
+
+def _check_ticks(h: History, r: Report) -> None:
+    """Each tick of a schedule published once, none left out between the first and the last."""
+    from datetime import datetime
+
+    by_schedule: dict[str, Counter[str]] = defaultdict(Counter)
+    for name, tick in h.ticks:
+        by_schedule[name][tick] += 1
+    for name, ticks in sorted(by_schedule.items()):
+        for tick, n in sorted(ticks.items()):
+            if n > 1:
+                r.violate(None, f"tick twice: schedule {name!r} published its tick {tick} {n} times")
+        if h.tick_every is None:
+            continue
+        times = sorted(datetime.fromisoformat(t).timestamp() for t in ticks)
+        for a, b in zip(times, times[1:], strict=False):
+            if b - a > h.tick_every * 1.5:
+                r.violate(
+                    None, f"tick missed: schedule {name!r} published nothing between {a:.0f} and {b:.0f}"
+                )
 
 
 def _check_tallies(h: History, faults: list[Fault], r: Report) -> None:

@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 from typing import Any
@@ -75,13 +75,30 @@ from tests.chaos.checker import (
     Delivery,
     Fault,
     History,
+    JobTake,
+    QueueLimits,
     Row,
     Sample,
     StoreItem,
     Tally,
     UserAck,
 )
-from tests.chaos.member import CREATE_USER_TABLE, QUEUE, STORE, TOPIC, USER_TABLE, Item, poison
+from tests.chaos.member import (
+    CREATE_USER_TABLE,
+    LQUEUE,
+    LQUEUE_PER_KEY,
+    LQUEUE_RATE,
+    LQUEUE_VISIBILITY,
+    QUEUE,
+    SCHEDULE,
+    SCHEDULE_CRON,
+    SCHEDULE_EVERY,
+    STORE,
+    TOPIC,
+    USER_TABLE,
+    Item,
+    poison,
+)
 from tests.chaos.member import Tally as TallyEvent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +109,7 @@ PRODUCERS: list[tuple[str, str, float]] = [
     (TOPIC, "p", 100.0),
     (QUEUE, "q", 30.0),
     (f"es:{STORE}", "e", 15.0),
+    (f"lq:{LQUEUE}", "l", 10.0),
 ]
 
 # Sessions long enough to ride out a PostgreSQL restart, short enough that a zombie is swept quickly.
@@ -136,7 +154,10 @@ ROLES: dict[str, tuple[int, int, list[tuple[str, str, str]]]] = {
     ),
     "T": (2, -1, [("g-tx", "tx", "range"), ("g-txlow", "txlow", "range")]),
     "L": (2, -1, [("g-claims", "claims", "-"), ("q-jobs", "queue", "-"), ("es-g", "es", "-")]),
+    "Q": (2, 0, [("q-limited", "lqueue", "-")]),
 }
+# Patterns a run drives only when asked for (CHAOS_PATTERNS, or run_chaos(patterns=...)).
+OPT_IN_PATTERNS = frozenset({"lqueue"})
 # Groups whose processes a `rebalance` fault grows and shrinks.
 REBALANCED_ROLES = ("T", "T", "P")
 # CHAOS_KINDS=restart,kill narrows a run to some faults; CHAOS_PATTERNS=tx,txlow to some patterns.
@@ -185,7 +206,11 @@ def patterns_in_use(only: frozenset[str] = ONLY_PATTERNS) -> dict[str, list[tupl
     """Each role's groups this run drives (CHAOS_PATTERNS narrows; `tx` needs Consumer.transaction)."""
     out: dict[str, list[tuple[str, str, str]]] = {}
     for role, (_, _, members) in ROLES.items():
-        chosen = [m for m in members if not only or m[1] in only]
+        chosen = (
+            [m for m in members if m[1] in only]
+            if only
+            else [m for m in members if m[1] not in OPT_IN_PATTERNS]
+        )
         if not hasattr(Consumer, "transaction"):
             chosen = [m for m in chosen if m[1] != "tx"]
         if chosen:
@@ -224,7 +249,15 @@ class Outcome:
 class ChaosRun:
     """One chaos run; see the module docstring."""
 
-    def __init__(self, seconds: float, seed: int, *, ha: bool = False, pooler: str | None = None) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        seed: int,
+        *,
+        ha: bool = False,
+        pooler: str | None = None,
+        patterns: frozenset[str] = frozenset(),
+    ) -> None:
         self.seconds = seconds
         self.ha = ha
         # `pooler`: the one pattern this run drives, its processes through PgBouncer in transaction mode.
@@ -238,7 +271,8 @@ class ChaosRun:
         self.out = self.home / "out"
         self.out.mkdir()
         self.dsn = ""
-        self.roles = patterns_in_use(frozenset({pooler})) if pooler else patterns_in_use()
+        only = frozenset({pooler}) if pooler else patterns
+        self.roles = patterns_in_use(only) if only else patterns_in_use()
         self.slots: list[Slot] = []
         self.extra = 0
         self.extras: list[Slot] = []  # the rebalance fault's short-lived processes
@@ -500,15 +534,16 @@ class ChaosRun:
     async def _lagging(self, conn: asyncpg.Connection, store: Any) -> list[str]:
         """What has not drained yet (empty: everything has)."""
         behind = []
-        on_topic = [g for g, p, _ in self.groups if p not in ("queue", "es")]
+        on_topic = [g for g, p, _ in self.groups if p not in ("queue", "lqueue", "es")]
         if on_topic:
             row = await conn.fetchrow(LAGGING, TOPIC)
             if row["lagging"] or row["cursors"] != len(on_topic) * PARTITIONS:
                 behind.append(f"{TOPIC}: {row['lagging']} cursors lagging of {row['cursors']}")
-        if any(p == "queue" for _, p, _ in self.groups):
-            jobs = await conn.fetchval(PENDING_JOBS, QUEUE)
-            if jobs:
-                behind.append(f"{QUEUE}: {jobs} jobs pending")
+        for pattern, queue in (("queue", QUEUE), ("lqueue", LQUEUE)):
+            if any(p == pattern for _, p, _ in self.groups):
+                jobs = await conn.fetchval(PENDING_JOBS, queue)
+                if jobs:
+                    behind.append(f"{queue}: {jobs} jobs pending")
         for g, p, _ in self.groups:
             if p != "es":
                 continue
@@ -570,6 +605,27 @@ class ChaosRun:
             await b.create_topic(TOPIC, partitions=PARTITIONS)
             await b.create_topic(QUEUE, partitions=PARTITIONS, semantics="queue")
             await b.pool.execute(CREATE_USER_TABLE.format(schema=SCHEMA))
+            if self.limited:
+                await b.create_topic(
+                    LQUEUE,
+                    partitions=PARTITIONS,
+                    semantics="queue",
+                    max_in_flight_per_key=LQUEUE_PER_KEY,
+                    rate_limit=LQUEUE_RATE,
+                )
+                await b.schedule(
+                    SCHEDULE, cron=SCHEDULE_CRON, topic=LQUEUE, payload={"id": "tick-0"}, catch_up="all"
+                )
+
+    @property
+    def limited(self) -> bool:
+        """Whether this run drives the limited queue (and its schedule)."""
+        return any(p == "lqueue" for _, p, _ in self.groups)
+
+    async def _unschedule(self) -> None:
+        """The schedule stops with the producers, so the queue can drain."""
+        async with bus.connect(self.dsn, schema=SCHEMA) as b:
+            await b.unschedule(SCHEDULE)
 
     async def _collect(self) -> None:
         """The user's table, the dead-letter topics and the store's log, written to the out dir."""
@@ -601,6 +657,19 @@ class ChaosRun:
                                     f"{m.created_at.timestamp():.6f}\n"
                                 )
                             offset = got[-1].offset + 1
+            with open(self.out / "ticks.tsv", "w") as fh:  # noqa: ASYNC230
+                for ps in await b.admin.topic_stats(LQUEUE) if self.limited else []:
+                    offset = ps.log_start
+                    while offset < ps.end_offset:
+                        got = await b.read(LQUEUE, partition=ps.partition, offset=offset, max_messages=1000)
+                        if not got:
+                            break
+                        fh.writelines(
+                            f"{m.headers['schedule']}\t{m.headers['tick']}\n"
+                            for m in got
+                            if "schedule" in m.headers
+                        )
+                        offset = got[-1].offset + 1
             with open(self.out / "store.tsv", "w") as fh:  # noqa: ASYNC230
                 for pe in await b.event_store(STORE).read():
                     e, t = pe.message, pe.created_at.timestamp()
@@ -626,9 +695,7 @@ class ChaosRun:
         drained: float | None = None
         try:
             await self._setup()
-            reads = {
-                QUEUE if p == "queue" else f"es:{STORE}" if p == "es" else TOPIC for _, p, _ in self.groups
-            }
+            reads = {_produced_for(p) for _, p, _ in self.groups}
             for i, (what, prefix, rate) in enumerate(p for p in PRODUCERS if p[0] in reads):
                 self.producers.append(
                     self._spawn(
@@ -655,6 +722,8 @@ class ChaosRun:
             await self._warm_up(within=60.0)
             await self._faults(time.monotonic() + self.seconds)
             await asyncio.gather(*(self._stop(p, f"producer {i}") for i, p in enumerate(self.producers)))
+            if self.limited:
+                await self._unschedule()
             drained = await self._drain(within=90.0)
             await asyncio.gather(*(self._stop(s.proc, f"member {s.name}") for s in self.slots if s.proc))
             await self._collect()
@@ -697,6 +766,11 @@ class ChaosRun:
                     outcome.publish_failures += 1
 
 
+def _produced_for(pattern: str) -> str:
+    """What the producer a pattern reads from publishes to (PRODUCERS' first field)."""
+    return {"queue": QUEUE, "es": f"es:{STORE}", "lqueue": f"lq:{LQUEUE}"}.get(pattern, TOPIC)
+
+
 # -- reading back --------------------------------------------------------------------
 
 
@@ -736,6 +810,8 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
     faults = list(injected)
     pid_of_member: dict[str, int] = {}
     expired: list[tuple[float, str]] = []  # (when, member id): swept by whichever process saw it
+    takes: dict[tuple[str, str, str, int, float], JobTake] = {}  # by (group, topic, partition, offset, got)
+    acked_from: dict[tuple[str, str, str, int], list[float]] = {}
     for path in sorted(out.glob("*.tsv")):
         if path.name.startswith(("acks-", "faults", "groups", "dead_letters", "store")):
             continue
@@ -765,6 +841,12 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
                     slow_start = None
             elif f[0] == "V" and len(f) == 4:
                 events.append((float(f[1]), f[2], _fields(f[3])))
+            elif f[0] == "J" and len(f) == 9:
+                key = None if f[6] == "-" else f[6]
+                take = JobTake(f[1], f[2], f[3], int(f[4]), f[5], key, float(f[7]), float(f[8]))
+                takes[(f[1], f[2], f[3], int(f[4]), take.got)] = take
+            elif f[0] == "Y" and len(f) == 6:
+                acked_from.setdefault((f[1], f[2], f[3], int(f[4])), []).append(float(f[5]))
         if slow_start is not None:  # killed mid-stall: the stall lasted until the kill
             faults.append(Fault("slow", slow_start, slow_start + SLOW_CONFIG["slow_seconds"], pid or None))
         if not pid:
@@ -817,7 +899,20 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
                 tallies[g].append(
                     Tally(g, f[1], int(f[2]), int(f[3]), int(f[4]), int(f[5]), worker_pid, float(f[7]))
                 )
-    reads = {g: QUEUE if p == "queue" else STORE if p == "es" else TOPIC for g, p in groups.items()}
+    reads = {g: _produced_for(p).removeprefix("es:").removeprefix("lq:") for g, p in groups.items()}
+    # A job's ack that returned belongs to the latest take of it before the ack was called.
+    job_takes = sorted(takes.values(), key=lambda j: j.got)
+    for key, ends in acked_from.items():
+        for end in ends:
+            mine = [j for j in job_takes if (j.group, j.topic, j.partition, j.offset) == key and j.got <= end]
+            if mine:
+                i = job_takes.index(mine[-1])
+                job_takes[i] = replace(mine[-1], acked_from=end)
+    not_before = {}
+    for path in sorted(out.glob("acks-*.tsv")):
+        not_before.update({f[1]: float(f[2]) for f in _lines(path) if f[0] == "W" and len(f) == 3})
+    ticks = [(f[0], f[1]) for f in _lines(out / "ticks.tsv") if len(f) == 2]
+    limits = QueueLimits(LQUEUE_PER_KEY, LQUEUE_RATE.limit, LQUEUE_RATE.per, LQUEUE_VISIBILITY)
     return History(
         list(groups),
         acks,
@@ -834,6 +929,11 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
         store_items=items,
         breaches=breaches,
         counters=counters,
+        queue_limits={g: limits for g, p in groups.items() if p == "lqueue"},
+        job_takes=job_takes,
+        not_before=not_before,
+        ticks=ticks,
+        tick_every=SCHEDULE_EVERY if ticks else None,
     )
 
 
@@ -856,16 +956,22 @@ def read_faults(out: Path) -> list[Fault]:
 
 
 async def run_chaos(
-    seconds: float, seed: int | None = None, *, ha: bool = False, pooler: str | None = None
+    seconds: float,
+    seed: int | None = None,
+    *,
+    ha: bool = False,
+    pooler: str | None = None,
+    patterns: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Run the chaos scenario for about `seconds` of faults; the seed is printed so a run can be replayed.
 
     `ha=True`: against a PostgreSQL 15 primary and synchronous standby, with a `failover` fault.
+    `patterns`: only these usage patterns (those in OPT_IN_PATTERNS run only when named).
     """
     if seed is None:
         seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1, 1 << 31))
     print(f"chaos: seed {seed} (replay with CHAOS_SEED={seed}), {seconds:.0f} s of faults", flush=True)
-    return await ChaosRun(seconds, seed, ha=ha, pooler=pooler).run()
+    return await ChaosRun(seconds, seed, ha=ha, pooler=pooler, patterns=patterns).run()
 
 
 def describe(outcome: Outcome, report: Any) -> str:

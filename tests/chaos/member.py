@@ -24,7 +24,12 @@ show for its PATTERN:
   `n % 31 == 7` always: dead letters; `n % 7 == 3` once), and jobs abandoned on
   their first attempt (`n % 11 == 4`: the visibility timeout brings them back);
 - `es`: event-store `claim_next`, a guarded `append` of a Tally covering the
-  claimed Items, `ack` (a guard conflict: `release` and claim again).
+  claimed Items, `ack` (a guard conflict: `release` and claim again);
+- `lqueue`: `queue_consumer` on LQUEUE, a queue with `max_in_flight_per_key`
+  and `rate_limit` whose producer publishes keyed, delayed and prioritized jobs
+  (`limited_job`) and a schedule publishes a tick every second: `take`, some
+  work per job, `ack` one job at a time (`n % 9 == 2` nacked once). Its takes
+  and acks are recorded with their own timestamps ("J", "Y" lines).
 
 The tx patterns hold their transaction open a little (the user's work), so
 rebalances land while it is open.
@@ -38,6 +43,8 @@ Lines appended to OUTFILE, flushed per line (a SIGKILL loses nothing written):
     E time kind message                                                an error the member saw (it goes on)
     B time text                                                        a contract breach the member saw
     S start|end time                                                   a slow-handler stall
+    J group topic partition offset msg_id key asked got               a limited queue's job taken (take called, returned)
+    Y group topic partition offset acked_from                          its ack returned (called at acked_from)
 
 For claims `generation` is the lease epoch, for queue jobs the attempt, for
 event-store claims the cursor id. SLOW "1": SIGUSR1 makes the next handled
@@ -76,6 +83,21 @@ RETRY = bus.Retry(max_attempts=3, backoff=0.05)
 QUEUE_MAX_ATTEMPTS = 5
 QUEUE_VISIBILITY = 2.0
 CLAIM_LEASE = 2.0
+# The limited queue: its limits, what its consumers take at once, its schedule (a tick a second).
+LQUEUE = "ljobs"
+LQUEUE_PER_KEY = 2
+LQUEUE_RATE = bus.Rate(12, per=1.0)
+LQUEUE_VISIBILITY = 2.0
+LQUEUE_MAX_ATTEMPTS = 50  # no job of it is dead-lettered: every one must be acked
+LQUEUE_TAKE = 5
+SCHEDULE = "chaos-tick"
+SCHEDULE_CRON = "* * * * * *"
+SCHEDULE_EVERY = 1.0
+
+
+def limited_job(n: int) -> tuple[str, float | None, int | None]:
+    """(key, delay in seconds, priority) of the limited queue's n-th job."""
+    return f"k{n % 4}", 0.5 if n % 4 == 1 else None, (n % 3) - 1 or None
 
 
 def number(msg_id: str) -> int:
@@ -521,6 +543,68 @@ async def run_queue(ctx: Ctx) -> None:
                 rec.error("queue_ack", exc)
 
 
+async def run_lqueue(ctx: Ctx) -> None:
+    rec, group = ctx.rec, ctx.group
+    async with ctx.b.queue_consumer(
+        LQUEUE, visibility_timeout=LQUEUE_VISIBILITY, max_attempts=LQUEUE_MAX_ATTEMPTS
+    ) as q:
+        while not ctx.stop.is_set():
+            asked = time.time()
+            try:
+                jobs = await q.take(max_messages=LQUEUE_TAKE, timeout=0.5)
+            except bus.errors.BusError as exc:
+                rec.error("take", exc)
+                await asyncio.sleep(0.2)
+                continue
+            got = time.time()
+            ids = [msgspec.json.decode(job.payload)["id"] for job in jobs]
+            for job, msg_id in zip(jobs, ids, strict=True):
+                rec.line(
+                    "J",
+                    group,
+                    job.topic,
+                    job.partition,
+                    job.offset,
+                    msg_id,
+                    job.key or "-",
+                    f"{asked:.6f}",
+                    f"{got:.6f}",
+                )
+            for job, msg_id in zip(jobs, ids, strict=True):
+                rec.maybe_stall()
+                rec.delivery(group, job, q.consumer_id, job.attempt)
+                await asyncio.sleep(ctx.rng.uniform(0.01, 0.06))  # the work: the batch's jobs stay in flight
+                since = f"{time.time():.6f}"
+                try:
+                    if number(msg_id) % 9 == 2 and job.attempt == 1:
+                        rec.mark("nacked", group=group, job=f"{job.partition}@{job.offset}")
+                        await q.nack(job, delay=0.1, error="transient")
+                        rec.count(group, "nacked")
+                        continue
+                    acked_from = time.time()
+                    await q.ack(job)
+                except bus.errors.LeaseLostError as exc:
+                    rec.mark("lease_lost", group=group, since=since)
+                    rec.error("queue_ack", exc)
+                    continue
+                except bus.errors.BusError as exc:  # the job comes back after its visibility timeout
+                    rec.mark("queue_failed", group=group, since=since)
+                    rec.error("queue_ack", exc)
+                    continue
+                rec.line("Y", group, job.topic, job.partition, job.offset, f"{acked_from:.6f}")
+                rec.line(
+                    "K",
+                    group,
+                    job.topic,
+                    job.partition,
+                    job.offset,
+                    msg_id,
+                    rec.pid,
+                    job.attempt,
+                    f"{time.time():.6f}",
+                )
+
+
 # -- event store ---------------------------------------------------------------------
 
 
@@ -622,6 +706,7 @@ PATTERNS = {
     "txlow": run_txlow,
     "claims": run_claims,
     "queue": run_queue,
+    "lqueue": run_lqueue,
     "es": run_es,
 }
 

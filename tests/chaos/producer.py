@@ -6,7 +6,11 @@ Publishes {"id": "<prefix>-<n>"} to partition n % PARTITIONS at about RATE
 messages per second (TOPIC "es:STORE": appends `Item(account="a<n % PARTITIONS>",
 id="<prefix>-<n>")` to the event store STORE instead, recorded with the
 store as topic, the account as partition and the position as offset) and appends "A topic partition offset id time" to OUTFILE
-only after `publish` returned (flushed per line). A publish that fails (the
+only after `publish` returned (flushed per line). TOPIC "lq:QUEUE" publishes
+to the limited queue QUEUE with a key, some jobs delayed and some prioritized
+(see `limited_job`); a delayed one is also recorded as "W id not_before": the
+publish's start plus its delay, before which its job must not be handed out.
+A publish that fails (the
 database restarted, the connection was terminated) is recorded as
 "F id time error" and not retried under the same id: it may or may not exist,
 and the checker only holds the bus to what was acknowledged. SIGTERM stops it.
@@ -21,7 +25,7 @@ import sys
 import time
 
 import bus
-from tests.chaos.member import Item, plain_tracebacks
+from tests.chaos.member import Item, limited_job, plain_tracebacks
 
 
 async def main() -> None:
@@ -46,8 +50,15 @@ async def main() -> None:
             next_at = time.monotonic()
             while not stop.is_set():
                 msg_id = f"{prefix}-{n}"
+                started = time.time()
+                delay = None
                 try:
-                    if store is not None:
+                    if topic.startswith("lq:"):
+                        key, delay, priority = limited_job(n)
+                        rec = await b.publish(
+                            topic[3:], {"id": msg_id}, key=key, delay=delay, priority=priority
+                        )
+                    elif store is not None:
                         [pe] = await store.append(Item(account=f"a{n % partitions}", id=msg_id))
                         rec = bus.Record(store.name, f"a{n % partitions}", pe.position, pe.created_at)
                     else:
@@ -57,6 +68,8 @@ async def main() -> None:
                     fh.write(f"F\t{msg_id}\t{time.time():.6f}\t{text}\n")
                     await asyncio.sleep(0.1)
                 else:
+                    if delay:
+                        fh.write(f"W\t{msg_id}\t{started + delay:.6f}\n")
                     fh.write(f"A\t{rec.topic}\t{rec.partition}\t{rec.offset}\t{msg_id}\t{time.time():.6f}\n")
                 n += 1
                 next_at += interval

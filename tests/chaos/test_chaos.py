@@ -70,3 +70,25 @@ async def test_through_a_transaction_pooler_the_transactional_pattern_loses_noth
     assert report.losses == 0, text
     assert report.ok, text
     assert not outcome.problems, text
+
+
+LIMITED_SECONDS = float(os.environ.get("CHAOS_LIMITED_SECONDS", "14"))
+
+
+@pytest.mark.timeout(LIMITED_SECONDS + 120)
+async def test_a_limited_delayed_prioritized_scheduled_queue_keeps_its_limits_under_faults() -> None:
+    """The limited queue alone: nothing lost, no limit exceeded, no early job, no tick twice."""
+    outcome = await run_chaos(LIMITED_SECONDS, patterns=frozenset({"lqueue"}))
+    report = check(outcome.history)
+    text = describe(outcome, report)
+    print(text)
+    h = outcome.history
+    assert set(report.patterns) == {"q-limited"}, text
+    assert all(pc.acked > 0 and pc.delivered > 0 for pc in report.patterns.values()), text
+    # The checks had something to check: keyed, delayed jobs taken, and ticks published.
+    assert sum(1 for j in h.job_takes if j.acked_from is not None and j.key) > 50, text
+    assert sum(1 for j in h.job_takes if j.msg_id in h.not_before) > 10, text
+    assert len(h.ticks) >= LIMITED_SECONDS / 2, text
+    assert report.losses == 0, text
+    assert report.ok, text
+    assert not outcome.problems, text

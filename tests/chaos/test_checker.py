@@ -14,6 +14,8 @@ from tests.chaos.checker import (
     Delivery,
     Fault,
     History,
+    JobTake,
+    QueueLimits,
     Row,
     Sample,
     StoreItem,
@@ -351,3 +353,79 @@ def test_a_partition_that_left_and_came_back_within_one_generation_is_not_a_skip
     late = _deliver([0, 1], t0=100.0) + [replace(d, seq=d.seq + 2) for d in _deliver([4], t0=100.5)]
     late += _deliver([2, 3], pid=2, member="m2", t0=101.0)  # handled only after m1 jumped ahead
     assert any(v.startswith("order:") and "1 -> 4" in v for v in check(_history(late)).violations)
+
+
+# -- limited queues, delayed jobs, schedules ---------------------------------------------
+
+LIMITS = QueueLimits(per_key=2, rate=5, per=1.0, visibility=2.0)
+
+
+def _take(offset: int, key: str | None, asked: float, got: float, acked_from: float | None) -> JobTake:
+    return JobTake("g", "t", "0", offset, f"id-0-{offset}", key, asked, got, acked_from)
+
+
+def _limited(takes: list[JobTake], **fields: object) -> History:
+    h = History(["g"], [], [], [], [], patterns={"g": "lqueue"}, queue_limits={"g": LIMITS}, job_takes=takes)
+    for name, value in fields.items():
+        setattr(h, name, value)
+    return h
+
+
+def test_a_limited_queue_within_its_limits_passes() -> None:
+    takes = [
+        # two of key a at once, a third only once one of them was acked
+        _take(0, "a", 10.0, 10.01, 10.5),
+        _take(1, "a", 10.0, 10.01, 10.6),
+        _take(2, "a", 10.5, 10.52, 10.9),
+        _take(3, "b", 10.5, 10.52, 10.7),
+        # five within a second, the next after it
+        _take(4, None, 10.6, 10.61, None),
+        _take(5, None, 11.2, 11.21, 11.3),
+    ]
+    r = check(_limited(takes, not_before={"id-0-5": 11.0}))
+    assert r.ok, r.summary()
+
+
+def test_a_key_over_its_limit_from_the_consumers_timestamps_is_flagged() -> None:
+    takes = [
+        _take(0, "a", 10.0, 10.01, 10.5),
+        _take(1, "a", 10.0, 10.01, 10.6),
+        _take(2, "a", 10.2, 10.22, 10.9),  # a third while both are still out
+    ]
+    r = check(_limited(takes))
+    assert any(v.startswith("per-key limit:") and "'a'" in v for v in r.violations), r.summary()
+
+
+def test_a_job_whose_lease_ran_out_no_longer_counts_toward_its_key() -> None:
+    # The first job's ack came after its visibility timeout: from then on it was not in flight.
+    takes = [
+        _take(0, "a", 10.0, 10.01, 13.0),
+        _take(1, "a", 10.0, 10.01, 10.5),
+        _take(2, "a", 12.1, 12.12, 12.5),
+    ]
+    assert check(_limited(takes)).ok
+    # An ack that did not return (lease lost, nacked) ends nothing: the job counts no span at all.
+    assert check(_limited([*takes[1:], _take(3, "a", 12.1, 12.12, None)])).ok
+
+
+def test_more_jobs_than_the_rate_within_one_window_are_flagged() -> None:
+    takes = [_take(i, None, 10.0 + 0.1 * i, 10.0 + 0.1 * i + 0.01, None) for i in range(6)]
+    r = check(_limited(takes))
+    assert any(v.startswith("rate limit:") and "6 jobs" in v for v in r.violations), r.summary()
+    # Takes slow enough that they may have spanned a whole window are not a breach.
+    slow = [_take(i, None, 10.0 + 0.1 * i, 11.2, None) for i in range(6)]
+    assert check(_limited(slow)).ok
+
+
+def test_a_delayed_job_handed_out_before_its_time_is_flagged() -> None:
+    r = check(_limited([_take(0, None, 10.0, 10.2, 10.3)], not_before={"id-0-0": 10.5}))
+    assert any(v.startswith("early:") and "0.300 s before" in v for v in r.violations), r.summary()
+
+
+def test_a_tick_published_twice_or_left_out_is_flagged() -> None:
+    ticks = [("s", "2026-01-01T00:00:00+00:00"), ("s", "2026-01-01T00:00:01+00:00")]
+    assert check(_limited([], ticks=ticks, tick_every=1.0)).ok
+    twice = check(_limited([], ticks=[*ticks, ticks[1]], tick_every=1.0))
+    assert any(v.startswith("tick twice:") for v in twice.violations), twice.summary()
+    gap = check(_limited([], ticks=[*ticks, ("s", "2026-01-01T00:00:03+00:00")], tick_every=1.0))
+    assert any(v.startswith("tick missed:") for v in gap.violations), gap.summary()

@@ -11,6 +11,8 @@ import pytest
 
 import bus
 from bus import queue_features
+from storage import db
+from storage import queues as queue_sql
 
 
 async def _queue(b: bus.Bus, name: str = "jobs", partitions: int = 2, **settings: Any) -> None:
@@ -215,3 +217,73 @@ async def test_rate_limit_holds_within_its_window(b: bus.Bus) -> None:
     assert settings[1] == bus.Rate(3, per=0.5)
     with pytest.raises(bus.ValidationError):
         await b.admin.update_topic("jobs", rate_limit=5)
+
+
+async def test_a_per_key_limit_the_take_cannot_reach_leaves_fresh_jobs_in_range_leases(b: bus.Bus) -> None:
+    await _queue(b, partitions=2, max_in_flight_per_key=50)
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}, key=f"k{i % 4}") for i in range(20)])
+    async with b.queue_consumer("jobs") as q:
+        got = await q.take(max_messages=10, timeout=0)
+        assert len(got) == 10
+        # No job row was written to lease them: they are still fresh, held by range leases.
+        assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs WHERE detached") == 0
+        assert await b.pool.fetchval("SELECT count(*) FROM queue_leases") >= 1
+        await q.ack_many(got)
+
+
+async def test_jobs_in_range_leases_count_toward_the_per_key_limit(b: bus.Bus) -> None:
+    await _queue(b, partitions=1, max_in_flight_per_key=3)
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}, key="hot") for i in range(6)])
+    await b.publish_many("jobs", [bus.Outgoing({"n": 10 + i}, key="cold") for i in range(2)])
+    async with b.queue_consumer("jobs") as q, b.queue_consumer("jobs") as q2:
+        first = await q.take(max_messages=2, timeout=0)  # within the limit: leased by range
+        assert [m.key for m in first] == ["hot", "hot"]
+        # Two more "hot" alone are within the limit, not beside the two already out: one goes.
+        second = await q2.take(max_messages=2, timeout=0)
+        assert sorted(m.value(dict)["n"] for m in second) == [2, 10]
+        third = await q2.take(max_messages=10, timeout=0)
+        assert [m.value(dict)["n"] for m in third] == [11]
+
+
+async def test_a_limited_take_that_raced_another_counts_what_that_one_committed(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
+    await _queue(b, partitions=2, rate_limit=bus.Rate(5, per=60.0))
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(10)])
+    holder = await db.connect(dsn, schema)
+    taker = await db.connect(dsn, schema)
+    try:
+        # Another process's limited take has leased 3 jobs and not committed yet.
+        tx = holder.transaction()
+        await tx.start()
+        held = [
+            r
+            for r in await holder.fetch(queue_sql.TAKE_WITHIN_LIMITS, "jobs", [3], 60.0, ["h"], 3, 0)
+            if r[0] > 0
+        ]
+        assert len(held) == 3
+        # Ours starts meanwhile (its snapshot without those 3), waits for the settings row, and
+        # must still see them once they commit: 2 more, not 5.
+        ours = asyncio.create_task(queue_sql.take_limited(taker, "jobs", ["t"], [10], 60.0, ordered=False))
+        await asyncio.sleep(0.3)
+        assert not ours.done()
+        await tx.commit()
+        (got,) = await asyncio.wait_for(ours, 10)
+        assert len(got) == 2
+    finally:
+        await holder.close()
+        await taker.close()
+
+
+async def test_an_ordered_consumer_of_a_rate_limited_queue_keeps_both(b: bus.Bus) -> None:
+    await _queue(b, partitions=2, rate_limit=bus.Rate(4, per=60.0))
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}, key=f"k{i % 3}") for i in range(9)])
+    async with b.queue_consumer("jobs", ordered_by_key=True) as q, b.queue_consumer("jobs") as plain:
+        first = await q.take(max_messages=10, timeout=0)
+        # Ordered: one job per key at a time, each key's earliest.
+        assert sorted(m.value(dict)["n"] for m in first) == [0, 1, 2]
+        await q.ack_many(first)
+        # Ordered and unordered takes share the window: one more job in it, then none.
+        assert [m.value(dict)["n"] for m in await plain.take(max_messages=10, timeout=0)] == [3]
+        assert await q.take(max_messages=10, timeout=0) == []
+        assert await plain.take(max_messages=10, timeout=0) == []

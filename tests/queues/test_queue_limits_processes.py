@@ -94,8 +94,9 @@ async def test_a_paused_queue_hands_out_nothing_in_any_process(
         paused_at = time.time()
         await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(5, 25)])
         await asyncio.sleep(1.5)
-        await b.admin.resume_queue("jobs")
+        # Before the call: a worker woken by the resume may take before the call returns here.
         resumed_at = time.time()
+        await b.admin.resume_queue("jobs")
         while any(p.poll() is None for p in procs):
             await asyncio.sleep(0.1)
     finally:
