@@ -480,60 +480,12 @@ class Bus:
         self, info: TopicInfo, messages: Sequence[Outgoing | Any], dedupe: float | None
     ) -> Prepared:
         """Validate and encode one call's messages and resolve their partitions (nothing is written)."""
-        tombstones, limit = info.cleanup == "compact", info.max_message_bytes
         out = Prepared(info.name, info.semantics == "queue", dedupe)
-        # Services often pass one headers dict for a whole batch: encode it once.
-        last_headers: Any = None
-        last_encoded: str | None = None
-        ids: dict[str, int] = {}
-        # The per-message loop of publish_many: local names, no per-message method calls of our own.
-        names, keys, heads, datas = out.names, out.keys, out.headers, out.payloads
-        choose = self._choose_partition
-        hashed = None if info.dynamic else info.partitions  # a keyed message's partition is its key's hash
-        plain, encode = PLAIN_VALUES, encode_json
-        for item in messages:
-            msg = item if type(item) is Outgoing else Outgoing(item)
-            key = msg.key
-            if key is not None and (type(key) is not str or not key.isascii() or "\x00" in key):
-                key = validate_key(key)  # refuses it, or checks the text of a non-ASCII key
-            payload = msg.payload
-            data: bytes | None
-            if type(payload) is dict and plain.issuperset(map(type, payload.values())):
-                data = encode(payload)  # a flat dict of plain values: nothing to refuse but its size
-                if len(data) > limit:
-                    data = encode_payload(payload, allow_tombstone=tombstones, limit=limit)
-            else:
-                data = encode_payload(payload, allow_tombstone=tombstones, limit=limit)
-            given = msg.headers
-            if given is None:
-                head = None
-            elif given is last_headers:
-                head = last_encoded
-            else:
-                head = last_encoded = encode_headers(given)
-                last_headers = given
-            if msg.idempotency_key is not None:
-                if out.ikeys is None:
-                    out.ikeys = [None] * len(names)
-                out.ikeys.append(validate_idempotency_key(msg.idempotency_key))
-            elif out.ikeys is not None:
-                out.ikeys.append(None)
-            if msg.delay is not None or msg.deliver_at is not None or msg.priority is not None:
-                out.timing = _timing(info, msg, out.timing, len(names))
-            elif out.timing is not None:
-                out.timing.delays.append(None)
-                out.timing.times.append(None)
-                out.timing.priorities.append(None)
-            if hashed and key is not None and msg.partition is None:
-                names.append(key_partition(key, hashed))
-            else:
-                names.append(choose(info, msg.partition, key))
-            keys.append(key)
-            heads.append(head)
-            datas.append(data)
-        if len(names) == 1:  # a single publish: the common case
+        self._encode(info, messages, out)
+        datas, heads, keys = out.payloads, out.headers, out.keys
+        if len(out.names) == 1:  # a single publish: the common case
             out.nbytes = len(datas[0] or b"") + len(heads[0] or "") + len(keys[0] or "")
-            pid = self._partition_ids.get((info.name, names[0]))
+            pid = self._partition_ids.get((info.name, out.names[0]))
             if pid is not None:
                 out.pids = [pid]
                 return out
@@ -543,7 +495,53 @@ class Bus:
                 + sum(map(len, filter(None, heads)))
                 + sum(map(len, filter(None, keys)))
             )
-        for name in dict.fromkeys(out.names):
+        out.pids = await self._partition_ids_of(info, out.names)
+        return out
+
+    def _encode(self, info: TopicInfo, messages: Sequence[Outgoing | Any], out: Prepared) -> None:
+        """Validate and encode `messages` into `out`: partition names, keys, headers, payloads, options."""
+        tombstones, limit = info.cleanup == "compact", info.max_message_bytes
+        # Services often pass one headers dict for a whole batch: encode it once.
+        last_headers: Any = None
+        last_encoded: str | None = None
+        # The per-message loop of publish_many: local names, few calls of our own per message.
+        names, keys, heads, datas = out.names, out.keys, out.headers, out.payloads
+        choose = self._choose_partition
+        hashed = None if info.dynamic else info.partitions  # a keyed message's partition is its key's hash
+        for item in messages:
+            msg = item if type(item) is Outgoing else Outgoing(item)
+            key = msg.key
+            if key is not None and (type(key) is not str or not key.isascii() or "\x00" in key):
+                key = validate_key(key)  # refuses it, or checks the text of a non-ASCII key
+            given = msg.headers
+            if given is None:
+                head = None
+            elif given is last_headers:
+                head = last_encoded
+            else:
+                head = last_encoded = encode_headers(given)
+                last_headers = given
+            if (
+                out.ikeys is not None
+                or out.timing is not None
+                or msg.idempotency_key is not None
+                or msg.delay is not None
+                or msg.deliver_at is not None
+                or msg.priority is not None
+            ):
+                _options(info, msg, out, len(names))
+            if hashed and key is not None and msg.partition is None:
+                names.append(key_partition(key, hashed))
+            else:
+                names.append(choose(info, msg.partition, key))
+            keys.append(key)
+            heads.append(head)
+            datas.append(_encoded_payload(msg.payload, tombstones, limit))
+
+    async def _partition_ids_of(self, info: TopicInfo, names: list[str]) -> list[int]:
+        """The partition ids of `names` (dynamic partitions created), looked up once per name."""
+        ids: dict[str, int] = {}
+        for name in dict.fromkeys(names):
             pid = self._partition_ids.get((info.name, name))
             if pid is None:
                 pid = await self._shared(
@@ -554,8 +552,7 @@ class Bus:
                 self._forget_topic(info.name)
                 raise TopicNotFoundError(f"topic {info.name!r} (partition {name!r}) no longer exists")
             ids[name] = pid
-        out.pids = [ids[n] for n in out.names]
-        return out
+        return [ids[n] for n in names]
 
     async def _shared(self, key: tuple[str, ...], lookup: Callable[[], Awaitable[T]]) -> T:
         """One lookup for every concurrent caller that needs it; they resume in the order they asked.
@@ -827,6 +824,31 @@ class Bus:
                         log_start=bounds[0],
                     )
         return [to_message(topic, name, r) for r in rows]
+
+
+def _encoded_payload(payload: Any, tombstones: bool, limit: int) -> bytes | None:
+    """A message's payload as stored: a flat dict of plain values takes the short way (only its size to check)."""
+    if type(payload) is dict and PLAIN_VALUES.issuperset(map(type, payload.values())):
+        data = encode_json(payload)
+        if len(data) <= limit:
+            return data
+    return encode_payload(payload, allow_tombstone=tombstones, limit=limit)
+
+
+def _options(info: TopicInfo, msg: Outgoing, out: Prepared, index: int) -> None:
+    """Record message `index`'s idempotency key and queue timing in `out` (None where it has none)."""
+    if msg.idempotency_key is not None:
+        if out.ikeys is None:
+            out.ikeys = [None] * index
+        out.ikeys.append(validate_idempotency_key(msg.idempotency_key))
+    elif out.ikeys is not None:
+        out.ikeys.append(None)
+    if msg.delay is not None or msg.deliver_at is not None or msg.priority is not None:
+        out.timing = _timing(info, msg, out.timing, index)
+    elif out.timing is not None:
+        out.timing.delays.append(None)
+        out.timing.times.append(None)
+        out.timing.priorities.append(None)
 
 
 def _records(call: Prepared, placed: list[Placed | None]) -> list[Record]:
