@@ -46,9 +46,23 @@ _STAGES = (
 
 
 async def _target() -> tuple[str, str]:
-    """(dsn, schema), with the migrations applied (connect does that)."""
+    """(dsn, schema) the job connects with, the migrations applied (connect does that).
+
+    The job holds a session: an advisory lock for the whole run, Spark's JDBC connections opened on
+    the schema. Through a transaction pooler it connects to `direct_dsn`, the server itself; its
+    bookkeeping (runs, progress, sidecars) lands where the services behind the pooler read it.
+    """
     async with bus.connect(cleaner_interval=0) as b:
-        return b.dsn, b.config.schema
+        c = b.config
+        if c.pooler != "transaction":
+            return b.dsn, c.schema
+        if not c.direct_dsn:
+            raise ValidationError(
+                "the compaction job holds a session (an advisory lock for the run, Spark's JDBC "
+                "connections) that a transaction pooler cannot keep: set direct_dsn (BUS_DIRECT_DSN) "
+                "to the PostgreSQL server itself"
+            )
+        return c.direct_dsn, c.schema
 
 
 async def _runs(dsn: str, schema: str, limit: int = 20) -> tuple[list[Any], list[Any]]:

@@ -72,5 +72,7 @@ async def pooled(connect: Any, dsn: str, fast: dict[str, Any]) -> Any:
     return open_bus
 
 
-# The event store tests' fixtures (tests/eventstore/conftest.py), for the event store modes imported here.
+# Fixtures of other directories for what runs here again: the compaction tests' Spark session, and the
+# event store tests' fixtures (tests/eventstore/conftest.py) for the event store modes imported here.
+from tests.compaction.conftest import spark  # noqa: E402, F401
 from tests.eventstore.conftest import es_bus, group, store  # noqa: E402, F401
