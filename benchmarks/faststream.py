@@ -295,7 +295,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
 if __name__ == "__main__":
     import os
 
-    from storage.embedded import ensure_server
+    from bus.server.embedded import ensure_server
 
     rows = asyncio.run(run(os.environ.get("BUS_DSN") or ensure_server().dsn, quick=True))
     for row in rows:

@@ -511,7 +511,7 @@ def main(
     if dsn is None:
         dsn = os.environ.get("BUS_DSN") or None
     if dsn is None:
-        from storage.embedded import ensure_server
+        from bus.server.embedded import ensure_server
 
         dsn = ensure_server().dsn
     machine = machine_info(dsn)

@@ -151,7 +151,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
 if __name__ == "__main__":
     import sys
 
-    from storage.embedded import ensure_server
+    from bus.server.embedded import ensure_server
 
     target = os.environ.get("BUS_DSN") or ensure_server().dsn
     for row in asyncio.run(run(target, quick="--quick" in sys.argv)):

@@ -323,7 +323,7 @@ def print_table(rows: list[Result]) -> None:
 if __name__ == "__main__":
     import sys
 
-    from storage.embedded import ensure_server
+    from bus.server.embedded import ensure_server
 
     target = os.environ.get("BUS_DSN") or ensure_server().dsn
     result = asyncio.run(run(target, quick="--quick" in sys.argv))

@@ -352,7 +352,7 @@ def dashboard(
 @server_app.command("start")
 def server_start() -> None:
     """Start (or find) the embedded server and keep it running until `bus server stop`."""
-    from storage.embedded import ensure_server, server_status
+    from bus.server.embedded import ensure_server, server_status
 
     server = ensure_server(keep=True)
     status = server_status()
@@ -369,7 +369,7 @@ def server_dsn() -> None:
     Starts the server if it is not running. The only command that prints the password:
     hand it on through the environment (`PGPASSWORD`, `BUS_DSN`), not on a command line.
     """
-    from storage.embedded import ensure_server
+    from bus.server.embedded import ensure_server
 
     server = ensure_server(keep=True)
     print(server.dsn)
@@ -378,7 +378,7 @@ def server_dsn() -> None:
 @server_app.command("stop")
 def server_stop() -> None:
     """Stop the embedded server (also when processes still use it)."""
-    from storage.embedded import stop_server
+    from bus.server.embedded import stop_server
 
     console.print("stopped" if stop_server() else "not running")
 
@@ -386,7 +386,7 @@ def server_stop() -> None:
 @server_app.command("status")
 def server_status_command(as_json: bool = _JSON) -> None:
     """Whether the embedded server runs, how it stops, and how many processes use it."""
-    from storage.embedded import server_status
+    from bus.server.embedded import server_status
 
     status = server_status()
     if as_json:

@@ -956,7 +956,7 @@ class _Connector:
         dsn = self._dsn or os.environ.get("BUS_DSN") or None
         embedded = None
         if dsn is None:
-            from storage.embedded import ensure_server
+            from bus.server.embedded import ensure_server
 
             embedded = await asyncio.to_thread(ensure_server)
             dsn = embedded.dsn

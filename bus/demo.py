@@ -32,8 +32,8 @@ from rich.table import Table
 
 import bus
 from bus.config import FAST_TIMINGS
+from bus.server.embedded import EmbeddedServer, ServerStatus, mask_dsn, server_status
 from bus.tables import fit, table
-from storage.embedded import EmbeddedServer, ServerStatus, mask_dsn, server_status
 
 TOPIC = "demo.orders"
 PARTITIONS = 12

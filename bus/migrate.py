@@ -21,7 +21,7 @@ async def _dsn() -> str:
     dsn = os.environ.get("BUS_DSN")
     if dsn:
         return dsn
-    from storage.embedded import ensure_server
+    from bus.server.embedded import ensure_server
 
     return (await asyncio.to_thread(ensure_server, keep=True)).dsn
 

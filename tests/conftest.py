@@ -24,7 +24,7 @@ def dsn() -> str:
     explicit = os.environ.get("BUS_TEST_DSN")
     if explicit:
         return explicit
-    from storage.embedded import ensure_server
+    from bus.server.embedded import ensure_server
 
     return ensure_server().dsn
 

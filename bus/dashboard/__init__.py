@@ -129,7 +129,7 @@ def command(
         console.print("[red]error:[/red] the admin token must be at least 8 characters")
         return 2
     if admin and audit_log is None:
-        from storage.embedded import default_home
+        from bus.server.embedded import default_home
 
         audit_log = str(default_home() / "dashboard-audit.log")
     if not is_loopback(host):

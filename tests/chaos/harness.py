@@ -68,7 +68,7 @@ import msgspec
 
 import bus
 from bus.consumer import Consumer
-from storage.embedded import ensure_server, restart_server, stop_server
+from bus.server.embedded import ensure_server, restart_server, stop_server
 from tests.chaos.checker import (
     Ack,
     DeadLetter,

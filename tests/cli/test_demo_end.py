@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bus.demo import where_the_data_is
-from storage.embedded import EmbeddedServer, ServerStatus
+from bus.server.embedded import EmbeddedServer, ServerStatus
 
 HOME = Path("/srv/app/.bus")
 SERVER = EmbeddedServer(HOME / "pgdata", "127.0.0.1", 5555, HOME / "pgdata", password="s3cret-password")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from storage import embedded
+from bus.server import embedded
 
 
 @contextmanager

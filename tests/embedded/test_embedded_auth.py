@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 import bus
-from storage import embedded
+from bus.server import embedded
 from bus.compaction.spark import jdbc_target
 from tests.embedded.helpers import private_home
 

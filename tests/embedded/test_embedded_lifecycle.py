@@ -19,7 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from storage import embedded
+from bus.server import embedded
 from tests.embedded.helpers import postmasters_under, private_home, wait_until_stopped
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +167,7 @@ _CHILD_TESTS = textwrap.dedent(
     import asyncio, os
     from pathlib import Path
     import bus
-    from storage.embedded import ensure_server
+    from bus.server.embedded import ensure_server
 
     HOMES = Path(os.environ["BUS_TEST_HOMES"])
 

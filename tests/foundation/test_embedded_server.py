@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 import bus
-from storage import embedded
+from bus.server import embedded
 from tests.embedded.helpers import private_home, wait_until_stopped
 
 
@@ -70,7 +70,7 @@ _ENSURE = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from storage.embedded import ensure_server
+    from bus.server.embedded import ensure_server
 
     server = ensure_server(Path(sys.argv[1]))
     print(server.port, server.dsn)

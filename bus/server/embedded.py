@@ -68,7 +68,7 @@ _WATCH_INTERVAL = 0.5
 # socket sits in a directory only the server's owner can enter, so `trust` there
 # admits only that user (and root); TCP needs the password; no replication lines.
 _HBA = """\
-# Written by pgactorbus (storage/embedded.py) each time the server starts; edits are lost.
+# Written by pgactorbus (bus/server/embedded.py) each time the server starts; edits are lost.
 # TYPE  DATABASE  USER  ADDRESS        METHOD
 local   all       all                  trust
 host    all       all   127.0.0.1/32   scram-sha-256
@@ -427,8 +427,8 @@ def _spawn_watcher(home: Path) -> int | None:
 
 
 def _spawn_watcher_process(home: Path) -> int:
-    root = str(Path(__file__).resolve().parents[1])
-    code = "import sys; sys.path.insert(0, sys.argv[1]); from storage.embedded import _watch; _watch(sys.argv[2])"
+    root = str(Path(__file__).resolve().parents[2])
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from bus.server.embedded import _watch; _watch(sys.argv[2])"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, root, str(home)],
         stdin=subprocess.DEVNULL,
