@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
 
+import bus
 from benchmarks import scale
 from bus.errors import ValidationError
 
@@ -39,24 +40,31 @@ async def test_member_pool_fits_the_servers_max_connections(dsn: str) -> None:
         await pool.close()
 
 
-def test_a_kept_partitions_pause_is_its_longest_gap_across_the_step(tmp_path: Path) -> None:
+def test_a_kept_partitions_pause_is_the_longest_wait_of_its_messages_published_during_the_step() -> None:
     deliveries = scale.Deliveries()
     path = deliveries.new_path()
     try:
-        # Partition 0 is delivered every 0.5 s except for a 2 s hole inside the step [10, 14].
-        lines = [f"0 {i} 1 {t}" for i, t in enumerate([9.0, 9.5, 10.0, 10.5, 12.5, 13.0, 13.5, 14.0, 14.5])]
-        lines += ["1 0 1 9.9", "1 1 1 14.2", "1 2 1 1"]  # partition 1: nothing during the step
-        path.write_text("\n".join(lines) + "\n2 0 1")  # a last line cut short is not read yet
+        # Partition 0: published every 0.5 s from 9.0; handled 10 ms later, except that it stopped
+        # from 10.5 to 12.5 (what was published meanwhile was handled at 12.5).
+        sent = [9.0 + 0.5 * i for i in range(12)]
+        handled = [12.5 if 10.5 <= t < 12.5 else t + 0.01 for t in sent]
+        for offset, at in enumerate(sent):
+            deliveries.published(at, [bus.Record("t", "0", offset, datetime.now(UTC))])
+        deliveries.published(10.0, [bus.Record("t", "1", 0, datetime.now(UTC))])  # never handled
+        lines = [f"0 {offset} 1 {t}" for offset, t in enumerate(handled)]
+        path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1])  # a last line cut short is not read yet
         deliveries.refresh()
-        assert deliveries.longest_gap("0", 10.0, 14.0) == pytest.approx(2.0)
-        assert deliveries.longest_gap("1", 10.0, 14.0) == pytest.approx(14.2 - 9.9)
-        assert "2" not in deliveries.times
+        assert (("0", 11)) not in deliveries.handled
+        assert deliveries.longest_wait("0", 10.0, 14.0) == pytest.approx(2.0)
+        assert deliveries.longest_wait("0", 13.0, 14.0) == pytest.approx(0.01)
+        assert deliveries.longest_wait("0", 20.0, 21.0) is None  # nothing published then
+        # Not handled (yet): it waits still.
+        assert deliveries.longest_wait("0", 14.0, 15.0) == pytest.approx(time.time() - 14.5, abs=1.0)
+        assert deliveries.longest_wait("1", 9.0, 11.0) >= time.time() - 10.0 - 1
         with path.open("a") as f:
-            f.write(" 20.0\n")
+            f.write("\n")
         deliveries.refresh()
-        assert deliveries.times["2"] == [20.0]
-        # No delivery after the step yet: the gap runs to now.
-        assert deliveries.longest_gap("2", 21.0, 22.0) >= time.time() - 20.0 - 1
+        assert deliveries.handled[("0", 11)] == pytest.approx(14.51)
     finally:
         deliveries.remove()
     assert not path.exists()
@@ -69,7 +77,6 @@ async def test_scale_benchmark_runs_every_step_of_a_small_group(
     monkeypatch.setenv("BUS_BENCH_SCALE_MEMBERS", "20")
     monkeypatch.setenv("BUS_BENCH_SCALE_TIMINGS", "0.5")
     monkeypatch.setenv("BUS_BENCH_SCALE_WINDOW", "1")
-    monkeypatch.setenv("BUS_BENCH_SCALE_TRICKLE", "0.5")
     monkeypatch.setenv("BUS_BENCH_SCALE_IDLE_GROWTH", "0")
     monkeypatch.setenv("BUS_BENCH_SCALE_CLAIMS", "0")
     # The scenario drives its own event loop, like the harness does.
@@ -88,7 +95,8 @@ async def test_scale_benchmark_runs_every_step_of_a_small_group(
     pauses = [r for r in rows if r.name.startswith("longest pause")]
     assert len(pauses) == 3
     for r in pauses:
-        assert r.extra["kept"] > 0 and r.extra["longest_gap"] > 0 and r.baseline == 0.5
+        assert r.extra["kept"] > 0 and r.extra["sampled"] > 0 and 0 < r.value < 30 and r.baseline
+        assert r.target is not None and r.target.startswith("<= 0.5")
     idle = next(r for r in rows if r.name.startswith("idle statements/s"))
     assert idle.value > 0
     conns = next(r for r in rows if r.name.startswith("connections,"))
