@@ -789,10 +789,11 @@ if __name__ == "__main__":
                 "generations",
                 "loadavg",
                 "kept",
-                "longest_gap",
-                "quiet_gap",
+                "sampled",
                 "paused_over_a_heartbeat",
                 "per_process",
+                "fences",
+                "unsettled",
             )
         }
         print(f"{r.name:150s} {r.value:9.3f} {r.unit:7s} base {r.baseline or 0:8.3f} {ratio:7s} {extra}")
