@@ -57,7 +57,8 @@ intervals of the timings to run, default "3,0.5"), BUS_BENCH_SCALE_TRICKLE
 (seconds between two messages of one partition, default partitions / 250),
 BUS_BENCH_SCALE_CLAIMS_PARTITIONS (default 100,000; --quick 10,000),
 BUS_BENCH_SCALE_WINDOW (seconds per idle measurement, default 10; --quick 4),
-BUS_BENCH_SCALE_ASSIGNOR (default sticky); BUS_BENCH_SCALE_IDLE_GROWTH=0
+BUS_BENCH_SCALE_ASSIGNOR (default sticky), BUS_BENCH_SCALE_MAX_POLL_INTERVAL
+(the members' max_poll_interval, default the bus's); BUS_BENCH_SCALE_IDLE_GROWTH=0
 skips part 2 and BUS_BENCH_SCALE_CLAIMS=0 part 3.
 The chart goes to `benchmarks/results/<date>-scale.png`. Everything runs
 against the given DSN (the embedded server on 127.0.0.1), processes are
@@ -114,7 +115,7 @@ TIMINGS: dict[float, dict[str, Any]] = {
 MEMBER_POOL_MAX_SIZE = 20
 MIN_MEMBER_POOL = 4
 MEMBER_CONFIG: dict[str, Any] = {"cleaner_interval": 0, "scheduler_interval": 0, "pool_min_size": 1}
-MAX_POLL_INTERVAL = Config().max_poll_interval  # the members' (the default): their idle partitions' poll
+MAX_POLL_INTERVAL = Config().max_poll_interval  # the members' default: how often an idle partition polls
 # Connections a Bus opens beside its pool (operations.md): LISTEN, the Announcer, up to 4 for the
 # Producer's flushes (one member process never publishes, but the plan is the general one).
 CONNECTIONS_BESIDE_POOL = 6
@@ -357,13 +358,20 @@ class GroupRun:
     idle_xacts_per_s: float | None = None
     connections: dict[str, int] = field(default_factory=dict)
     fences: int = 0
+    max_poll_interval: float = MAX_POLL_INTERVAL
 
     @property
     def label(self) -> str:
         t = self.timing
         return (
             f"{self.members} members ({self.processes} processes x {MEMBERS_PER_PROCESS}), "
-            f"{self.partitions:,} partitions, {self.assignor}, heartbeat {t['heartbeat_interval']:g} s / session {t['session_timeout']:g} s"
+            f"{self.partitions:,} partitions, {self.assignor}"
+            + (
+                ""
+                if self.max_poll_interval == MAX_POLL_INTERVAL
+                else f", max_poll_interval {self.max_poll_interval:g} s"
+            )
+            + f", heartbeat {t['heartbeat_interval']:g} s / session {t['session_timeout']:g} s"
         )
 
 
@@ -380,10 +388,18 @@ async def _group_run(
     partitions = members * PARTITIONS_PER_MEMBER
     assignor = os.environ.get("BUS_BENCH_SCALE_ASSIGNOR") or ASSIGNOR
     run = GroupRun(members, processes, partitions, timing, trickle, assignor)
+    run.max_poll_interval = _env_number("BUS_BENCH_SCALE_MAX_POLL_INTERVAL", MAX_POLL_INTERVAL)
     tag = f"m{members}-hb{str(heartbeat).replace('.', '')}"
     topic, group = f"bench.scale.{tag}", f"scale-{tag}"
     run.connections = await check_connections(mon, processes + 1)
-    config = json.dumps({**timing, **MEMBER_CONFIG, "pool_max_size": run.connections["pool_max_size"]})
+    config = json.dumps(
+        {
+            **timing,
+            **MEMBER_CONFIG,
+            "pool_max_size": run.connections["pool_max_size"],
+            "max_poll_interval": run.max_poll_interval,
+        }
+    )
     deliveries = Deliveries()
     started_all: list[MemberProcess] = []
     stop_trickle = asyncio.Event()
@@ -552,7 +568,7 @@ def _run_rows(run: GroupRun) -> list[Result]:
                 )
             )
     if run.idle_xacts_per_s is not None:
-        polls = 2 * run.partitions / MAX_POLL_INTERVAL
+        polls = 2 * run.partitions / run.max_poll_interval
         rows.append(
             Result(
                 SCENARIO,
@@ -560,7 +576,7 @@ def _run_rows(run: GroupRun) -> list[Result]:
                 run.idle_xacts_per_s,
                 "stmt/s",
                 polls,
-                f"a fetch and a lease check per partition per max_poll_interval ({MAX_POLL_INTERVAL:g} s)",
+                f"a fetch and a lease check per partition per max_poll_interval ({run.max_poll_interval:g} s)",
                 higher_is_better=False,
                 extra={"per_process": round(run.idle_xacts_per_s / run.processes, 2)},
             )
