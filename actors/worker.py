@@ -331,7 +331,10 @@ class PartitionWorker(Actor[WorkerMessage]):
             self.self_ref.signal(Wake())
 
     async def _check_lease(self) -> None:
-        row = await leases.state(self._pool, self.spec.group, self.spec.partition_id)
+        # On the hot path's lent connection: an idle partition runs this after every empty poll,
+        # and a pool acquire would add the pool's reset statement to each (a third of an idle
+        # group's statements).
+        row = await leases.state(self._lender, self.spec.group, self.spec.partition_id)
         if (
             row is None
             or row["owner"] != self.spec.member_id

@@ -793,7 +793,7 @@ def _handled(out: Path) -> set[tuple[str, int, int]]:
     got = set()
     for line in out.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 3:
+        if len(parts) == 4:  # partition offset pid time (a line cut by a SIGKILL is shorter)
             got.add((parts[0], int(parts[1]), int(parts[2])))
     return got
 

@@ -11,8 +11,9 @@ closes. Modes:
 * ``poll``: one bus Consumer, ``max_poll_records=--batch``, auto-commit (so
   every poll commits the previous batch), counting messages;
 * ``subscribe``: ``--members`` bus Subscriptions on one Bus whose handler
-  counts; with ``--out`` it also appends ``partition offset pid`` per delivery
-  (line-buffered, so a SIGKILL loses nothing already written);
+  counts; with ``--out`` it also appends ``partition offset pid time`` per
+  delivery, the wall time (`time.time()`) the handler saw it (line-buffered,
+  so a SIGKILL loses nothing already written);
 * ``raw``: the hand-written baseline, no bus code on the hot path. It owns the
   fixed partitions given by ``--partitions`` (ids) and, per partition, loops:
   in one transaction read the next ``--batch`` rows by offset from `messages`
@@ -28,6 +29,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any, TextIO
 
 import asyncpg
@@ -67,8 +69,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", default="{}", help="JSON object of bus.connect() keyword arguments")
     p.add_argument("--batch", type=int, default=500)
     p.add_argument("--members", type=int, default=1)
+    p.add_argument("--assignor", default="range", help="subscribe mode: the group's assignor")
     p.add_argument("--partitions", default="", help="raw mode: comma-separated partition ids")
-    p.add_argument("--out", default=None, help="subscribe mode: append 'partition offset pid' per delivery")
+    p.add_argument(
+        "--out", default=None, help="subscribe mode: append 'partition offset pid time' per delivery"
+    )
     args = p.parse_args(argv)
     if args.dsn == "-":  # the DSN (with its password) from the environment, not the command line
         args.dsn = os.environ["BUS_DSN"]
@@ -126,7 +131,7 @@ async def run_bus(args: argparse.Namespace, reader: asyncio.StreamReader) -> Non
         nonlocal count
         count += 1
         if out is not None:
-            out.write(f"{m.partition} {m.offset} {pid}\n")
+            out.write(f"{m.partition} {m.offset} {pid} {time.time():.4f}\n")
 
     async with bus.connect(args.dsn, **config) as b:
         await b.topic(args.topic)  # warm the topic cache before the clock starts
@@ -144,7 +149,9 @@ async def run_bus(args: argparse.Namespace, reader: asyncio.StreamReader) -> Non
                     count += got
         else:
             subs = [
-                await b.subscribe(args.group, handler, topics=[args.topic], batch_size=args.batch)
+                await b.subscribe(
+                    args.group, handler, topics=[args.topic], batch_size=args.batch, assignor=args.assignor
+                )
                 for _ in range(args.members)
             ]
             _say("joined")

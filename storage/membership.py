@@ -3,6 +3,10 @@
 Membership changes never rebalance on the spot: they set `rebalance_due_at`
 (kept if already set), so a burst of joins and leaves inside
 `rebalance_delay` becomes one rebalance, run by the leader's Rebalancer.
+While a group forms (no member holds a partition yet) each join moves the
+rebalance to `rebalance_delay` after it, up to 10 x `rebalance_delay` after
+its earliest member joined: processes that start together, each joining its
+members one by one, make one generation instead of one per wave.
 """
 
 from __future__ import annotations
@@ -38,6 +42,16 @@ WITH prev AS (
                           OR NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = $1 AND m.member_id = groups.leader)
                          THEN $2 ELSE leader END,
            rebalance_due_at = CASE WHEN EXISTS (SELECT 1 FROM prev) THEN rebalance_due_at
+                                   -- Forming (no member holds a partition yet): each join moves the
+                                   -- rebalance to $9 after it, up to 10 x $9 after the earliest member
+                                   -- joined, so processes starting together form one generation.
+                                   WHEN NOT EXISTS (SELECT 1 FROM members m WHERE m.group_name = $1
+                                                    AND cardinality(m.assignment) > 0)
+                                   THEN GREATEST(
+                                       COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $9)),
+                                       LEAST(clock_timestamp() + make_interval(secs => $9),
+                                             COALESCE((SELECT min(m.joined_at) FROM members m WHERE m.group_name = $1),
+                                                      clock_timestamp()) + make_interval(secs => 10 * $9)))
                                    ELSE COALESCE(rebalance_due_at, clock_timestamp() + make_interval(secs => $9)) END,
            state = CASE WHEN EXISTS (SELECT 1 FROM prev) THEN state ELSE 'preparing_rebalance' END,
            status = 'active',

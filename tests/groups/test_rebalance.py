@@ -169,3 +169,23 @@ async def test_every_partition_assigned_exactly_once(connect, fast, assignor) ->
     await eventually(ok)
     for c in cs:
         await c.close()
+
+
+async def test_a_forming_group_folds_joins_that_keep_coming_into_one_generation(connect, fast) -> None:
+    # Members joining one after another, each within rebalance_delay of the previous but together
+    # over longer than it (processes starting at different speeds): while nobody holds a partition
+    # yet, each join moves the rebalance on, so the group forms in one generation, not one per wave.
+    b = await connect(**{**fast, "rebalance_delay": 1.0})
+    await b.create_topic("t", partitions=6)
+    cs = []
+    for _ in range(3):
+        cs.append(await b.consumer("g", topics=["t"]).start())
+        await asyncio.sleep(0.6)
+    d = await eventually(lambda: _stable(b, "g", 3))
+    assert d.generation == 1
+    # Formed: a later join is debounced from its own moment, not folded into anything.
+    cs.append(await b.consumer("g", topics=["t"]).start())
+    d = await eventually(lambda: _stable(b, "g", 4))
+    assert d.generation == 2
+    for c in cs:
+        await c.close()
