@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,10 +60,19 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
     mailbox_size = 1024
 
     def __init__(
-        self, config: MonitorConfig, pool: asyncpg.Pool, notifier: ActorRef[NotifierMessage]
+        self,
+        config: MonitorConfig,
+        pool: asyncpg.Pool,
+        notifier: ActorRef[NotifierMessage],
+        connect: Callable[[], Awaitable[asyncpg.Connection]] | None = None,
     ) -> None:
         self.config = config
         self._pool = pool
+        # The beat's own connection (`connect`; None: beat on the pool). A process's workers, takeovers
+        # and rebalances may hold every pool connection for a while (a large group on a small pool, a
+        # busy machine); a beat queued behind them would let the members' sessions run out.
+        self._connect = connect
+        self._conn: asyncpg.Connection | None = None
         self._notifier = notifier
         self._members: dict[tuple[str, str], ActorRef[CoordinatorMessage]] = {}
         self._rebalancers: dict[str, tuple[str, ActorRef[RebalancerMessage]]] = {}
@@ -82,6 +92,18 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             await asyncio.gather(*(ref.join() for ref in stopping), return_exceptions=True)
         if self._supervisor is not None:
             await self._supervisor.stop()
+        await self._close_connection()
+
+    async def on_failure(self, exc: BaseException) -> None:
+        await self._close_connection()
+
+    async def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            try:
+                await asyncio.wait_for(conn.close(), 2.0)
+            except Exception:  # noqa: BLE001 - closing a connection that may be dead: it goes anyway
+                conn.terminate()
 
     async def receive(self, message: MonitorMessage) -> Any:
         match message:
@@ -127,6 +149,8 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
 
     async def _heartbeat(self, keys: list[tuple[str, str]]) -> list[asyncpg.Record]:
         args = ([g for g, _ in keys], [m for _, m in keys], self.config.lease_time)
+        if self._connect is not None:
+            return await self._heartbeat_on_own_connection(args)
         try:
             return await membership.heartbeat(self._pool, *args)
         except CONNECTION_ERRORS:
@@ -138,12 +162,42 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             await self._pool.expire_connections()
             return await membership.heartbeat(self._pool, *args)
 
+    async def _sweep_on(self, conn: Any) -> tuple[list[tuple[str, str]], list[str]]:
+        gone = await membership.sweep(conn, self.config.rebalance_delay, self.config.groups_channel)
+        dead = await retention.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
+        return gone, dead
+
+    async def _own_connection(self) -> asyncpg.Connection:
+        assert self._connect is not None
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await self._connect()
+        return self._conn
+
+    async def _heartbeat_on_own_connection(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+        """Beat on the monitor's own connection, opened on first use and again after it dropped."""
+        assert self._connect is not None
+        for attempt in (1, 2):
+            conn = await self._own_connection()
+            try:
+                return await membership.heartbeat(conn, *args)
+            except CONNECTION_ERRORS:
+                # The server restarted or the backend was terminated: beat again on a new connection.
+                conn.terminate()
+                self._conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
     async def _sweep(self) -> int:
         try:
-            async with self._pool.acquire() as conn:
-                gone = await membership.sweep(conn, self.config.rebalance_delay, self.config.groups_channel)
-                dead = await retention.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
+            if self._connect is not None:  # on the beat's connection: a taken pool must not hold up the beats
+                gone, dead = await self._sweep_on(await self._own_connection())
+            else:
+                async with self._pool.acquire() as conn:
+                    gone, dead = await self._sweep_on(conn)
         except TRANSIENT_ERRORS as exc:
+            if self._conn is not None and self._conn.is_closed():
+                self._conn = None
             self._log.warning("sweep_failed", error=str(exc))
             return 0
         for group, member in gone:

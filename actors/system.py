@@ -71,7 +71,9 @@ class GroupSystem:
         )
         self.announcer = self.root.spawn(lambda: Announcer(self._notify, self.messages_channel), "announcer")
         notifier = self.notifier
-        self.monitor = self.root.spawn(lambda: HeartbeatMonitor(cfg, self._pool, notifier), "heartbeat")
+        self.monitor = self.root.spawn(
+            lambda: HeartbeatMonitor(cfg, self._pool, notifier, self._notify), "heartbeat"
+        )
 
     def spawn_member(self, spec: MemberSpec, sink: MemberSink) -> ActorRef[CoordinatorMessage]:
         """Start a Coordinator for a new local member of `spec.group`."""

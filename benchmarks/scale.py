@@ -33,7 +33,7 @@
    partition per max_poll_interval).
 
    Before starting, the run checks that its processes fit the server's
-   connection limit: each process plans `pool_max_size + 6` connections
+   connection limit: each process plans `pool_max_size + 7` connections
    (docs/operations.md, "Sizing groups"); the members run with the bus's
    default pool_max_size (20) where that fits, else the largest that does.
    The most connections seen on the run's database is reported beside the
@@ -116,9 +116,9 @@ MEMBER_POOL_MAX_SIZE = 20
 MIN_MEMBER_POOL = 4
 MEMBER_CONFIG: dict[str, Any] = {"cleaner_interval": 0, "scheduler_interval": 0, "pool_min_size": 1}
 MAX_POLL_INTERVAL = Config().max_poll_interval  # the members' default: how often an idle partition polls
-# Connections a Bus opens beside its pool (operations.md): LISTEN, the Announcer, up to 4 for the
-# Producer's flushes (one member process never publishes, but the plan is the general one).
-CONNECTIONS_BESIDE_POOL = 6
+# Connections a Bus opens beside its pool (operations.md): LISTEN, the Announcer, the heartbeat's own,
+# up to 4 for the Producer's flushes (one member process never publishes, but the plan is the general one).
+CONNECTIONS_BESIDE_POOL = 7
 PUBLISHER_POOL_MAX_SIZE = 4  # the run's own Bus, which publishes the trickle
 MONITOR_CONNECTIONS = 2
 # Large groups use the sticky assignor (docs/operations.md, "Sizing groups"): a join or a leave moves
@@ -225,7 +225,7 @@ async def _idle_rate(mon: asyncpg.Pool, window: float) -> float:
 
 
 def connection_plan(processes: int, pool_max_size: int) -> int:
-    """Connections `processes` Bus processes may open at most: `pool_max_size + 6` each."""
+    """Connections `processes` Bus processes may open at most: `pool_max_size + 7` each."""
     return processes * (pool_max_size + CONNECTIONS_BESIDE_POOL)
 
 

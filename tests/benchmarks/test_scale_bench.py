@@ -26,9 +26,11 @@ async def test_member_pool_fits_the_servers_max_connections(dsn: str) -> None:
     try:
         few = await scale.check_connections(pool, 2)
         assert few["pool_max_size"] == scale.MEMBER_POOL_MAX_SIZE  # the default fits two processes
-        assert few["planned"] == 2 * (scale.MEMBER_POOL_MAX_SIZE + 6) + 12 <= few["free"]
+        own = scale.PUBLISHER_POOL_MAX_SIZE + scale.CONNECTIONS_BESIDE_POOL + scale.MONITOR_CONNECTIONS
+        assert few["planned"] == 2 * (scale.MEMBER_POOL_MAX_SIZE + scale.CONNECTIONS_BESIDE_POOL) + own
+        assert few["planned"] <= few["free"]
         # As many processes as fit only with a smaller pool: the pool shrinks and the plan still fits.
-        many = (few["free"] - 12) // 11
+        many = (few["free"] - own) // (scale.MIN_MEMBER_POOL + scale.CONNECTIONS_BESIDE_POOL + 1)
         sized = await scale.check_connections(pool, many)
         assert scale.MIN_MEMBER_POOL <= sized["pool_max_size"] < scale.MEMBER_POOL_MAX_SIZE
         assert sized["planned"] <= sized["free"]

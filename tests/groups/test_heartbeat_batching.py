@@ -55,3 +55,35 @@ async def test_heartbeats_keep_leases_alive_past_the_lease_time(connect, fast, n
     )
     assert row["live"] and row["lease_epoch"] == epoch
     await c.close()
+
+
+async def test_heartbeats_go_on_while_every_pool_connection_is_held(connect, fast) -> None:
+    # A process whose pool is taken (workers, takeovers and rebalances of a large group on a small
+    # pool, a busy machine) still beats on the monitor's own connection: another process's sweep
+    # finds its members alive and the group does not rebalance.
+    b = await connect(**fast, pool_max_size=4)
+    other = await connect(**fast)  # its monitor sweeps expired members of every group
+    await b.create_topic("t", partitions=2)
+    c = await b.consumer("g", topics=["t"]).start()
+    await eventually(
+        lambda: b.pool.fetchval("SELECT count(*) = 2 FROM offsets WHERE group_name='g' AND owner IS NOT NULL")
+    )
+    generation = await other.pool.fetchval("SELECT generation FROM groups WHERE name='g'")
+    held = []
+    try:
+        while True:  # every connection the pool still has to give
+            held.append(await b.pool.acquire(timeout=0.3))
+    except asyncio.TimeoutError:
+        pass
+    try:
+        assert held
+        await asyncio.sleep(fast["session_timeout"] * 2)  # two sessions with no pool connection
+        row = await other.pool.fetchrow(
+            "SELECT g.generation, (SELECT count(*) FROM members m WHERE m.group_name = g.name) AS members "
+            "FROM groups g WHERE g.name = 'g'"
+        )
+    finally:
+        for conn in held:
+            await b.pool.release(conn)
+    assert row["members"] == 1 and row["generation"] == generation
+    await c.close()
