@@ -30,7 +30,7 @@ test: $(STAMP) lint
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow' $(PYTEST_ARGS)
 
-# The long chaos run of every usage pattern (the bounded one, 60 s of faults, is part of `make test`);
+# The long chaos run of every usage pattern (the bounded one, 25 s of faults and on until every fault kind has fired, is part of `make test`);
 # counts per pattern are printed. CHAOS_SEED=N replays a run's fault schedule; CHAOS_KEEP=1 keeps its
 # recordings; CHAOS_PATTERNS=tx,txlow / CHAOS_KINDS=kill,rebalance narrow a run.
 CHAOS_SECONDS ?= 180

@@ -168,6 +168,10 @@ KINDS = tuple(
     ).split(",")
     if k
 )
+#: The faults that run in the background, recorded when they end.
+BACKGROUND_KINDS = frozenset({"rebalance", "long_transaction"})
+#: The name a fault kind is recorded under, where it differs (a `slow` request's interval comes later).
+RECORDED_AS = {"slow": "slow_request"}
 #: The faults of a run against the HA pair: `restart` is the embedded server's; `failover` comes first.
 HA_KINDS = ("failover",) + tuple(k for k in KINDS if k != "restart")
 PGHA = ROOT / "scripts" / "pgha.sh"
@@ -257,8 +261,11 @@ class ChaosRun:
         ha: bool = False,
         pooler: str | None = None,
         patterns: frozenset[str] = frozenset(),
+        every_kind: bool = False,
     ) -> None:
         self.seconds = seconds
+        # `every_kind`: the faults go on past `seconds` until each kind of the run has fired once.
+        self.every_kind = every_kind
         self.ha = ha
         # `pooler`: the one pattern this run drives, its processes through PgBouncer in transaction mode.
         self.pooler = pooler
@@ -510,12 +517,15 @@ class ChaosRun:
         while True:
             await asyncio.sleep(self.rng.uniform(2.0, 4.0))
             self._check_alive()
-            if time.monotonic() >= until:
+            if time.monotonic() >= until and not (self.every_kind and plan):
                 await asyncio.gather(*self.background)
                 return
             kind = plan.pop(0) if plan else self.rng.choice(self.kinds)
             print(f"chaos: t={time.time():.3f} fault {kind}", flush=True)
+            recorded = len(self.faults)
             await self._inject(kind)
+            if self.every_kind and kind not in BACKGROUND_KINDS and len(self.faults) == recorded:
+                plan.append(kind)  # no member to hit this time: it fires again later
 
     # -- the run ---------------------------------------------------------------------
 
@@ -962,16 +972,18 @@ async def run_chaos(
     ha: bool = False,
     pooler: str | None = None,
     patterns: frozenset[str] = frozenset(),
+    every_kind: bool = False,
 ) -> Outcome:
     """Run the chaos scenario for about `seconds` of faults; the seed is printed so a run can be replayed.
 
     `ha=True`: against a PostgreSQL 15 primary and synchronous standby, with a `failover` fault.
     `patterns`: only these usage patterns (those in OPT_IN_PATTERNS run only when named).
+    `every_kind=True`: the faults last at least until each kind has fired once, however short `seconds`.
     """
     if seed is None:
         seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1, 1 << 31))
     print(f"chaos: seed {seed} (replay with CHAOS_SEED={seed}), {seconds:.0f} s of faults", flush=True)
-    return await ChaosRun(seconds, seed, ha=ha, pooler=pooler, patterns=patterns).run()
+    return await ChaosRun(seconds, seed, ha=ha, pooler=pooler, patterns=patterns, every_kind=every_kind).run()
 
 
 def describe(outcome: Outcome, report: Any) -> str:

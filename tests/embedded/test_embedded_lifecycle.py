@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 
 from bus.server import embedded
+from bus.testing import eventually
 from tests.embedded.helpers import postmasters_under, private_home, wait_until_stopped
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,8 +116,7 @@ async def test_the_server_stops_when_the_last_process_using_it_exits(home: Path)
     await holder.stdin.drain()
     assert await asyncio.wait_for(holder.wait(), 60) == 0
     assert await asyncio.to_thread(wait_until_stopped, home), "the server outlived its last user"
-    await asyncio.sleep(0.5)
-    assert postmasters_under(home) == [] and _watchers(home) == []
+    await eventually(lambda: postmasters_under(home) == [] and _watchers(home) == [], timeout=5.0, every=0.1)
 
 
 async def test_a_client_connected_by_dsn_keeps_it_up_until_it_disconnects(home: Path) -> None:
@@ -215,6 +215,8 @@ async def test_a_test_run_over_temporary_homes_leaves_no_server_behind(tmp_path:
         for name in ("a", "b"):
             assert (homes / name / "pgdata" / "PG_VERSION").exists()
             assert await asyncio.to_thread(wait_until_stopped, homes / name), f"server {name} left running"
-        await asyncio.sleep(0.5)
-        assert postmasters_under(homes) == []
-        assert _watchers(homes / "a") == [] and _watchers(homes / "b") == []
+        await eventually(
+            lambda: not (postmasters_under(homes) or _watchers(homes / "a") or _watchers(homes / "b")),
+            timeout=5.0,
+            every=0.1,
+        )
