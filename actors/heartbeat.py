@@ -195,9 +195,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             else:
                 async with self._pool.acquire() as conn:
                     gone, dead = await self._sweep_on(conn)
-        except TRANSIENT_ERRORS as exc:
-            if self._conn is not None and self._conn.is_closed():
-                self._conn = None
+        except TRANSIENT_ERRORS as exc:  # a closed own connection is opened again on next use
             self._log.warning("sweep_failed", error=str(exc))
             return 0
         for group, member in gone:

@@ -288,8 +288,13 @@ async def _stop_all(procs: list[MemberProcess], *, graceful: bool = True) -> Non
     await asyncio.gather(*(p.stop(graceful=graceful) for p in procs), return_exceptions=True)
 
 
-async def _until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:  # noqa: ASYNC109
-    """Look every STEP until `check()` is truthy; its value."""
+async def _until(
+    check: Callable[[], Awaitable[Any]],
+    timeout: float,  # noqa: ASYNC109
+    what: str,
+    step: float = STEP,
+) -> Any:
+    """Look every `step` seconds (default STEP) until `check()` is truthy; its value."""
     deadline = time.monotonic() + timeout
     while True:
         value = await check()
@@ -297,7 +302,7 @@ async def _until(check: Callable[[], Awaitable[Any]], timeout: float, what: str)
             return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not done within {timeout}s")
-        await asyncio.sleep(STEP)
+        await asyncio.sleep(step)
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

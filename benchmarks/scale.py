@@ -78,7 +78,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -89,7 +89,7 @@ import asyncpg
 
 import bus
 from benchmarks import claims
-from benchmarks.groups import SETTLED, MemberProcess, _start_all, _stop_all
+from benchmarks.groups import SETTLED, MemberProcess, _start_all, _stop_all, _until
 from benchmarks.rawpeers import create_pool
 from benchmarks.result import Result
 from bus.config import Config
@@ -191,18 +191,6 @@ async def _settle(
         state = await mon.fetchrow(STATE, group)
         raise TimeoutError(f"{exc}; the group: {None if state is None else dict(state)}") from exc
     return time.perf_counter() - started, int(generation)
-
-
-async def _until(check: Callable[[], Awaitable[Any]], timeout: float, what: str, step: float) -> Any:  # noqa: ASYNC109
-    """Look every `step` seconds until `check()` is truthy; its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not done within {timeout}s")
-        await asyncio.sleep(step)
 
 
 async def _generation(mon: asyncpg.Pool, group: str) -> int:

@@ -112,7 +112,6 @@ class Bus:
         self._partition_ids: dict[tuple[str, str], int] = {}
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._closed = False
-        self._system: GroupSystem | None = None
         self._cleaner: Any = None  # the retention cleaner actor (actors/cleaner.py)
         self._scheduler: Any = None  # the periodic jobs' scheduler actor (actors/scheduler.py)
         self._producer: Any = None  # the Producer actor (actors/producer.py): pool publishes go through it
@@ -129,8 +128,8 @@ class Bus:
             await self._cleaner.stop(drain=False)
         if self._scheduler is not None:
             await self._scheduler.stop(drain=False)
-        if self._system is not None:
-            await self._system.stop()
+        if self.context.system is not None:
+            await self.context.system.stop()
         await self.lender.close()
         await self.pool.close()
 
@@ -167,42 +166,39 @@ class Bus:
         )
 
     async def _group_system(self) -> GroupSystem:
+        if self.context.system is not None:
+            return self.context.system
         # The actor system loads with the first Bus, not with `import bus`.
         from actors.heartbeat import MonitorConfig
         from actors.system import GroupSystem
 
-        if self._system is None:
-            c = self.config
-            pooler = cast("db.Pooler", c.pooler)
-            # LISTEN needs a session: through a transaction pooler it goes to direct_dsn, or nowhere (polling).
-            listen = (
-                (
-                    lambda: db.connect(
-                        c.direct_dsn or self.dsn, c.schema, pooler=None if c.direct_dsn else pooler
-                    )
-                )
-                if c.listens
-                else None
-            )
-            system = GroupSystem(
-                self.pool,
-                self.lender,
-                listen,
-                lambda: db.connect(self.dsn, c.schema, pooler=pooler),
-                MonitorConfig(
-                    heartbeat_interval=c.heartbeat_interval,
-                    lease_time=c.lease_time,
-                    rebalance_delay=c.rebalance_delay,
-                    group_heartbeat_timeout=c.group_heartbeat_timeout,
-                    max_poll_interval=c.max_poll_interval,
-                    groups_channel=self.channels.groups,
-                    topics_channel=self.channels.topics,
-                ),
-                self.channels.messages,
-            )
-            await system.start()
-            self._system = self.context.system = system
-        return self._system
+        c = self.config
+        pooler = cast("db.Pooler", c.pooler)
+        # LISTEN needs a session: through a transaction pooler it goes to direct_dsn, or nowhere (polling).
+        listen = (
+            (lambda: db.connect(c.direct_dsn or self.dsn, c.schema, pooler=None if c.direct_dsn else pooler))
+            if c.listens
+            else None
+        )
+        system = GroupSystem(
+            self.pool,
+            self.lender,
+            listen,
+            lambda: db.connect(self.dsn, c.schema, pooler=pooler),
+            MonitorConfig(
+                heartbeat_interval=c.heartbeat_interval,
+                lease_time=c.lease_time,
+                rebalance_delay=c.rebalance_delay,
+                group_heartbeat_timeout=c.group_heartbeat_timeout,
+                max_poll_interval=c.max_poll_interval,
+                groups_channel=self.channels.groups,
+                topics_channel=self.channels.topics,
+            ),
+            self.channels.messages,
+        )
+        await system.start()
+        self.context.system = system
+        return system
 
     # -- consumer groups -------------------------------------------------------------
 
@@ -590,9 +586,10 @@ class Bus:
                         placed = await call.append(conn)
                 else:
                     placed = await call.append(self.pool)
-            if connection is None and self._system is not None:
+            system = self.context.system
+            if connection is None and system is not None:
                 for pid in set(call.pids):
-                    self._system.announce(pid)
+                    system.announce(pid)
         return _records(call, placed)
 
     async def publish(

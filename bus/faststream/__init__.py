@@ -134,22 +134,7 @@ class BusMessage(StreamMessage[Message]):
 async def parse_message(msg: Message) -> BusMessage:
     """FastStream's view of a bus Message (headers carry correlation id, content type, reply_to)."""
     headers = dict(msg.headers)
-    message_id = f"{msg.topic}/{msg.partition}@{msg.offset}"
-    parsed = BusMessage(
-        raw_message=msg,
-        body=msg.payload or b"",
-        headers=headers,
-        reply_to=headers.get(_REPLY_TO, ""),
-        content_type=headers.get(_CONTENT_TYPE),
-        message_id=message_id,
-        # A message published without one is its own correlation: its id names it as well as a
-        # random one would, without drawing one per message.
-        correlation_id=headers.get(_CORRELATION) or message_id,
-    )
-    current = _current.get()
-    if current is not None:
-        parsed.queue, parsed.verdicts, parsed.acks = current
-    return parsed
+    return _parsed(msg, msg.payload or b"", headers, f"{msg.topic}/{msg.partition}@{msg.offset}")
 
 
 async def parse_batch(msgs: Sequence[Message]) -> BusMessage:
@@ -157,19 +142,27 @@ async def parse_batch(msgs: Sequence[Message]) -> BusMessage:
     message's headers in `batch_headers`, the first message's metadata for the batch."""
     batch_headers = [dict(m.headers) for m in msgs]
     first, last = msgs[0], msgs[-1]
-    headers = batch_headers[0]
     message_id = (
         f"{first.topic}/{first.partition}@{first.offset}..{last.topic}/{last.partition}@{last.offset}"
     )
+    body = [m.payload or b"" for m in msgs]
+    # A batch's raw message is the messages in order.
+    return _parsed(cast("Message", msgs), body, batch_headers[0], message_id, batch_headers=batch_headers)
+
+
+def _parsed(raw: Message, body: Any, headers: dict[str, str], message_id: str, **extra: Any) -> BusMessage:
+    """The BusMessage of `raw`, with the settling state of the delivery under way (if any)."""
     parsed = BusMessage(
-        raw_message=cast("Message", msgs),  # a batch: the messages in order
-        body=[m.payload or b"" for m in msgs],
+        raw_message=raw,
+        body=body,
         headers=headers,
-        batch_headers=batch_headers,
         reply_to=headers.get(_REPLY_TO, ""),
         content_type=headers.get(_CONTENT_TYPE),
         message_id=message_id,
+        # A message published without one is its own correlation: its id names it as well as a
+        # random one would, without drawing one per message.
         correlation_id=headers.get(_CORRELATION) or message_id,
+        **extra,
     )
     current = _current.get()
     if current is not None:
