@@ -2,14 +2,24 @@
 
 Every test gets a schema of its own, so tests never see each other's data
 and the database can be shared (also with a PostgreSQL 15 server: see README).
+
+`make test` runs the suite on pytest-xdist workers. Each worker has a database
+of its own on the server (what a test reads server-wide, such as the sessions
+it terminates, stays within it), the tests of one file run on one worker (its
+module fixtures are built once), and the slow multi-process, chaos and Spark
+tests run one after another on a single worker, so two of them never compete
+for the cores.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -19,14 +29,51 @@ from bus.testing import FAST
 from storage import db
 
 
+HEAVY = "slow tests, one at a time"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Where xdist runs each test (`--dist loadgroup`): slow ones on one worker, a file's tests together."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = HEAVY if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+async def _worker_database(dsn: str, worker: str) -> str:
+    """`dsn` on the database of xdist worker `worker`, created if missing (the server's own one when
+    the role may not create databases)."""
+    name = f"bus_test_{worker}"
+    conn = await asyncpg.connect(dsn)
+    try:
+        if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", name):
+            try:
+                # An identifier cannot be a bind parameter: the name is ours ("gw" and a number).
+                await conn.execute(f'CREATE DATABASE "{name}"')
+            except asyncpg.InsufficientPrivilegeError:
+                return dsn
+            except asyncpg.DuplicateDatabaseError:
+                pass
+    finally:
+        await conn.close()
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
 @pytest.fixture(scope="session")
 def dsn() -> str:
     explicit = os.environ.get("BUS_TEST_DSN")
     if explicit:
-        return explicit
-    from bus.server.embedded import ensure_server
+        server = explicit
+    else:
+        from bus.server.embedded import ensure_server
 
-    return ensure_server().dsn
+        server = ensure_server().dsn
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return server
+    with ThreadPoolExecutor(1) as pool:  # the session's event loop may not be running yet
+        return pool.submit(asyncio.run, _worker_database(server, worker)).result()
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ async def test_consumption_resumes_after_every_bus_connection_is_terminated(
     try:
         killed = await killer.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name = 'bus' AND pid <> pg_backend_pid()"
+            "WHERE application_name = 'bus' AND datname = current_database() AND pid <> pg_backend_pid()"
         )
         assert killed > 0
     finally:
