@@ -11,6 +11,18 @@ sides measure delivery, not a log handler.
 * batch throughput: the same, drained by a FastStream `batch=True` subscriber (the handler takes
   `list[dict]`, one pipeline run and one commit per batch) against the same `subscribe` run.
   Target >= 0.8x.
+* FastStream's ceiling: the most a per-message FastStream subscriber can drain whatever its broker:
+  FastStream's own per-message pipeline (`SubscriberUsecase.process_message`: its scope, the
+  acknowledgement and logging middlewares, fast-depends calling the handler, the ack), unchanged,
+  handed M bodies already parsed and decoded, no broker I/O; msg/s against the same `subscribe`
+  run. Every broker adds its parsing and its delivery to that, so below 0.8x the per-message
+  throughput target is out of reach for every FastStream broker. (`subscribe` is timed from its
+  group's start, so its rate is, if anything, on the low side: the ratio errs towards the target.)
+* stock RedisBroker subscriber, no I/O: a subscriber of FastStream's own RedisBroker, started without
+  a server, handed M messages in its wire format (`consume`, as its reader loop does). A row that
+  shows a stock broker's per-message cost (needs the redis client: the bench extra).
+* BusBroker subscriber pipeline, no I/O: a BusBroker subscriber fed M bus Messages in memory (what
+  the group's worker calls per message): the broker's own pipeline without the bus underneath.
 * queue throughput: J jobs on a queue topic, drained by a FastStream subscriber (competing
   consumers, ten jobs a take, the acks of a take in one statement) and by the bus's own
   `queue_consumer` loop (`take(10)`, `ack_many`), each side on its own topic; msg/s, higher is
@@ -31,15 +43,22 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import suppress
+from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
+from faststream._internal.endpoint.subscriber import SubscriberUsecase
+from faststream.message import StreamMessage
 
 import bus
 from benchmarks.result import Result
 from bus.faststream import BusBroker
+from bus.types import Message
 
 SCENARIO = "faststream"
 TOPIC = "bench.fs"
@@ -111,6 +130,121 @@ async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple
         fs.append(await faststream_side(f"fs-{n}"))
         fs_batch.append(await faststream_batch_side(f"fs-batch-{n}"))
     return max(fs), max(fs_batch), max(own)
+
+
+async def _offline(broker: Any) -> Any:
+    """The broker's only subscriber, started as the broker starts it, without connecting anywhere."""
+    broker._setup_logger()  # what `connect()` sets up once connected
+    (sub,) = broker.subscribers
+    await SubscriberUsecase.start(sub)  # FastStream's own start: the handler's model, the lock
+    sub._post_start()
+    return sub
+
+
+async def _ceiling(messages: int) -> tuple[float, float | None, float]:
+    """Per-message FastStream subscribers with no broker I/O, msg/s, each handed `messages` in memory.
+
+    (FastStream's core pipeline with parsing and decoding free; a stock RedisBroker subscriber, None
+    without the redis client; a BusBroker subscriber.)
+    """
+
+    def counting(broker: Any, **options: Any) -> list[int]:
+        count = [0]
+
+        @broker.subscriber(TOPIC, **options)
+        async def handle(body: dict[str, int]) -> None:
+            count[0] += 1
+
+        return count
+
+    async def drain(count: list[int], raw: list[Any], deliver: Callable[[Any], Any]) -> float:
+        started = time.perf_counter()
+        for m in raw:
+            await deliver(m)
+        elapsed = time.perf_counter() - started
+        if count[0] != len(raw):
+            raise RuntimeError(f"the subscriber handled {count[0]} of {len(raw)}")
+        return len(raw) / elapsed
+
+    async def core_side() -> float:
+        # FastStream's own `SubscriberUsecase.process_message` (its scope, middlewares, call, ack),
+        # unchanged, on a subscriber whose parser and decoder hand over bodies already decoded: what
+        # every FastStream broker pays per message before any parsing or delivery of its own.
+        async def parse(raw: dict[str, int]) -> StreamMessage[Any]:
+            return StreamMessage(raw_message=raw, body=raw, correlation_id="c", message_id="m")
+
+        async def decode(msg: StreamMessage[Any]) -> Any:
+            return msg.body
+
+        broker = BusBroker(logger=None)
+        count = counting(broker, group="ceiling", parser=parse, decoder=decode)
+        sub = await _offline(broker)
+
+        async def deliver(raw: dict[str, int]) -> None:
+            with suppress(Exception):  # as `consume`, which would run the broker's own pipeline
+                await SubscriberUsecase.process_message(sub, raw)
+
+        return await drain(count, [{"i": i} for i in range(messages)], deliver)
+
+    async def redis_side() -> float:
+        from faststream.redis import RedisBroker
+        from faststream.redis.testing import ChannelVisitor, build_message
+
+        broker = RedisBroker(logger=None)
+        count = counting(broker)
+        sub = await _offline(broker)
+        serializer = broker.config.fd_config._serializer
+        visitor = ChannelVisitor()  # a Redis channel's message, as FastStream's TestRedisBroker builds it
+        raw = [
+            visitor.get_message(
+                TOPIC,
+                await build_message(
+                    message={"i": i},
+                    correlation_id=str(uuid.uuid4()),
+                    message_format=sub.config.message_format,
+                    serializer=serializer,
+                ),
+                sub,
+            )
+            for i in range(messages)
+        ]
+        return await drain(count, raw, sub.consume)  # what its reader loop calls per message
+
+    async def bus_broker_side() -> float:
+        broker = BusBroker(logger=None)
+        count = counting(broker, group="ceiling")
+        sub = await _offline(broker)
+        now = datetime.now(UTC)
+        raw = [
+            Message(
+                topic=TOPIC,
+                partition=str(i % PARTITIONS),
+                offset=i,
+                key=None,
+                headers={"content-type": "application/json"},
+                payload=json.dumps({"i": i}).encode(),
+                created_at=now,
+            )
+            for i in range(messages)
+        ]
+        return await drain(count, raw, sub._handle)  # what the group's worker calls per message
+
+    try:
+        import faststream.redis  # noqa: F401 - needs the redis client (the bench extra)
+    except ImportError:
+        print("faststream[redis] is not installed: no stock RedisBroker row", file=sys.stderr)
+        has_redis = False
+    else:
+        has_redis = True
+    core: list[float] = []
+    stock: list[float] = []
+    ours: list[float] = []
+    for _ in range(2):  # alternate rounds, the best of each
+        core.append(await core_side())
+        if has_redis:
+            stock.append(await redis_side())
+        ours.append(await bus_broker_side())
+    return max(core), (max(stock) if stock else None), max(ours)
 
 
 async def _latency(dsn: str, schema: str, b: bus.Bus, count: int, rate: float) -> tuple[float, float]:
@@ -231,6 +365,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     try:
         await b.create_topic(TOPIC, partitions=PARTITIONS)
         fs_rate, fs_batch_rate, own_rate = await _throughput(dsn, schema, b, messages)
+        core_ceiling, stock_ceiling, bus_ceiling = await _ceiling(messages)
         fs_queue_rate, own_queue_rate = await _queue(dsn, schema, b, jobs)
         fs_p50, own_p50 = await _latency(dsn, schema, b, lat_count, 100.0)
         sql_us, own_us = await _sql_publish(dsn, schema, b, sql_count)
@@ -238,7 +373,40 @@ async def run(dsn: str, quick: bool) -> list[Result]:
         async with b.pool.acquire() as conn:
             await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')  # generated bench schema name
         await b.close()
+    stock = [
+        Result(
+            SCENARIO,
+            f"stock RedisBroker subscriber, no I/O ({messages:,} msgs in memory)",
+            stock_ceiling,
+            "msg/s",
+            own_rate,
+            "bus subscribe",
+            True,
+            None,
+        )
+    ]
     return [
+        Result(
+            SCENARIO,
+            f"FastStream's ceiling: its per-message pipeline alone, no parsing, no I/O ({messages:,} msgs)",
+            core_ceiling,
+            "msg/s",
+            own_rate,
+            "bus subscribe",
+            True,
+            "≥ 0.8×",  # missed: then no per-message FastStream subscriber of any broker can meet it
+        ),
+        *(stock if stock_ceiling is not None else []),
+        Result(
+            SCENARIO,
+            f"BusBroker subscriber pipeline, no I/O ({messages:,} msgs in memory)",
+            bus_ceiling,
+            "msg/s",
+            own_rate,
+            "bus subscribe",
+            True,
+            "≥ 0.8×",  # missed: then BusBroker's per-message subscriber cannot meet it over any delivery
+        ),
         Result(
             SCENARIO,
             f"FastStream subscriber throughput ({messages:,} msgs, {PARTITIONS} partitions)",

@@ -405,3 +405,40 @@ async def test_stopping_commits_only_what_the_handler_saw(
         (partition,) = (await b.admin.describe_group("billing")).partitions
     assert partition.committed is not None
     assert sorted(seen) == list(range(partition.committed))
+
+
+async def test_with_real_batch_subscriber_gets_what_is_published_and_publishes_its_result(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    broker = _broker(dsn, schema)
+    batches: list[list[Order]] = []
+
+    @broker.subscriber("orders", group="billing", start="earliest", batch=True, max_records=50)
+    @broker.publisher("totals")
+    async def bill(orders: list[Order]) -> int:
+        batches.append(orders)
+        return sum(o.amount for o in orders)
+
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        await b.create_topic("orders", partitions=1)
+        await b.create_topic("totals", partitions=1)
+    totals = broker.publishers[0]
+    async with TestBusBroker(broker, with_real=True) as br:
+        for i in range(3):
+            await br.publish(Order(id=i, amount=i + 1), "orders", key="cust-1")
+        await eventually(lambda: sum(map(len, batches)) >= 3)
+        # Each message once, in order, decoded by the annotation.
+        assert [o for b in batches for o in b] == [Order(id=i, amount=i + 1) for i in range(3)]
+        # FastStream's handler mock sees each batch as the bodies it decoded.
+        assert [c.args[0] for c in bill.mock.call_args_list] == [[o.model_dump() for o in b] for b in batches]
+        # Each batch's result went through Postgres to the publisher's topic (read back by the
+        # subscriber TestBusBroker starts there for the publisher's mock).
+        await eventually(lambda: totals.mock.call_count >= len(batches))
+        assert sorted(c.args[0] for c in totals.mock.call_args_list) == sorted(
+            sum(o.amount for o in b) for b in batches
+        )
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        described = await b.admin.describe_group("billing")
+        assert described.total_lag == 0  # committed after the handler
+        stored = [m.value(int) for m in await b.read("totals", partition="0", offset=0)]
+    assert sorted(stored) == sorted(sum(o.amount for o in b) for b in batches)
