@@ -11,6 +11,7 @@ functions (the real statements still run).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pydantic
@@ -233,6 +234,58 @@ async def test_middlewares_nest_and_an_error_one_handles_is_not_retried(
         "swallow out RuntimeError",
         "outer out None",  # the error stopped at Swallow: acked, committed, not retried
     ]
+
+
+async def test_a_logger_gets_the_access_log_and_the_handlers_error_and_middlewares_see_the_message(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger(f"test.faststream.{schema}")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    seen_on_exit: list[Any] = []
+
+    class Watch(BaseMiddleware):
+        async def after_processed(
+            self, exc_type: Any = None, exc_val: Any = None, exc_tb: Any = None
+        ) -> bool:
+            # The message's context scope lasts until the middlewares are left.
+            seen_on_exit.append(self.context.get_local("message").message_id)
+            return False
+
+    attempts: list[int] = []
+    logged = BusBroker(dsn, schema=schema, logger=logger, middlewares=[Watch], **FAST)
+    silent = _broker(dsn, schema, middlewares=[Watch])
+    for broker, group in ((logged, "logged"), (silent, "silent")):
+
+        @broker.subscriber(
+            "orders", group=group, start="earliest", retry=bus.Retry(max_attempts=2, backoff=0.01)
+        )
+        async def h(order: Order) -> None:
+            attempts.append(order.id)
+            if len(attempts) % 2:
+                raise RuntimeError(f"boom {order.id}")
+
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        await b.create_topic("orders", partitions=1)
+        await b.publish("orders", {"id": 1, "amount": 1})
+    for broker in (logged, silent):
+        async with broker:
+            await broker.start()
+            wanted = len(attempts) + 2  # failed, retried, handled
+            await eventually(lambda: len(attempts) >= wanted)  # noqa: B023 - awaited right here
+    assert attempts == [1, 1, 1, 1]
+    assert seen_on_exit == ["orders/0@0"] * 4
+    messages = [(r.levelno, r.getMessage()) for r in records]
+    # FastStream's access log and its error line, from the broker with a logger only.
+    assert (logging.ERROR, "RuntimeError: boom 1") in messages
+    assert [m for level, m in messages if level == logging.INFO].count("Received") == 2
+    assert [m for level, m in messages if level == logging.INFO].count("Processed") == 2
 
 
 async def test_reply_to_gets_the_result_with_the_correlation_id(
