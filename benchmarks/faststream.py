@@ -3,7 +3,9 @@
 Rows, each next to its baseline measured in the same run on the same schema:
 
 FastStream's access log (a line per message received and processed) is off (`logger=None`): both
-sides measure delivery, not a log handler.
+sides measure delivery, not a log handler. The msg/s rows carry, in their `extra`, this process's
+processor time per message on each side (`cpu_us_per_msg`, `baseline_cpu_us_per_msg`): what a
+side costs whatever else the machine runs.
 
 * throughput: M messages already on a topic of 4 partitions, drained by a FastStream subscriber
   (`BusBroker`, a consumer group) and by the bus's own `subscribe` (another group), handlers that
@@ -11,6 +13,19 @@ sides measure delivery, not a log handler.
 * batch throughput: the same, drained by a FastStream `batch=True` subscriber (the handler takes
   `list[dict]`, one pipeline run and one commit per batch) against the same `subscribe` run.
   Target >= 0.8x.
+* FastStream's ceiling: the most a per-message FastStream subscriber can drain whatever its broker:
+  FastStream's own per-message pipeline (`SubscriberUsecase.process_message`: its scope, the
+  acknowledgement and logging middlewares, fast-depends calling the handler, the ack), unchanged,
+  handed M bodies already parsed and decoded, no broker I/O; msg/s against the same `subscribe`
+  runs timed from the first message handled to the last (no group to join on either side: the
+  ratio a long drain tends to). Every broker adds its parsing and its delivery to that, so below
+  0.8x the per-message throughput target is out of reach for every FastStream broker.
+* stock RedisBroker subscriber, no I/O: a subscriber of FastStream's own RedisBroker, started without
+  a server, handed M messages in its wire format (`consume`, as its reader loop does). A row that
+  shows a stock broker's per-message cost (needs the redis client: the bench extra).
+* BusBroker subscriber pipeline, no I/O: a BusBroker subscriber fed M bus Messages in memory (what
+  the group's worker calls per message): the broker's own pipeline without the bus underneath.
+  Both against the same first-to-last `subscribe` runs.
 * queue throughput: J jobs on a queue topic, drained by a FastStream subscriber (competing
   consumers, ten jobs a take, the acks of a take in one statement) and by the bus's own
   `queue_consumer` loop (`take(10)`, `ack_many`), each side on its own topic; msg/s, higher is
@@ -31,15 +46,22 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import suppress
+from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
+from faststream._internal.endpoint.subscriber import SubscriberUsecase
+from faststream.message import StreamMessage
 
 import bus
 from benchmarks.result import Result
 from bus.faststream import BusBroker
+from bus.types import Message
 
 SCENARIO = "faststream"
 TOPIC = "bench.fs"
@@ -55,12 +77,35 @@ async def _until(check: Callable[[], bool], timeout: float) -> None:  # noqa: AS
         await asyncio.sleep(0.005)
 
 
-async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple[float, float, float]:
-    """(FastStream msg/s, FastStream batch msg/s, subscribe msg/s) draining the same `messages`."""
+class _Clock:
+    """A drain's msg/s and this process's processor time per message (µs), from `start()` on."""
+
+    def start(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def stop(self, messages: int) -> tuple[float, float]:
+        wall, cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+        return messages / wall, cpu / messages * 1e6
+
+
+def _best(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    """The best rate and the least processor time per message of alternated runs."""
+    return max(r for r, _ in runs), min(c for _, c in runs)
+
+
+def _cpu(value: tuple[float, float], baseline: tuple[float, float]) -> dict[str, float]:
+    return {"cpu_us_per_msg": round(value[1], 1), "baseline_cpu_us_per_msg": round(baseline[1], 1)}
+
+
+async def _throughput(
+    dsn: str, schema: str, b: bus.Bus, messages: int
+) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float], tuple[float, float]]:
+    """(FastStream, FastStream batch, subscribe, subscribe from its first message to its last)
+    draining the same `messages`: each (msg/s, CPU µs/msg)."""
     for first in range(0, messages, 1000):
         await b.publish_many(TOPIC, [{"i": i} for i in range(first, min(first + 1000, messages))])
 
-    async def faststream_side(group: str) -> float:
+    async def faststream_side(group: str) -> tuple[float, float]:
         broker = BusBroker(dsn, schema=schema, logger=None, **FAST)
         count = [0]
 
@@ -70,7 +115,7 @@ async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple
 
         return await _drain(broker, count)
 
-    async def faststream_batch_side(group: str) -> float:
+    async def faststream_batch_side(group: str) -> tuple[float, float]:
         broker = BusBroker(dsn, schema=schema, logger=None, **FAST)
         count = [0]
 
@@ -80,37 +125,165 @@ async def _throughput(dsn: str, schema: str, b: bus.Bus, messages: int) -> tuple
 
         return await _drain(broker, count)
 
-    async def _drain(broker: BusBroker, count: list[int]) -> float:
+    async def _drain(broker: BusBroker, count: list[int]) -> tuple[float, float]:
+        clock = _Clock()
         async with broker:
-            started = time.perf_counter()  # from the group's start, as the subscribe side
+            clock.start()  # from the group's start, as the subscribe side
             await broker.start()
             await _until(lambda: count[0] >= messages, 300)
-            elapsed = time.perf_counter() - started
-        return messages / elapsed
+            measured = clock.stop(messages)
+        return measured
 
-    async def bus_side(group: str) -> float:
+    async def bus_side(group: str) -> tuple[tuple[float, float], tuple[float, float]]:
         count = [0]
+        clock, steady = _Clock(), _Clock()
 
         async def handle(m: bus.Message) -> None:
+            if not count[0]:
+                steady.start()  # the group has joined and fetched: delivery alone from here
             m.value(dict)
             count[0] += 1
 
-        started = time.perf_counter()
+        clock.start()
         sub = await b.subscribe(group, handle, topics=[TOPIC], start="earliest")
         try:
             await _until(lambda: count[0] >= messages, 300)
-            elapsed = time.perf_counter() - started
+            measured, measured_steady = clock.stop(messages), steady.stop(messages - 1)
         finally:
             await sub.stop()
-        return messages / elapsed
+        return measured, measured_steady
 
     # Alternate the sides so none gets only the warmer cache.
-    fs, fs_batch, own = [], [], []
+    fs: list[tuple[float, float]] = []
+    fs_batch: list[tuple[float, float]] = []
+    own: list[tuple[float, float]] = []
+    own_steady: list[tuple[float, float]] = []
     for n in range(2):
-        own.append(await bus_side(f"own-{n}"))
+        measured, measured_steady = await bus_side(f"own-{n}")
+        own.append(measured)
+        own_steady.append(measured_steady)
         fs.append(await faststream_side(f"fs-{n}"))
         fs_batch.append(await faststream_batch_side(f"fs-batch-{n}"))
-    return max(fs), max(fs_batch), max(own)
+    return _best(fs), _best(fs_batch), _best(own), _best(own_steady)
+
+
+async def _offline(broker: Any) -> Any:
+    """The broker's only subscriber, started as the broker starts it, without connecting anywhere."""
+    broker._setup_logger()  # what `connect()` sets up once connected
+    (sub,) = broker.subscribers
+    await SubscriberUsecase.start(sub)  # FastStream's own start: the handler's model, the lock
+    sub._post_start()
+    return sub
+
+
+async def _ceiling(
+    messages: int,
+) -> tuple[tuple[float, float], tuple[float, float] | None, tuple[float, float]]:
+    """Per-message FastStream subscribers with no broker I/O, each handed `messages` in memory: each
+    (msg/s, CPU µs/msg).
+
+    (FastStream's core pipeline with parsing and decoding free; a stock RedisBroker subscriber, None
+    without the redis client; a BusBroker subscriber.)
+    """
+
+    def counting(broker: Any, **options: Any) -> list[int]:
+        count = [0]
+
+        @broker.subscriber(TOPIC, **options)
+        async def handle(body: dict[str, int]) -> None:
+            count[0] += 1
+
+        return count
+
+    async def drain(count: list[int], raw: list[Any], deliver: Callable[[Any], Any]) -> tuple[float, float]:
+        clock = _Clock()
+        clock.start()
+        for m in raw:
+            await deliver(m)
+        measured = clock.stop(len(raw))
+        if count[0] != len(raw):
+            raise RuntimeError(f"the subscriber handled {count[0]} of {len(raw)}")
+        return measured
+
+    async def core_side() -> tuple[float, float]:
+        # FastStream's own `SubscriberUsecase.process_message` (its scope, middlewares, call, ack),
+        # unchanged, on a subscriber whose parser and decoder hand over bodies already decoded: what
+        # every FastStream broker pays per message before any parsing or delivery of its own.
+        async def parse(raw: dict[str, int]) -> StreamMessage[Any]:
+            return StreamMessage(raw_message=raw, body=raw, correlation_id="c", message_id="m")
+
+        async def decode(msg: StreamMessage[Any]) -> Any:
+            return msg.body
+
+        broker = BusBroker(logger=None)
+        count = counting(broker, group="ceiling", parser=parse, decoder=decode)
+        sub = await _offline(broker)
+
+        async def deliver(raw: dict[str, int]) -> None:
+            with suppress(Exception):  # as `consume`, which would run the broker's own pipeline
+                await SubscriberUsecase.process_message(sub, raw)
+
+        return await drain(count, [{"i": i} for i in range(messages)], deliver)
+
+    async def redis_side() -> tuple[float, float]:
+        from faststream.redis import RedisBroker
+        from faststream.redis.testing import ChannelVisitor, build_message
+
+        broker = RedisBroker(logger=None)
+        count = counting(broker)
+        sub = await _offline(broker)
+        serializer = broker.config.fd_config._serializer
+        visitor = ChannelVisitor()  # a Redis channel's message, as FastStream's TestRedisBroker builds it
+        raw = [
+            visitor.get_message(
+                TOPIC,
+                await build_message(
+                    message={"i": i},
+                    correlation_id=str(uuid.uuid4()),
+                    message_format=sub.config.message_format,
+                    serializer=serializer,
+                ),
+                sub,
+            )
+            for i in range(messages)
+        ]
+        return await drain(count, raw, sub.consume)  # what its reader loop calls per message
+
+    async def bus_broker_side() -> tuple[float, float]:
+        broker = BusBroker(logger=None)
+        count = counting(broker, group="ceiling")
+        sub = await _offline(broker)
+        now = datetime.now(UTC)
+        raw = [
+            Message(
+                topic=TOPIC,
+                partition=str(i % PARTITIONS),
+                offset=i,
+                key=None,
+                headers={"content-type": "application/json"},
+                payload=json.dumps({"i": i}).encode(),
+                created_at=now,
+            )
+            for i in range(messages)
+        ]
+        return await drain(count, raw, sub._handle)  # what the group's worker calls per message
+
+    try:
+        import faststream.redis  # noqa: F401 - needs the redis client (the bench extra)
+    except ImportError:
+        print("faststream[redis] is not installed: no stock RedisBroker row", file=sys.stderr)
+        has_redis = False
+    else:
+        has_redis = True
+    core: list[tuple[float, float]] = []
+    stock: list[tuple[float, float]] = []
+    ours: list[tuple[float, float]] = []
+    for _ in range(2):  # alternate rounds, the best of each
+        core.append(await core_side())
+        if has_redis:
+            stock.append(await redis_side())
+        ours.append(await bus_broker_side())
+    return _best(core), (_best(stock) if stock else None), _best(ours)
 
 
 async def _latency(dsn: str, schema: str, b: bus.Bus, count: int, rate: float) -> tuple[float, float]:
@@ -230,7 +403,8 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     messages, jobs, lat_count, sql_count = (2_000, 300, 60, 300) if quick else (20_000, 3_000, 400, 3_000)
     try:
         await b.create_topic(TOPIC, partitions=PARTITIONS)
-        fs_rate, fs_batch_rate, own_rate = await _throughput(dsn, schema, b, messages)
+        fs, fs_batch, own, own_steady = await _throughput(dsn, schema, b, messages)
+        core_ceiling, stock_ceiling, bus_ceiling = await _ceiling(messages)
         fs_queue_rate, own_queue_rate = await _queue(dsn, schema, b, jobs)
         fs_p50, own_p50 = await _latency(dsn, schema, b, lat_count, 100.0)
         sql_us, own_us = await _sql_publish(dsn, schema, b, sql_count)
@@ -238,26 +412,41 @@ async def run(dsn: str, quick: bool) -> list[Result]:
         async with b.pool.acquire() as conn:
             await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')  # generated bench schema name
         await b.close()
-    return [
-        Result(
-            SCENARIO,
+    # The ceilings have no group to join: against `subscribe` from its first message to its last.
+    steady = (own_steady, "bus subscribe, first to last message")
+    from_start = (own, "bus subscribe")
+    rows = [
+        (
+            f"FastStream's ceiling: its per-message pipeline alone, no parsing, no I/O ({messages:,} msgs)",
+            core_ceiling,
+            steady,
+            "≥ 0.8×",  # missed: then no per-message FastStream subscriber of any broker can meet it
+        ),
+        (f"stock RedisBroker subscriber, no I/O ({messages:,} msgs in memory)", stock_ceiling, steady, None),
+        (
+            f"BusBroker subscriber pipeline, no I/O ({messages:,} msgs in memory)",
+            bus_ceiling,
+            steady,
+            "≥ 0.8×",  # missed: then BusBroker's per-message subscriber cannot meet it over any delivery
+        ),
+        (
             f"FastStream subscriber throughput ({messages:,} msgs, {PARTITIONS} partitions)",
-            fs_rate,
-            "msg/s",
-            own_rate,
-            "bus subscribe",
-            True,
+            fs,
+            from_start,
             "≥ 0.8×",
         ),
-        Result(
-            SCENARIO,
+        (
             f"FastStream batch subscriber throughput ({messages:,} msgs, {PARTITIONS} partitions, batch=True)",
-            fs_batch_rate,
-            "msg/s",
-            own_rate,
-            "bus subscribe",
-            True,
+            fs_batch,
+            from_start,
             "≥ 0.8×",
+        ),
+    ]
+    return [
+        *(
+            Result(SCENARIO, name, value[0], "msg/s", base[0], base_name, True, target, _cpu(value, base))
+            for name, value, (base, base_name), target in rows
+            if value is not None  # the stock RedisBroker row needs the redis client
         ),
         Result(
             SCENARIO,

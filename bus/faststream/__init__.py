@@ -14,7 +14,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Iterable, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -46,6 +46,7 @@ from faststream._internal.testing.broker import TestBroker, change_producer
 from faststream.exceptions import FeatureNotSupportedException, IncorrectState, SubscriberNotFound
 from faststream.message import StreamMessage, decode_message, gen_cor_id
 from faststream.middlewares import AckPolicy
+from faststream.middlewares.logging import CriticalLogMiddleware
 from faststream.response import Response, ensure_response
 from faststream.response.publish_type import PublishType
 from faststream.response.response import PublishCommand
@@ -469,31 +470,38 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
     # context scope, the middlewares entered in order and left in reverse (an error one of them
     # handles goes no further out), the first suitable call, its result published to the reply
     # topic and the handler's publishers. What stays the same from one message to the next (the
-    # middleware factories, the scope's items) is built once, and the middlewares nest as `async
-    # with` blocks instead of an AsyncExitStack: the per-message cost that was most of a
-    # subscriber's time, where `subscribe` pays a handler call.
+    # middleware factories, the scope's items) is built once, the middlewares nest as `async with`
+    # blocks instead of an AsyncExitStack, the message's scope is left without an ExitStack, and a
+    # broker without a logger (`logger=None`) leaves out FastStream's error-logging middleware,
+    # which would only log to nothing. Each of these is work FastStream's own does per message, on
+    # top of calling the handler, where `subscribe` pays the handler call alone.
 
     def _pipeline(self) -> tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]]:
         """(middleware factories, context scope items), built again only if the broker's changed."""
         config = self._outer_config
-        key = (config.broker_middlewares, self.ack_policy, config.logger.logger.logger)
+        logger = config.logger.logger.logger
+        key = (config.broker_middlewares, self.ack_policy, logger)
         if self._pipeline_key != key:
             self._pipeline_key = key
+            factories = tuple(self._SubscriberUsecase__build__middlewares_stack())  # type: ignore[attr-defined]
+            if logger is None:
+                factories = tuple(f for f in factories if not isinstance(f, CriticalLogMiddleware))
             self._pipeline_built = (
-                tuple(self._SubscriberUsecase__build__middlewares_stack()),  # type: ignore[attr-defined]
-                (
-                    ("handler_", self),
-                    ("logger", config.logger.logger.logger),
-                    *config.extra_context.items(),
-                ),
+                factories,
+                (("handler_", self), ("logger", logger), *config.extra_context.items()),
             )
         return self._pipeline_built
 
     async def process_message(self, msg: Message) -> Response:
         context = self._outer_config.context
         factories, scope = self._pipeline()
-        with self.lock, context.scopes(scope), ExitStack() as message_scope:
-            return await self._enter(msg, context, factories, 0, [], message_scope)
+        message_scope: list[Any] = []  # the message's own context scope, once a call took it
+        with self.lock, context.scopes(scope):
+            try:
+                return await self._enter(msg, context, factories, 0, [], message_scope)
+            finally:
+                for entered in message_scope:
+                    entered.__exit__(None, None, None)
 
     async def _enter(
         self,
@@ -502,7 +510,7 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         factories: tuple[Any, ...],
         index: int,
         middlewares: list[Any],
-        message_scope: ExitStack,
+        message_scope: list[Any],
     ) -> Response:
         if index == len(factories):
             return await self._call(msg, context, middlewares, message_scope)
@@ -513,16 +521,16 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         return ensure_response(None)  # the error was handled by a middleware
 
     async def _call(
-        self, msg: Message, context: ContextRepo, middlewares: list[Any], message_scope: ExitStack
+        self, msg: Message, context: ContextRepo, middlewares: list[Any], message_scope: list[Any]
     ) -> Response:
         cache: dict[Any, Any] = {}
         for h in self.calls:
             message = await h.is_suitable(msg, cache)  # a parsing error goes out through the middlewares
             if message is None:
                 continue
-            message_scope.enter_context(
-                context.scopes((("log_context", self.get_log_context(message)), ("message", message)))
-            )
+            entered = context.scopes((("log_context", self.get_log_context(message)), ("message", message)))
+            entered.__enter__()
+            message_scope.append(entered)
             result = ensure_response(
                 await h.call(message=message, _extra_middlewares=(m.consume_scope for m in middlewares[::-1]))
             )

@@ -11,6 +11,7 @@ functions (the real statements still run).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pydantic
@@ -235,6 +236,58 @@ async def test_middlewares_nest_and_an_error_one_handles_is_not_retried(
     ]
 
 
+async def test_a_logger_gets_the_access_log_and_the_handlers_error_and_middlewares_see_the_message(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger(f"test.faststream.{schema}")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    seen_on_exit: list[Any] = []
+
+    class Watch(BaseMiddleware):
+        async def after_processed(
+            self, exc_type: Any = None, exc_val: Any = None, exc_tb: Any = None
+        ) -> bool:
+            # The message's context scope lasts until the middlewares are left.
+            seen_on_exit.append(self.context.get_local("message").message_id)
+            return False
+
+    attempts: list[int] = []
+    logged = BusBroker(dsn, schema=schema, logger=logger, middlewares=[Watch], **FAST)
+    silent = _broker(dsn, schema, middlewares=[Watch])
+    for broker, group in ((logged, "logged"), (silent, "silent")):
+
+        @broker.subscriber(
+            "orders", group=group, start="earliest", retry=bus.Retry(max_attempts=2, backoff=0.01)
+        )
+        async def h(order: Order) -> None:
+            attempts.append(order.id)
+            if len(attempts) % 2:
+                raise RuntimeError(f"boom {order.id}")
+
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        await b.create_topic("orders", partitions=1)
+        await b.publish("orders", {"id": 1, "amount": 1})
+    for broker in (logged, silent):
+        async with broker:
+            await broker.start()
+            wanted = len(attempts) + 2  # failed, retried, handled
+            await eventually(lambda: len(attempts) >= wanted)  # noqa: B023 - awaited right here
+    assert attempts == [1, 1, 1, 1]
+    assert seen_on_exit == ["orders/0@0"] * 4
+    messages = [(r.levelno, r.getMessage()) for r in records]
+    # FastStream's access log and its error line, from the broker with a logger only.
+    assert (logging.ERROR, "RuntimeError: boom 1") in messages
+    assert [m for level, m in messages if level == logging.INFO].count("Received") == 2
+    assert [m for level, m in messages if level == logging.INFO].count("Processed") == 2
+
+
 async def test_reply_to_gets_the_result_with_the_correlation_id(
     dsn: str, schema: str, drop_schema: None
 ) -> None:
@@ -405,3 +458,40 @@ async def test_stopping_commits_only_what_the_handler_saw(
         (partition,) = (await b.admin.describe_group("billing")).partitions
     assert partition.committed is not None
     assert sorted(seen) == list(range(partition.committed))
+
+
+async def test_with_real_batch_subscriber_gets_what_is_published_and_publishes_its_result(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    broker = _broker(dsn, schema)
+    batches: list[list[Order]] = []
+
+    @broker.subscriber("orders", group="billing", start="earliest", batch=True, max_records=50)
+    @broker.publisher("totals")
+    async def bill(orders: list[Order]) -> int:
+        batches.append(orders)
+        return sum(o.amount for o in orders)
+
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        await b.create_topic("orders", partitions=1)
+        await b.create_topic("totals", partitions=1)
+    totals = broker.publishers[0]
+    async with TestBusBroker(broker, with_real=True) as br:
+        for i in range(3):
+            await br.publish(Order(id=i, amount=i + 1), "orders", key="cust-1")
+        await eventually(lambda: sum(map(len, batches)) >= 3)
+        # Each message once, in order, decoded by the annotation.
+        assert [o for b in batches for o in b] == [Order(id=i, amount=i + 1) for i in range(3)]
+        # FastStream's handler mock sees each batch as the bodies it decoded.
+        assert [c.args[0] for c in bill.mock.call_args_list] == [[o.model_dump() for o in b] for b in batches]
+        # Each batch's result went through Postgres to the publisher's topic (read back by the
+        # subscriber TestBusBroker starts there for the publisher's mock).
+        await eventually(lambda: totals.mock.call_count >= len(batches))
+        assert sorted(c.args[0] for c in totals.mock.call_args_list) == sorted(
+            sum(o.amount for o in b) for b in batches
+        )
+    async with bus.connect(dsn, schema=schema, **FAST) as b:
+        described = await b.admin.describe_group("billing")
+        assert described.total_lag == 0  # committed after the handler
+        stored = [m.value(int) for m in await b.read("totals", partition="0", offset=0)]
+    assert sorted(stored) == sorted(sum(o.amount for o in b) for b in batches)
