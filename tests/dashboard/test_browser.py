@@ -161,16 +161,23 @@ def shoot(drv: Any, name: str, tmp_path: Path) -> None:
     assert drv.save_screenshot(str(target / f"{name}.png"))
 
 
-def click_confirmed(drv: Any, css: str, accept: bool = True) -> str:
-    """Click an action button and answer its confirmation dialog; returns the dialog's text."""
-    deadline = time.monotonic() + 10
+def click(drv: Any, css: str, timeout: float = 10.0) -> None:
+    """Click an element found afresh until the click lands: a live update may replace it in between."""
+    deadline = time.monotonic() + timeout
     while True:
         try:
             drv.find_element(By.CSS_SELECTOR, css).click()
-            break
+            return
         except StaleElementReferenceException:
             if time.monotonic() > deadline:
                 raise
+            time.sleep(0.05)
+
+
+def click_confirmed(drv: Any, css: str, accept: bool = True) -> str:
+    """Click an action button and answer its confirmation dialog; returns the dialog's text."""
+    click(drv, css)
+    deadline = time.monotonic() + 10
     while True:
         try:
             alert = drv.switch_to.alert
@@ -214,7 +221,7 @@ async def test_main_pages_load_without_console_errors(
                 time.sleep(0.05)
             assert needle in text_of(driver, css if name != "compaction" else "main"), name
             if name == "dead-letters":
-                driver.find_element(By.CSS_SELECTOR, "table#dead-letters summary").click()
+                click(driver, "table#dead-letters summary")
                 time.sleep(0.7)  # a live update or two: the error history stays open
                 assert "upstream 503" in text_of(driver, "ol.errors")
             if name in ("topics", "dead-letters", "claims"):
