@@ -23,7 +23,7 @@ from typing import Any
 
 from actors.runtime import Actor, ActorStoppedError, Message
 from storage import leases
-from storage.db import Lender
+from storage.db import Lender, Now, server_clock
 from storage.logs import get_logger
 
 
@@ -45,10 +45,11 @@ class Committer(Actor[Commit]):
 
     mailbox_size = 4096
 
-    def __init__(self, lender: Lender, group: str, timeout: float) -> None:
+    def __init__(self, lender: Lender, group: str, timeout: float, now: Now = server_clock) -> None:
         self._lender = lender
         self._group = group
         self._timeout = timeout
+        self._now = now  # the time the leases are judged live at (the Bus's)
         self._pending: list[Commit] = []
         self._writing: asyncio.Task[None] | None = None
         self._stopping = False
@@ -122,6 +123,7 @@ class Committer(Actor[Commit]):
                         self._group,
                         member_id,
                         [(pid, pos, ep) for pid, (pos, ep) in entries.items()],
+                        self._now(),
                     )
                     applied.update((pid, entries[pid][1]) for pid in done)
         except Exception as exc:

@@ -45,7 +45,7 @@ from actors.messages import (
 from actors.runtime import Actor, ActorRef, RestartStrategy, Supervisor
 from actors.worker import PartitionWorker, Sink, WorkerSpec
 from storage import membership
-from storage.db import TRANSIENT_ERRORS, Lender
+from storage.db import TRANSIENT_ERRORS, Lender, Now, server_clock
 from storage.logs import get_logger
 
 
@@ -76,6 +76,7 @@ class MemberSpec:
     fetch_size: int
     groups_channel: str
     messages_channel: str
+    now: Now = server_clock  # the time its session and its workers' leases are judged by (the Bus's)
 
 
 class Coordinator(Actor[CoordinatorMessage]):
@@ -119,8 +120,15 @@ class Coordinator(Actor[CoordinatorMessage]):
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
         )
         if self._sink.handler_mode:
-            lender, group, timeout = self._lender, self.spec.group, self.spec.lease_time / 2
-            self._committer = self._supervisor.spawn(lambda: Committer(lender, group, timeout), "committer")
+            lender, group, timeout, now = (
+                self._lender,
+                self.spec.group,
+                self.spec.lease_time / 2,
+                self.spec.now,
+            )
+            self._committer = self._supervisor.spawn(
+                lambda: Committer(lender, group, timeout, now), "committer"
+            )
         await self._join()
         self._notifier.signal(
             Subscribe(self.spec.groups_channel, self.spec.group, self.self_ref, GroupChanged())
@@ -166,6 +174,7 @@ class Coordinator(Actor[CoordinatorMessage]):
                 list(self.spec.topics),
                 self.spec.session_timeout,
                 self.spec.rebalance_delay,
+                now=self.spec.now(),
             )
         self._log = get_logger(__name__, group=self.spec.group, member=self.member_id)
         self._log.info("member_joined", rejoined=row["rejoined"], leader=row["leader"])
@@ -280,6 +289,7 @@ class Coordinator(Actor[CoordinatorMessage]):
             poll_interval=self.spec.poll_interval,
             fetch_size=self.spec.fetch_size,
             messages_channel=self.spec.messages_channel,
+            now=self.spec.now,
         )
         name = f"worker-{pid}-{next(self._names)}"
         self._worker_names[name] = pid

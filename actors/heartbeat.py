@@ -39,7 +39,7 @@ from actors.messages import (
 from actors.rebalancer import Rebalancer
 from actors.runtime import Actor, ActorRef, Supervisor
 from storage import membership, retention
-from storage.db import CONNECTION_ERRORS, TRANSIENT_ERRORS
+from storage.db import CONNECTION_ERRORS, TRANSIENT_ERRORS, Now, server_clock
 from storage.logs import get_logger
 
 
@@ -52,6 +52,9 @@ class MonitorConfig:
     max_poll_interval: float
     groups_channel: str
     topics_channel: str
+    # The time sessions and leases are written and judged at (the Bus's; a test's Clock moves it).
+    # A Bus in another process keeps its own: its sweep judges this one's members by real time.
+    now: Now = server_clock
 
 
 class HeartbeatMonitor(Actor[MonitorMessage]):
@@ -148,7 +151,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
                 self._members[key].signal(MemberFenced(key[1]))
 
     async def _heartbeat(self, keys: list[tuple[str, str]]) -> list[asyncpg.Record]:
-        args = ([g for g, _ in keys], [m for _, m in keys], self.config.lease_time)
+        args = ([g for g, _ in keys], [m for _, m in keys], self.config.lease_time, self.config.now())
         if self._connect is not None:
             return await self._heartbeat_on_own_connection(args)
         try:
@@ -163,7 +166,9 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             return await membership.heartbeat(self._pool, *args)
 
     async def _sweep_on(self, conn: Any) -> tuple[list[tuple[str, str]], list[str]]:
-        gone = await membership.sweep(conn, self.config.rebalance_delay, self.config.groups_channel)
+        gone = await membership.sweep(
+            conn, self.config.rebalance_delay, self.config.groups_channel, self.config.now()
+        )
         dead = await retention.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
         return gone, dead
 
@@ -238,6 +243,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
                 groups_channel=self.config.groups_channel,
                 topics_channel=self.config.topics_channel,
                 check_interval=check,
+                now=self.config.now,
             ),
             f"rebalancer-{group}-{next(self._rebalancer_names)}",
         )

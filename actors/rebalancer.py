@@ -28,7 +28,7 @@ from actors.messages import (
 from actors.runtime import Actor, ActorRef, Timer
 from storage import groups as group_sql
 from storage import membership
-from storage.db import TRANSIENT_ERRORS
+from storage.db import TRANSIENT_ERRORS, Now, server_clock
 from storage.logs import get_logger
 
 FINGERPRINT_EVERY = 4  # checks between looks for new partitions/topics
@@ -60,6 +60,7 @@ class Rebalancer(Actor[RebalancerMessage]):
         groups_channel: str,
         topics_channel: str,
         check_interval: float,
+        now: Now = server_clock,
     ) -> None:
         self.group = group
         self.leader_id = leader_id
@@ -68,6 +69,7 @@ class Rebalancer(Actor[RebalancerMessage]):
         self._groups_channel = groups_channel
         self._topics_channel = topics_channel
         self._check_interval = check_interval
+        self._now = now  # the time sessions and leases are judged by (the Bus's)
         self._fingerprint: tuple[int, int, int] | None = None
         self._checks = 0
         self._timer: Timer | None = None
@@ -107,7 +109,12 @@ class Rebalancer(Actor[RebalancerMessage]):
         if row["rebalance_due_at"] is not None:
             async with self._pool.acquire() as conn:
                 outcome = await membership.rebalance(
-                    conn, self.group, self.leader_id, compute_assignment, self._groups_channel
+                    conn,
+                    self.group,
+                    self.leader_id,
+                    compute_assignment,
+                    self._groups_channel,
+                    now=self._now(),
                 )
             if outcome.ran:
                 self._log.info("rebalanced", generation=outcome.generation, moved=outcome.moved)
@@ -115,7 +122,7 @@ class Rebalancer(Actor[RebalancerMessage]):
             elif outcome.reason == "not due":
                 self._wake_when_due(row["rebalance_due_at"])
         elif row["state"] == "rebalancing":
-            await membership.mark_stable(self._pool, self.group, row["generation"])
+            await membership.mark_stable(self._pool, self.group, row["generation"], self._now())
 
     def _wake_when_due(self, due: Any) -> None:
         import datetime as dt

@@ -34,7 +34,7 @@ from actors.messages import (
 )
 from actors.runtime import Actor, ActorRef, ActorStoppedError, Timer
 from storage import leases
-from storage.db import TRANSIENT_ERRORS, Lender
+from storage.db import TRANSIENT_ERRORS, Lender, Now, server_clock
 from storage.logs import get_logger
 from storage.names import validate_int, validate_seconds
 
@@ -125,6 +125,7 @@ class WorkerSpec:
     poll_interval: float
     fetch_size: int
     messages_channel: str
+    now: Now = server_clock  # the time its lease is taken, renewed and judged at (the Bus's)
 
 
 class PartitionWorker(Actor[WorkerMessage]):
@@ -197,6 +198,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                         self.spec.group,
                         self.spec.member_id,
                         [(self.spec.partition_id, position, epoch)],
+                        self.spec.now(),
                     )
                     committed = position if applied else None
                 await leases.release(
@@ -260,7 +262,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         if self._epoch is None:
             return True  # not holding the lease: acquiring it starts from the committed offset
         try:
-            row = await leases.state(self._pool, self.spec.group, self.spec.partition_id)
+            row = await leases.state(self._pool, self.spec.group, self.spec.partition_id, self.spec.now())
         except TRANSIENT_ERRORS as exc:
             self._log.warning("rewind_failed", error=repr(exc))
             return False
@@ -280,6 +282,7 @@ class PartitionWorker(Actor[WorkerMessage]):
             self.spec.member_id,
             self.spec.generation,
             self.spec.lease_time,
+            self.spec.now(),
         )
         if got is None:
             return False
@@ -305,7 +308,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         limit = self._fetch_size
         rows = await leases.fetch(
             self._lender, self.spec.group, self.spec.partition_id, self.spec.member_id,
-            self._epoch, self._position, limit,
+            self._epoch, self._position, limit, self.spec.now(),
         )  # fmt: skip
         # Fetch sizes follow the lag: a full fetch doubles the next one (up to 4x the
         # configured size), a short one goes back to the configured size.
@@ -334,7 +337,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         # On the hot path's lent connection: an idle partition runs this after every empty poll,
         # and a pool acquire would add the pool's reset statement to each (a third of an idle
         # group's statements).
-        row = await leases.state(self._lender, self.spec.group, self.spec.partition_id)
+        row = await leases.state(self._lender, self.spec.group, self.spec.partition_id, self.spec.now())
         if (
             row is None
             or row["owner"] != self.spec.member_id
@@ -484,6 +487,6 @@ class PartitionWorker(Actor[WorkerMessage]):
             except ActorStoppedError:
                 pass  # the member is stopping, or the Committer gave up: write it here
         applied = await leases.commit(
-            self._lender, spec.group, spec.member_id, [(spec.partition_id, position, epoch)]
+            self._lender, spec.group, spec.member_id, [(spec.partition_id, position, epoch)], spec.now()
         )
         return spec.partition_id in applied

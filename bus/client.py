@@ -193,6 +193,7 @@ class Bus:
                 max_poll_interval=c.max_poll_interval,
                 groups_channel=self.channels.groups,
                 topics_channel=self.channels.topics,
+                now=lambda: self.context.now(),  # a test's Clock moves it (bus.testing)
             ),
             self.channels.messages,
         )

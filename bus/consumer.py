@@ -126,6 +126,7 @@ def _member_spec(ctx: BusContext, m: _Member) -> MemberSpec:
         fetch_size=m.fetch_size,
         groups_channel=ctx.channels.groups,
         messages_channel=ctx.channels.messages,
+        now=lambda: ctx.now(),  # read at each statement: a Clock made later still moves it
     )
 
 
@@ -380,7 +381,7 @@ class Consumer(_MemberBase):
             return []
         while pending:
             applied, gone = await leases.commit_all(
-                conn, self.group, self.member_id, pending, durable=durable
+                conn, self.group, self.member_id, pending, durable=durable, now=self._ctx.now()
             )
             if applied:
                 return pending

@@ -118,7 +118,7 @@ async def cancel_job(ctx: BusContext, topic: str, rec: Any) -> bool:
     pid, offset = await _job(ctx, topic, rec)
     with db.translate_errors():
         async with ctx.pool.acquire() as conn, conn.transaction():
-            return await sql.cancel(conn, topic, pid, offset, ctx.channels.results)
+            return await sql.cancel(conn, topic, pid, offset, ctx.channels.results, ctx.now())
 
 
 async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | timedelta) -> Any:  # noqa: ASYNC109 - the public API's shape

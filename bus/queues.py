@@ -45,7 +45,8 @@ import os
 import socket
 import time
 import uuid
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import asyncpg
@@ -169,8 +170,9 @@ class _QueueWriter:
     the write's exception) once it committed.
     """
 
-    def __init__(self, lender: db.Lender) -> None:
+    def __init__(self, lender: db.Lender, now: Callable[[], datetime | None]) -> None:
         self._lender = lender
+        self._now = now  # the time the takes judge leases by (the Bus's context: a test's Clock moves it)
         self._acks: Lane[_AckRequest] = Lane(
             self._write_acks, _MAX_ACK_BATCH, _PARALLEL, weight=_ack_weight, split_at=_SPLIT_AT
         )
@@ -228,6 +230,7 @@ class _QueueWriter:
                 timeout,
                 ordered=ordered,
                 limited_topics=self._limited_topics,
+                now=self._now(),
             )
         # A limited queue's takes run one at a time in every process anyway (storage/queues.py):
         # one write at a time here, with every request that arrived meanwhile, instead of two
@@ -242,7 +245,7 @@ class _QueueWriter:
 
 
 def _writer_of(ctx: BusContext) -> _QueueWriter:
-    return ctx.state(_QueueWriter, lambda: _QueueWriter(ctx.lender))
+    return ctx.state(_QueueWriter, lambda: _QueueWriter(ctx.lender, lambda: ctx.now()))
 
 
 class QueueWake(ActorMessage, frozen=True):
@@ -376,7 +379,7 @@ class QueueConsumer:
             self._in_flight.clear()
             try:
                 with db.translate_errors():
-                    await sql.return_unacked(self._ctx.pool, jobs)
+                    await sql.return_unacked(self._ctx.pool, jobs, self._ctx.now())
                 self._announce({j[0] for j in jobs})
             except Exception:  # closing must not fail; the jobs come back by timeout anyway
                 self._log.warning("queue_return_unacked_failed", exc_info=True)
@@ -420,7 +423,7 @@ class QueueConsumer:
         """How long an empty take may sleep when no NOTIFY comes."""
         fallback = self._ctx.config.fallback_poll
         with db.translate_errors():
-            until = await sql.seconds_until_visible(self._ctx.pool, self.topic)
+            until = await sql.seconds_until_visible(self._ctx.pool, self.topic, self._ctx.now())
         if until is None:
             return fallback
         if until <= 0:
@@ -488,7 +491,7 @@ class QueueConsumer:
         async def give_back() -> None:
             try:
                 with db.translate_errors():
-                    await sql.return_unacked(self._ctx.lender, jobs)
+                    await sql.return_unacked(self._ctx.lender, jobs, self._ctx.now())
                 self._announce({j[0] for j in jobs})
             except Exception:  # the jobs come back by their visibility timeout anyway
                 self._log.warning("queue_give_back_failed", exc_info=True)
@@ -652,7 +655,7 @@ class QueueConsumer:
                 if self.ordered_by_key:
                     self._announce({pid})
                 return
-            ok = await sql.nack(self._ctx.pool, pid, msg.offset, epoch, delay, reason)
+            ok = await sql.nack(self._ctx.pool, pid, msg.offset, epoch, delay, reason, self._ctx.now())
             _metrics.queue_nacked(self.topic)
         if not ok:
             raise self._lost(msg, "nack")

@@ -19,8 +19,10 @@ Fixtures:
 Helpers: `await wait_consumed(b, "group")` returns once the group has
 committed everything published to its topics before the call;
 `await eventually(check)` waits for a condition instead of a blind sleep;
-`Clock(b).advance(seconds)` moves the time claim and event store leases are
-judged by, so a test expires a lease without sleeping past it.
+`Clock(b).advance(seconds)` moves the time b's leases and expiries are judged
+by (claims, event store claims, queue visibility timeouts and delays, group
+partition leases and member sessions), so a test expires one without
+sleeping past it.
 
     from bus.testing import wait_consumed
 
@@ -71,11 +73,24 @@ FAST: dict[str, Any] = dict(FAST_TIMINGS)
 
 
 class Clock:
-    """A movable clock for one Bus's lease and expiry statements (claims, event store claims).
+    """A movable clock for one Bus's lease and expiry statements.
 
-    `Clock(b).advance(31)` and a 30-second claim lease has run out for every
-    statement of `b` that judges it; other Buses, and the server, keep real time.
-    Until advanced, and after `reset()`, the server's clock is used as always.
+    `Clock(b).advance(31)` and a 30-second lease has run out for every
+    statement of `b` that judges it: claims and event store claims; queue
+    jobs' visibility timeouts, nack delays and delayed publishes (a take
+    hands them out, a nacked job comes back), and a queue's rate window;
+    consumer groups' partition leases and member sessions (b's heartbeats,
+    session sweeps, rebalances and fenced commits). Leases and sessions b
+    writes from then on start at the moved time too: past an advance shorter
+    than a session, b's beating members stay while a silent one expires; an
+    advance longer than `lease_time` also ends the leases b's own workers hold.
+
+    Only `b` moves. Other Buses, in this process or another (a group's
+    heartbeat monitor or a second member in a subprocess), and the server
+    keep real time: a sweep of another Bus judges b's sessions by real time,
+    and b's sweep judges theirs by the moved one. Publish times, rebalance
+    delays and what the admin shows stay on the server's clock. Until
+    advanced, and after `reset()`, the server's clock is used as always.
     """
 
     def __init__(self, b: bus.Bus) -> None:

@@ -7,11 +7,18 @@ While a group forms (no member holds a partition yet) each join moves the
 rebalance to `rebalance_delay` after it, up to 10 x `rebalance_delay` after
 its earliest member joined: processes that start together, each joining its
 members one by one, make one generation instead of one per wave.
+
+Sessions (`last_heartbeat` against `session_timeout`) and the partition leases
+a heartbeat renews are written and judged at a `now` the statements take as a
+parameter, `COALESCE($n::timestamptz, clock_timestamp())`: NULL (the default)
+is the server's clock; a test's `bus.testing.Clock` moves it. Rebalance delays
+always run on the server's clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -19,22 +26,23 @@ import asyncpg
 from storage.db import Conn, Connection
 
 # $1 group, $2 member_id, $3 instance_id, $4 client_id, $5 host, $6 pid, $7 topics,
-# $8 session_timeout, $9 rebalance_delay, $10 the member's group protocol. A static member (instance_id) that comes
+# $8 session_timeout, $9 rebalance_delay, $10 the member's group protocol, $11 now (the session's
+# clock; NULL: the server's). A static member (instance_id) that comes
 # back before its session expired takes its row over: same member id, same
 # assignment, no rebalance.
 JOIN = """
 WITH prev AS (
     SELECT member_id FROM members
     WHERE group_name = $1 AND member_id = $2
-      AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)
+      AND last_heartbeat > COALESCE($11::timestamptz, clock_timestamp()) - make_interval(secs => session_timeout)
 ), up AS (
     INSERT INTO members (group_name, member_id, instance_id, client_id, host, pid, topics, session_timeout,
-                         protocol)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
+                         protocol, last_heartbeat)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10, COALESCE($11::timestamptz, clock_timestamp()))
     ON CONFLICT (group_name, member_id) DO UPDATE
        SET client_id = EXCLUDED.client_id, host = EXCLUDED.host, pid = EXCLUDED.pid,
            topics = EXCLUDED.topics, session_timeout = EXCLUDED.session_timeout, protocol = EXCLUDED.protocol,
-           last_heartbeat = clock_timestamp()
+           last_heartbeat = EXCLUDED.last_heartbeat
     RETURNING member_id, generation
 ), g AS (
     UPDATE groups
@@ -89,18 +97,19 @@ RETURNING name
 # One statement for every local member of every group: their heartbeats and
 # their leases; back come each group's generation and leader. It never locks a
 # group row (a group's liveness is its members' heartbeats), so it cannot
-# deadlock with a rebalance, which locks the group row first, then members.
+# deadlock with a rebalance, which locks the group row first, then members. $4: now.
 HEARTBEAT = """
 WITH hb AS (
-    UPDATE members m SET last_heartbeat = clock_timestamp()
+    UPDATE members m SET last_heartbeat = COALESCE($4::timestamptz, clock_timestamp())
     FROM unnest($1::text[], $2::text[]) AS u(g, mid)
     WHERE m.group_name = u.g AND m.member_id = u.mid
-      AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout)
+      AND m.last_heartbeat > COALESCE($4::timestamptz, clock_timestamp()) - make_interval(secs => m.session_timeout)
     RETURNING m.group_name, m.member_id, m.generation
 ), leases AS (
-    UPDATE offsets o SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
+    UPDATE offsets o SET lease_expires_at = COALESCE($4::timestamptz, clock_timestamp()) + make_interval(secs => $3)
     FROM hb
-    WHERE o.group_name = hb.group_name AND o.owner = hb.member_id AND o.lease_expires_at > clock_timestamp()
+    WHERE o.group_name = hb.group_name AND o.owner = hb.member_id
+      AND o.lease_expires_at > COALESCE($4::timestamptz, clock_timestamp())
 )
 SELECT hb.group_name, hb.member_id, hb.generation AS member_generation,
        g.generation AS group_generation, g.leader, g.state
@@ -110,10 +119,10 @@ FROM hb JOIN groups g ON g.name = hb.group_name
 # Members whose session expired, in any process. Lock order everywhere: the
 # group row first, then member rows (as the Rebalancer does). DELETE …
 # RETURNING with SKIP LOCKED: two processes sweeping at once never remove a
-# member twice.
+# member twice. $1 (EXPIRED_GROUPS), $2 (SWEEP_MEMBERS): now.
 EXPIRED_GROUPS = """
 SELECT DISTINCT group_name FROM members
-WHERE last_heartbeat < clock_timestamp() - make_interval(secs => session_timeout)
+WHERE last_heartbeat < COALESCE($1::timestamptz, clock_timestamp()) - make_interval(secs => session_timeout)
 ORDER BY group_name
 """
 
@@ -127,7 +136,7 @@ WITH gone AS (
     WHERE (group_name, member_id) IN (
         SELECT group_name, member_id FROM members
         WHERE group_name = ANY($1::text[])
-          AND last_heartbeat < clock_timestamp() - make_interval(secs => session_timeout)
+          AND last_heartbeat < COALESCE($2::timestamptz, clock_timestamp()) - make_interval(secs => session_timeout)
         FOR UPDATE SKIP LOCKED)
     RETURNING group_name, member_id
 ), rel AS (
@@ -172,10 +181,12 @@ SELECT name, generation, state, leader, assignor, rebalance_due_at,
 FROM groups WHERE name = $1 FOR NO KEY UPDATE
 """
 
+# $2: now.
 LIVE_MEMBERS = """
 SELECT member_id, instance_id, topics, assignment, joined_at, COALESCE(protocol, 1) AS protocol
 FROM members
-WHERE group_name = $1 AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)
+WHERE group_name = $1
+  AND last_heartbeat > COALESCE($2::timestamptz, clock_timestamp()) - make_interval(secs => session_timeout)
 ORDER BY member_id
 """
 
@@ -210,14 +221,16 @@ UPDATE groups SET rebalance_due_at = COALESCE(rebalance_due_at, clock_timestamp(
 WHERE name = $1
 """
 
-# Stable once every assigned partition's lease is held by the member it is assigned to.
+# Stable once every assigned partition's lease is held by the member it is assigned to (live at $3: now).
 MARK_STABLE = """
 UPDATE groups g SET state = 'stable', updated_at = clock_timestamp()
 WHERE g.name = $1 AND g.generation = $2 AND g.state = 'rebalancing' AND g.rebalance_due_at IS NULL
   AND NOT EXISTS (
       SELECT 1 FROM members m CROSS JOIN LATERAL unnest(m.assignment) AS a(pid)
       LEFT JOIN offsets o ON o.group_name = m.group_name AND o.partition_id = a.pid
-      WHERE m.group_name = g.name AND (o.owner IS DISTINCT FROM m.member_id OR o.lease_expires_at <= clock_timestamp()))
+      WHERE m.group_name = g.name
+        AND (o.owner IS DISTINCT FROM m.member_id
+             OR o.lease_expires_at <= COALESCE($3::timestamptz, clock_timestamp())))
 RETURNING name
 """
 
@@ -243,10 +256,11 @@ async def current_protocol(conn: Conn, group: str) -> int | None:
     return None if value is None else int(value)
 
 
-async def join(conn: Connection, *args: Any) -> asyncpg.Record:
+async def join(conn: Connection, *args: Any, now: datetime | None = None) -> asyncpg.Record:
+    """Join (JOIN's $1..$9), the session starting at `now` (None: the server's clock)."""
     async with conn.transaction():
         await conn.execute(LOCK_GROUPS, [args[0]])
-        row = await conn.fetchrow(JOIN, *args, PROTOCOL)
+        row = await conn.fetchrow(JOIN, *args, PROTOCOL, now)
     assert row is not None, "group row missing at join: record_group must run first"
     return row
 
@@ -259,19 +273,25 @@ async def leave(conn: Connection, group: str, member_id: str, delay: float, chan
 
 
 async def heartbeat(
-    conn: Conn, groups: list[str], members: list[str], lease_time: float
+    conn: Conn, groups: list[str], members: list[str], lease_time: float, now: datetime | None = None
 ) -> list[asyncpg.Record]:
-    return list(await conn.fetch(HEARTBEAT, groups, members, lease_time))
+    """Beat for the members whose session is live at `now` (None: the server's clock), renewing their leases."""
+    return list(await conn.fetch(HEARTBEAT, groups, members, lease_time, now))
 
 
-async def sweep(conn: Connection, delay: float, channel: str) -> list[tuple[str, str]]:
-    """Remove members whose session expired (any process); returns (group, member) removed."""
-    candidates = [r[0] for r in await conn.fetch(EXPIRED_GROUPS)]
+async def sweep(
+    conn: Connection, delay: float, channel: str, now: datetime | None = None
+) -> list[tuple[str, str]]:
+    """Remove members whose session expired at `now` (None: the server's clock), of any process.
+
+    Returns the (group, member) removed.
+    """
+    candidates = [r[0] for r in await conn.fetch(EXPIRED_GROUPS, now)]
     if not candidates:
         return []
     async with conn.transaction():
         await conn.execute(LOCK_GROUPS, candidates)
-        gone = [(r[0], r[1]) for r in await conn.fetch(SWEEP_MEMBERS, candidates)]
+        gone = [(r[0], r[1]) for r in await conn.fetch(SWEEP_MEMBERS, candidates, now)]
         if gone:
             groups = sorted({g for g, _ in gone})
             await conn.execute(AFTER_SWEEP, groups, delay, [m for _, m in gone])
@@ -298,8 +318,9 @@ async def partition_fingerprint(conn: Conn, group: str) -> tuple[int, int, int]:
     return (int(row[0]), int(row[1]), int(row[2]))
 
 
-async def mark_stable(conn: Conn, group: str, generation: int) -> bool:
-    return await conn.fetchval(MARK_STABLE, group, generation) is not None
+async def mark_stable(conn: Conn, group: str, generation: int, now: datetime | None = None) -> bool:
+    """Mark the group stable once its members hold their partitions' leases, live at `now` (None: the server's)."""
+    return await conn.fetchval(MARK_STABLE, group, generation, now) is not None
 
 
 class RebalanceOutcome:
@@ -323,6 +344,7 @@ async def rebalance(
     channel: str,
     *,
     force: bool = False,
+    now: datetime | None = None,
 ) -> RebalanceOutcome:
     """Run one rebalance of `group` if it is due and `leader_id` leads it.
 
@@ -330,7 +352,8 @@ async def rebalance(
     instance_id, topics, previous assignment) and the group's partitions (id,
     topic, name) and returns {member_id: [partition ids]}. Generation and every
     member's assignment are written in one transaction, then a NOTIFY tells
-    the members.
+    the members. Live members: those whose session has not run out at `now`
+    (None: the server's clock).
     """
     from storage.groups import materialize_offsets
 
@@ -342,7 +365,7 @@ async def rebalance(
             return RebalanceOutcome(False, g["generation"], reason="not leader")
         if not (g["due"] or force):
             return RebalanceOutcome(False, g["generation"], reason="not due")
-        members = list(await conn.fetch(LIVE_MEMBERS, group))
+        members = list(await conn.fetch(LIVE_MEMBERS, group, now))
         parts = list(await conn.fetch(GROUP_PARTITION_LIST, group))
         await materialize_offsets(conn, group, [p["id"] for p in parts])
         plan: dict[str, list[int]] = compute(members, parts, g["assignor"])

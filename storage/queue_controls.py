@@ -9,6 +9,7 @@ the results channel with the payload "<partition id>:<offset>".
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -44,14 +45,16 @@ PARTITION_ID = "SELECT id FROM partitions WHERE topic = $1 AND name = $2"
 # cancelled, so nothing takes it again.
 LOCK_FRONTIER = "SELECT next_offset FROM queue_frontiers WHERE partition_id = $1 FOR UPDATE"
 
+# $3: the time leases are judged by (NULL: the server's clock; a test's Clock moves it).
 JOB_STATE = """
-SELECT j.detached, j.leased_by, j.visible_at > clock_timestamp() AS held_own, j.errors::text AS errors,
+SELECT j.detached, j.leased_by, j.visible_at > COALESCE($3::timestamptz, clock_timestamp()) AS held_own, j.errors::text AS errors,
        l.leased_by AS range_by, l.visible_at AS range_until
 FROM queue_jobs j
 LEFT JOIN LATERAL (
     SELECT l.leased_by, l.visible_at FROM queue_leases l
     WHERE NOT j.detached AND l.partition_id = j.partition_id
-      AND l.first_offset <= j."offset" AND l.last_offset >= j."offset" AND l.visible_at > clock_timestamp()
+      AND l.first_offset <= j."offset" AND l.last_offset >= j."offset"
+      AND l.visible_at > COALESCE($3::timestamptz, clock_timestamp())
     ORDER BY l.first_offset DESC
     LIMIT 1
 ) AS l ON true
@@ -138,10 +141,15 @@ async def partition_id(conn: Conn, topic: str, partition: str) -> int | None:
     return None if value is None else int(value)
 
 
-async def cancel(conn: Connection, topic: str, pid: int, offset: int, channel: str) -> bool:
-    """Cancel a job (inside the caller's transaction): False when it is no longer there."""
+async def cancel(
+    conn: Connection, topic: str, pid: int, offset: int, channel: str, now: datetime | None = None
+) -> bool:
+    """Cancel a job (inside the caller's transaction): False when it is no longer there.
+
+    A job whose lease has not run out at `now` (None: the server's clock) keeps it.
+    """
     await conn.fetchval(LOCK_FRONTIER, pid)
-    row = await conn.fetchrow(JOB_STATE, pid, offset)
+    row = await conn.fetchrow(JOB_STATE, pid, offset, now)
     if row is None:
         return False
     if row["detached"]:

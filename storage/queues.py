@@ -22,6 +22,7 @@ import itertools
 import random
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import TypeAlias, cast
 
 import asyncpg
@@ -32,6 +33,20 @@ from storage.db import Conn
 
 # Where each take statement starts looking for fresh jobs (see TAKE).
 _turns = itertools.count(random.randrange(1 << 20))
+
+
+def _judged_at(text: str, param: int) -> str:
+    """A take statement whose times all come from parameter `param`: the time its leases are judged by.
+
+    Each `statement_timestamp()` and `clock_timestamp()` of `text` becomes
+    `COALESCE($param::timestamptz, ...)`: NULL (production) keeps the server's
+    clock, a time (`bus.testing.Clock`) moves when leases, delays and the rate
+    window run out for this statement. Only constants are formatted in.
+    """
+    for server in ("statement_timestamp()", "clock_timestamp()"):
+        text = text.replace(server, f"COALESCE(${param}::timestamptz, {server})")
+    return text
+
 
 # One take statement serves every consumer of a Bus asking at the same time
 # (the Bus coalesces them, see bus/queues.py): $4 lists the consumers, $2 how
@@ -240,18 +255,22 @@ ORDER BY 12 DESC, 10, 2, 3
 )
 
 # $1 topic, $2 jobs per consumer (int[]), $3 visibility timeout (s), $4 consumer ids (text[]),
-# $5 sum of $2, $6 a random number (the partition fresh jobs are looked for first).
+# $5 sum of $2, $6 a random number (the partition fresh jobs are looked for first),
+# $7 the time leases are judged by (NULL: the server's clock; every take has it, see _judged_at).
 # A queue with limits hands out nothing here and answers with the marker LIMITED.
-TAKE = _TAKE_FRESH.format(
-    limits="",
-    stop="paused OR limited",
-    total="$5",
-    gate="",
-    deal_if="",
-    move_if="",
-    log="",
-    markers="""-1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+TAKE = _judged_at(
+    _TAKE_FRESH.format(
+        limits="",
+        stop="paused OR limited",
+        total="$5",
+        gate="",
+        deal_if="",
+        move_if="",
+        log="",
+        markers="""-1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
 WHERE (SELECT limited AND NOT paused FROM g)""",
+    ),
+    7,
 )
 
 # The take of a queue with a per-key or rate limit, with TAKE's parameters: its fresh jobs stay
@@ -273,8 +292,9 @@ WHERE (SELECT limited AND NOT paused FROM g)""",
 #   which passes over the keys at their limit). A limit the load never reaches costs the
 #   count of the dealt keys' jobs in flight, not a write per job.
 # A queue found without limits answers UNLIMITED (with the jobs it handed out, as TAKE would).
-TAKE_WITHIN_LIMITS = _TAKE_FRESH.format(
-    limits="""
+TAKE_WITHIN_LIMITS = _judged_at(
+    _TAKE_FRESH.format(
+        limits="""
 ), snap AS (
     SELECT s.xmin AS seen FROM queue_settings s WHERE s.topic = $1
 ), lockrow AS (
@@ -294,9 +314,9 @@ TAKE_WITHIN_LIMITS = _TAKE_FRESH.format(
            END AS n
     FROM lim
 """,
-    stop="paused OR NOT (SELECT ok FROM lim)",
-    total="(SELECT cap.n FROM cap)",
-    gate="""
+        stop="paused OR NOT (SELECT ok FROM lim)",
+        total="(SELECT cap.n FROM cap)",
+        gate="""
 ), dk AS (
     -- the keys the deal would hand out, with how many jobs each
     SELECT n.key, count(*) AS n FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
@@ -329,9 +349,9 @@ TAKE_WITHIN_LIMITS = _TAKE_FRESH.format(
     SELECT (SELECT ok FROM roomy) IS TRUE
         OR NOT EXISTS (SELECT 1 FROM dk LEFT JOIN busy ON busy.key = dk.key
                        WHERE dk.n + COALESCE(busy.n, 0) > (SELECT per_key FROM lim)) AS ok""",
-    deal_if="\n    WHERE n.rn <= (SELECT cap.n FROM cap) AND (SELECT ok FROM gate)",
-    move_if=" AND (SELECT ok FROM gate)",
-    log=""", tl AS (
+        deal_if="\n    WHERE n.rn <= (SELECT cap.n FROM cap) AND (SELECT ok FROM gate)",
+        move_if=" AND (SELECT ok FROM gate)",
+        log=""", tl AS (
     INSERT INTO queue_take_log (topic, at, n)
     SELECT $1, statement_timestamp(), count(*) FROM k
     HAVING count(*) > 0 AND (SELECT rate_limit FROM lim) IS NOT NULL
@@ -340,7 +360,7 @@ TAKE_WITHIN_LIMITS = _TAKE_FRESH.format(
     WHERE l.topic = $1 AND (SELECT ok FROM lim)
       AND l.at <= statement_timestamp() - make_interval(secs => COALESCE((SELECT rate_per FROM lim), 0))
 )""",
-    markers="""-2, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+        markers="""-2, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
 WHERE NOT (SELECT ok FROM gate)
 UNION ALL
 SELECT -3, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
@@ -348,6 +368,8 @@ WHERE NOT (SELECT ok FROM lim)
 UNION ALL
 SELECT -4, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
 WHERE (SELECT ok AND per_key IS NULL AND rate_limit IS NULL FROM lim)""",
+    ),
+    7,
 )
 
 # ordered_by_key: a job is eligible when it is its key's earliest remaining one (j: the job).
@@ -361,7 +383,8 @@ _KEY_FIRST = """(j.key IS NULL OR NOT EXISTS (
 # and each key is worked in order. Ordered takes see detached jobs only: the
 # consumer detaches the topic's fresh jobs first (DETACH_FRESH); a job in
 # another consumer's range lease still blocks its key's later jobs.
-TAKE_ORDERED = (
+# $1..$5 as TAKE; $6 the time leases are judged by (as TAKE's $7).
+TAKE_ORDERED = _judged_at(
     _TAKE_HEAD
     + """
     SELECT j.partition_id, j."offset", j.visible_at, j.priority FROM queue_jobs j
@@ -387,7 +410,8 @@ UNION ALL
 SELECT -1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
 WHERE (SELECT limited AND NOT paused FROM g)
 ORDER BY 12 DESC, 10, 2, 3
-"""
+""",
+    6,
 )
 
 # The take of a queue with a per-key or rate limit (migration 014). It runs in
@@ -400,8 +424,9 @@ ORDER BY 12 DESC, 10, 2, 3
 # Candidates are the first due jobs by priority (at most $7 of them with a
 # per-key limit, else $5): a key at its limit is passed over, a take does not
 # look further than that.
-# $1..$5 as TAKE; $6: ordered_by_key (bool); $7 how many due jobs to look at.
-TAKE_LIMITED = (
+# $1..$5 as TAKE; $6: ordered_by_key (bool); $7 how many due jobs to look at; $8 the time
+# leases are judged by (as TAKE's $7).
+TAKE_LIMITED = _judged_at(
     _TAKE_HEAD
     + """
     SELECT j.partition_id, j."offset", j.visible_at, j.priority, j.key FROM queue_jobs j
@@ -479,7 +504,8 @@ TAKE_LIMITED = (
 SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
 WHERE EXISTS (SELECT 1 FROM xj) AND NOT (SELECT paused FROM g)
 ORDER BY 12 DESC, 10, 2, 3
-"""
+""",
+    8,
 )
 
 # The detaching of a topic's fresh jobs ({topic}: the SQL that names the topic), shared by
@@ -561,20 +587,21 @@ SELECT partition_id, "offset" FROM d
 
 # A job of a range lease gets its own state here (its attempt, the first, is
 # recorded in the row from now on).
+# $6: the time the delay counts from (NULL: the server's clock; see TAKE's $7).
 NACK = """
 UPDATE queue_jobs
-SET visible_at = clock_timestamp() + make_interval(secs => $4), leased_by = NULL,
+SET visible_at = COALESCE($6::timestamptz, clock_timestamp()) + make_interval(secs => $4), leased_by = NULL,
     detached = true, attempts = GREATEST(attempts, 1),
     errors = COALESCE(errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
-        'attempt', GREATEST(attempts, 1), 'error', $5::text, 'at', clock_timestamp()))
+        'attempt', GREATEST(attempts, 1), 'error', $5::text, 'at', COALESCE($6::timestamptz, clock_timestamp())))
 WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch = $3
 RETURNING attempts
 """
 
-# A consumer closing gives its jobs back at once, without counting the attempt.
+# A consumer closing gives its jobs back at once, without counting the attempt ($4: now, as NACK's $6).
 RETURN_UNACKED = """
 UPDATE queue_jobs j
-SET visible_at = clock_timestamp(), leased_by = NULL, attempts = GREATEST(j.attempts - 1, 0), detached = true
+SET visible_at = COALESCE($4::timestamptz, clock_timestamp()), leased_by = NULL, attempts = GREATEST(j.attempts - 1, 0), detached = true
 FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS a(pid, off, epoch)
 WHERE j.partition_id = a.pid AND j."offset" = a.off AND j.lease_epoch = a.epoch
 """
@@ -593,15 +620,16 @@ PARTITIONS = "SELECT id, name FROM partitions WHERE topic = $1"
 # delayed publish's time or a lease running out; <= 0: one is visible
 # already), NULL when there is none or the queue is paused.
 # Nobody sends a NOTIFY for those moments, so an idle consumer sleeps until then.
+# $2: now (NULL: the server's clock; see TAKE's $7).
 SECONDS_UNTIL_VISIBLE = """
-SELECT EXTRACT(EPOCH FROM min(t) - clock_timestamp())::float8 FROM (
+SELECT EXTRACT(EPOCH FROM min(t) - COALESCE($2::timestamptz, clock_timestamp()))::float8 FROM (
     SELECT min(visible_at) AS t FROM queue_jobs WHERE topic = $1 AND detached AND NOT cancelled
     UNION ALL
     SELECT min(visible_at) FROM queue_jobs WHERE topic = $1 AND cancelled
     UNION ALL
     SELECT min(visible_at) FROM queue_leases WHERE topic = $1
     UNION ALL
-    SELECT statement_timestamp() - interval '1 second' FROM queue_frontiers f
+    SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second' FROM queue_frontiers f
     WHERE f.topic = $1
       AND EXISTS (SELECT 1 FROM queue_jobs j
                   WHERE j.partition_id = f.partition_id AND j."offset" >= f.next_offset AND NOT j.detached)
@@ -640,10 +668,17 @@ class RemovedJob(msgspec.Struct, frozen=True, gc=False):
 
 
 async def take(
-    conn: Conn, topic: str, limit: int, visibility_timeout: float, consumer: str, *, ordered: bool
+    conn: Conn,
+    topic: str,
+    limit: int,
+    visibility_timeout: float,
+    consumer: str,
+    *,
+    ordered: bool,
+    now: datetime | None = None,
 ) -> list[TakenJob]:
     """Lease up to `limit` free jobs of `topic` to `consumer` (autocommit on a pool)."""
-    return (await take_for(conn, topic, [consumer], [limit], visibility_timeout, ordered=ordered))[0]
+    return (await take_for(conn, topic, [consumer], [limit], visibility_timeout, ordered=ordered, now=now))[0]
 
 
 async def take_for(
@@ -655,6 +690,7 @@ async def take_for(
     *,
     ordered: bool,
     limited_topics: set[str] | None = None,
+    now: datetime | None = None,
 ) -> list[list[TakenJob]]:
     """Lease free jobs of `topic` to several takers at once, each up to its limit: the jobs of each.
 
@@ -666,11 +702,19 @@ async def take_for(
 
     `limited_topics`: the topics the caller last found limited, kept up to
     date here; those are taken by `take_limited` at once, without the
-    statement that would answer with the limited marker.
+    statement that would answer with the limited marker. `now` (None: the
+    server's clock) is the time leases, delays and rate windows are judged by.
     """
     if limited_topics is not None and topic in limited_topics:
         return await take_limited(
-            conn, topic, consumers, limits, visibility_timeout, ordered=ordered, limited_topics=limited_topics
+            conn,
+            topic,
+            consumers,
+            limits,
+            visibility_timeout,
+            ordered=ordered,
+            limited_topics=limited_topics,
+            now=now,
         )
     if ordered:
         await detach_fresh(conn, topic)
@@ -689,6 +733,7 @@ async def take_for(
         ]
         if not ordered:
             args.append(next(_turns))
+        args.append(now)
         again = False
         for row in await conn.fetch(TAKE_ORDERED if ordered else TAKE, *args):
             request = row[REQUEST]
@@ -704,6 +749,7 @@ async def take_for(
                     visibility_timeout,
                     ordered=ordered,
                     limited_topics=limited_topics,
+                    now=now,
                 )
                 for i, rows in zip(asking, limited, strict=True):
                     dealt[i] += rows
@@ -741,6 +787,7 @@ async def take_limited(
     *,
     ordered: bool,
     limited_topics: set[str] | None = None,
+    now: datetime | None = None,
 ) -> list[list[TakenJob]]:
     """The take of a queue with a per-key or rate limit: the jobs of each taker.
 
@@ -755,7 +802,7 @@ async def take_limited(
     left = list(limits)
     outcome = KEY_AT_LIMIT
     if not ordered:
-        outcome = await _take_within_limits(conn, topic, consumers, left, visibility_timeout, dealt)
+        outcome = await _take_within_limits(conn, topic, consumers, left, visibility_timeout, dealt, now)
         if outcome == UNLIMITED and limited_topics is not None:
             limited_topics.discard(topic)
         if outcome not in (RACED, KEY_AT_LIMIT):
@@ -766,7 +813,7 @@ async def take_limited(
         else:
             await c.fetchrow(LOCK_SETTINGS, topic)
             if outcome == RACED:
-                outcome = await _take_within_limits(c, topic, consumers, left, visibility_timeout, dealt)
+                outcome = await _take_within_limits(c, topic, consumers, left, visibility_timeout, dealt, now)
             if outcome != KEY_AT_LIMIT:
                 return dealt
             await c.execute(DETACH_FRESH, topic)
@@ -783,6 +830,7 @@ async def take_limited(
             total,
             ordered,
             total * 10 + 100,
+            now,
         )
     for row in rows:
         if row[REQUEST] > 0:
@@ -797,6 +845,7 @@ async def _take_within_limits(
     left: list[int],
     visibility_timeout: float,
     dealt: list[list[TakenJob]],
+    now: datetime | None,
 ) -> int:
     """TAKE_WITHIN_LIMITS, sent again while it says AGAIN: adds to `dealt`, takes from `left`.
 
@@ -817,6 +866,7 @@ async def _take_within_limits(
             [consumers[i] for i in asking],
             sum(left[i] for i in asking),
             next(_turns),
+            now,
         )
         for row in rows:
             request = row[REQUEST]
@@ -838,9 +888,12 @@ async def partitions(conn: Conn, topic: str) -> dict[int, str]:
     return {r[0]: r[1] for r in await conn.fetch(PARTITIONS, topic)}
 
 
-async def seconds_until_visible(conn: Conn, topic: str) -> float | None:
-    """Seconds until the next job of `topic` is free to take (<= 0: now); None when it has no jobs."""
-    value = await conn.fetchval(SECONDS_UNTIL_VISIBLE, topic)
+async def seconds_until_visible(conn: Conn, topic: str, now: datetime | None = None) -> float | None:
+    """Seconds from `now` (None: the server's clock) until the next job of `topic` is free to take.
+
+    <= 0: one is free now; None when it has no jobs.
+    """
+    value = await conn.fetchval(SECONDS_UNTIL_VISIBLE, topic, now)
     return None if value is None else float(value)
 
 
@@ -871,14 +924,22 @@ async def detach_fresh(conn: Conn, topic: str) -> None:
     await conn.execute(DETACH_FRESH, topic)
 
 
-async def nack(conn: Conn, partition_id: int, offset: int, epoch: int, delay: float, error: str) -> bool:
-    """Put the job back after `delay`, recording `error`; False if the lease was lost."""
-    return await conn.fetchval(NACK, partition_id, offset, epoch, delay, error) is not None
+async def nack(
+    conn: Conn,
+    partition_id: int,
+    offset: int,
+    epoch: int,
+    delay: float,
+    error: str,
+    now: datetime | None = None,
+) -> bool:
+    """Put the job back `delay` seconds after `now` (None: the server's), recording `error`; False if the lease was lost."""
+    return await conn.fetchval(NACK, partition_id, offset, epoch, delay, error, now) is not None
 
 
-async def return_unacked(conn: Conn, jobs: list[tuple[int, int, int]]) -> None:
-    """Give jobs back immediately (consumer closing)."""
-    await conn.execute(RETURN_UNACKED, [j[0] for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs])
+async def return_unacked(conn: Conn, jobs: list[tuple[int, int, int]], now: datetime | None = None) -> None:
+    """Give jobs back, free from `now` (None: the server's clock) on (consumer closing)."""
+    await conn.execute(RETURN_UNACKED, [j[0] for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs], now)
 
 
 async def delete_job(conn: Conn, partition_id: int, offset: int, epoch: int) -> RemovedJob | None:

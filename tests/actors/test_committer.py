@@ -57,9 +57,9 @@ async def test_commits_apply_each_under_its_own_lease_in_one_statement(b: bus.Bu
     statements: list[list[tuple[int, int, int]]] = []
     real = leases.commit
 
-    async def counted(conn, group, member_id, entries):  # type: ignore[no-untyped-def]
+    async def counted(conn, group, member_id, entries, now=None):  # type: ignore[no-untyped-def]
         statements.append(list(entries))
-        return await real(conn, group, member_id, entries)
+        return await real(conn, group, member_id, entries, now)
 
     monkeypatch.setattr(leases, "commit", counted)
     async with _running(pool) as committer:

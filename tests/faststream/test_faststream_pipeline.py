@@ -55,9 +55,9 @@ def commit_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     sent: list[str] = []
     real = leases.commit
 
-    async def counting(conn: Any, group: str, member_id: str, entries: Any) -> Any:
+    async def counting(conn: Any, group: str, member_id: str, entries: Any, now: Any = None) -> Any:
         sent.append(group)
-        return await real(conn, group, member_id, entries)
+        return await real(conn, group, member_id, entries, now)
 
     monkeypatch.setattr(leases, "commit", counting)
     return sent

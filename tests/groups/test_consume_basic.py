@@ -41,12 +41,12 @@ async def test_auto_commit_is_soft_and_an_explicit_commit_waits_for_the_flush(
     durable: list[bool] = []
     real = leases.commit_all
 
-    async def recording(conn, group, member_id, entries, *, durable_commit=True):  # type: ignore[no-untyped-def]
+    async def recording(conn, group, member_id, entries, *, durable_commit=True, now=None):  # type: ignore[no-untyped-def]
         durable.append(durable_commit)
-        return await real(conn, group, member_id, entries, durable=durable_commit)
+        return await real(conn, group, member_id, entries, durable=durable_commit, now=now)
 
-    def wrapper(conn, group, member_id, entries, *, durable=True):  # type: ignore[no-untyped-def]
-        return recording(conn, group, member_id, entries, durable_commit=durable)
+    def wrapper(conn, group, member_id, entries, *, durable=True, now=None):  # type: ignore[no-untyped-def]
+        return recording(conn, group, member_id, entries, durable_commit=durable, now=now)
 
     monkeypatch.setattr(leases, "commit_all", wrapper)
     async with b.consumer("g1", topics=["orders"]) as c:

@@ -334,10 +334,10 @@ async def test_commits_of_a_members_workers_go_together_in_one_statement(connect
     statements: list[int] = []
     real_commit = leases.commit
 
-    async def slow_commit(conn, group, member_id, entries):  # type: ignore[no-untyped-def]
+    async def slow_commit(conn, group, member_id, entries, now=None):  # type: ignore[no-untyped-def]
         statements.append(len(entries))
         await asyncio.sleep(0.1)  # while one commit is out, the other workers' commits gather
-        return await real_commit(conn, group, member_id, entries)
+        return await real_commit(conn, group, member_id, entries, now)
 
     monkeypatch.setattr(leases, "commit", slow_commit)
     seen: list[int] = []

@@ -19,9 +19,9 @@ async def test_one_heartbeat_statement_per_interval_covers_every_local_member(
     calls: list[list[str]] = []
     real = membership.heartbeat
 
-    async def counting(conn, groups, members, lease_time):  # type: ignore[no-untyped-def]
+    async def counting(conn, groups, members, lease_time, now=None):  # type: ignore[no-untyped-def]
         calls.append(list(members))
-        return await real(conn, groups, members, lease_time)
+        return await real(conn, groups, members, lease_time, now)
 
     monkeypatch.setattr(membership, "heartbeat", counting)
     consumers = [

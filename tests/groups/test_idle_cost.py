@@ -19,9 +19,9 @@ async def test_an_idle_partitions_lease_check_uses_the_lent_connection_not_a_poo
     seen: list[object] = []
     real = leases.state
 
-    async def recording(conn, group, partition_id):  # type: ignore[no-untyped-def]
+    async def recording(conn, group, partition_id, now=None):  # type: ignore[no-untyped-def]
         seen.append(conn)
-        return await real(conn, group, partition_id)
+        return await real(conn, group, partition_id, now)
 
     monkeypatch.setattr(leases, "state", recording)
 

@@ -11,6 +11,7 @@ import pytest
 
 import bus
 from bus import queue_features
+from bus.testing import Clock
 from storage import db
 from storage import queues as queue_sql
 
@@ -39,24 +40,24 @@ async def test_a_delayed_job_is_not_taken_early_and_is_taken_within_a_second_of_
 
 async def test_deliver_at_and_outgoing_fields_delay_jobs(b: bus.Bus) -> None:
     await _queue(b, partitions=1)
-    at = datetime.now(UTC) + timedelta(seconds=0.5)
+    at = datetime.now(UTC) + timedelta(seconds=30)
     await b.publish_many(
         "jobs",
         [
             bus.Outgoing(b"a", deliver_at=at),
-            bus.Outgoing(b"b", delay=timedelta(seconds=0.5)),
+            bus.Outgoing(b"b", delay=timedelta(seconds=40)),
             bus.Outgoing(b"c"),
         ],
     )
     async with b.queue_consumer("jobs") as q:
-        assert [m.payload for m in await q.take(max_messages=10, timeout=0)] == [b"c"]
-        got: list[bus.Message] = []
-        while len(got) < 2:
-            batch = await q.take(max_messages=10, timeout=3.0)
-            assert batch, "the delayed jobs never came"
-            got += batch
-        assert datetime.now(UTC) >= at
-        assert sorted(m.payload or b"" for m in got) == [b"a", b"b"]
+        (now,) = await q.take(max_messages=10, timeout=0)
+        assert now.payload == b"c"
+        await q.ack(now)
+        clock = Clock(b)
+        clock.advance(31)  # past the delivery time, not the delay
+        assert [m.payload for m in await q.take(max_messages=10, timeout=0)] == [b"a"]
+        clock.advance(10)
+        assert [m.payload for m in await q.take(max_messages=10, timeout=0)] == [b"b"]
 
 
 async def test_higher_priority_is_taken_first_and_equal_priorities_keep_their_order(b: bus.Bus) -> None:
@@ -126,14 +127,14 @@ async def test_a_paused_queue_hands_out_nothing_and_taken_jobs_still_ack(b: bus.
 async def test_a_cancelled_job_is_never_handed_out(b: bus.Bus) -> None:
     await _queue(b, partitions=1)
     fresh = await b.publish("jobs", b"fresh")
-    delayed = await b.publish("jobs", b"delayed", delay=0.2)
+    delayed = await b.publish("jobs", b"delayed", delay=30)
     kept = await b.publish("jobs", b"kept")
     assert await b.admin.cancel_job("jobs", fresh) is True
     assert await b.admin.cancel_job("jobs", delayed) is True
     assert await b.admin.cancel_job("jobs", fresh) is False
-    await asyncio.sleep(0.3)
+    Clock(b).advance(31)  # the delayed one would be due now
     async with b.queue_consumer("jobs") as q:
-        got = await q.take(max_messages=10, timeout=0.3)
+        got = await q.take(max_messages=10, timeout=0)
         assert [m.offset for m in got] == [kept.offset]
         await q.ack_many(got)
     with pytest.raises(bus.JobFailedError) as failed:
@@ -144,14 +145,15 @@ async def test_a_cancelled_job_is_never_handed_out(b: bus.Bus) -> None:
 async def test_a_cancelled_taken_job_acks_but_is_not_retried_after_nack_or_expiry(b: bus.Bus) -> None:
     await _queue(b, partitions=1)
     a, c = await b.publish("jobs", b"a"), await b.publish("jobs", b"c")
-    async with b.queue_consumer("jobs", visibility_timeout=0.3) as q:
+    async with b.queue_consumer("jobs", visibility_timeout=30) as q:
         got = await q.take(max_messages=2, timeout=0)
         assert [m.offset for m in got] == [a.offset, c.offset]
         assert await b.admin.cancel_job("jobs", a) is True
         assert await b.admin.cancel_job("jobs", c) is True
         await q.ack(got[0])  # the ack of a cancelled job still works
         await q.nack(got[1], error="boom")  # not retried
-        assert await q.take(max_messages=10, timeout=0.6) == []
+        Clock(b).advance(31)  # nor after its lease would have run out
+        assert await q.take(max_messages=10, timeout=0) == []
     rows = await b.pool.fetch("SELECT * FROM queue_jobs")
     assert rows == []
 
@@ -258,7 +260,7 @@ async def test_a_limited_take_that_raced_another_counts_what_that_one_committed(
         await tx.start()
         held = [
             r
-            for r in await holder.fetch(queue_sql.TAKE_WITHIN_LIMITS, "jobs", [3], 60.0, ["h"], 3, 0)
+            for r in await holder.fetch(queue_sql.TAKE_WITHIN_LIMITS, "jobs", [3], 60.0, ["h"], 3, 0, None)
             if r[0] > 0
         ]
         assert len(held) == 3

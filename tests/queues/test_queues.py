@@ -8,6 +8,7 @@ import json
 import pytest
 
 import bus
+from bus.testing import Clock
 
 
 async def _queue(b: bus.Bus, name: str = "jobs", partitions: int | None = 2) -> None:
@@ -33,10 +34,14 @@ async def test_each_message_goes_to_exactly_one_of_competing_consumers(b: bus.Bu
 async def test_taken_message_is_invisible_to_others_until_its_timeout(b: bus.Bus) -> None:
     await _queue(b, partitions=1)
     await b.publish("jobs", b"x")
-    async with b.queue_consumer("jobs", visibility_timeout=0.3) as q1, b.queue_consumer("jobs") as q2:
+    async with b.queue_consumer("jobs", visibility_timeout=30) as q1, b.queue_consumer("jobs") as q2:
         (m,) = await q1.take(timeout=0)
         assert await q2.take(timeout=0) == []
-        again = await q2.take(timeout=2.0)
+        clock = Clock(b)
+        clock.advance(29)  # not yet
+        assert await q2.take(timeout=0) == []
+        clock.advance(2)  # past the visibility timeout, without sleeping for it
+        again = await q2.take(timeout=0)
         assert [x.offset for x in again] == [m.offset] and again[0].attempt == 2
         with pytest.raises(bus.LeaseLostError):
             await q1.ack(m)
@@ -49,9 +54,13 @@ async def test_nack_returns_the_message_after_the_delay(b: bus.Bus) -> None:
     await b.publish("jobs", b"x")
     async with b.queue_consumer("jobs") as q:
         (m,) = await q.take(timeout=0)
-        await q.nack(m, delay=0.2, error="db down")
+        await q.nack(m, delay=30, error="db down")
         assert await q.take(timeout=0) == []
-        (again,) = await q.take(timeout=2.0)
+        clock = Clock(b)
+        clock.advance(29)
+        assert await q.take(timeout=0) == []
+        clock.advance(2)  # past the delay
+        (again,) = await q.take(timeout=0)
         assert again.attempt == 2
         await q.ack(again)
 
@@ -77,9 +86,9 @@ async def test_message_goes_to_dead_letter_after_max_attempts_with_error_history
 async def test_expired_visibility_counts_as_an_attempt_and_dead_letters(b: bus.Bus) -> None:
     await _queue(b, partitions=1)
     await b.publish("jobs", b"slow")
-    async with b.queue_consumer("jobs", max_attempts=1, visibility_timeout=0.05) as q:
+    async with b.queue_consumer("jobs", max_attempts=1, visibility_timeout=30) as q:
         (m,) = await q.take(timeout=0)
-        await asyncio.sleep(0.1)
+        Clock(b).advance(31)  # the lease runs out: the next take finds the job out of attempts
         assert await q.take(timeout=0) == []
     (dead,) = await b.read("jobs.dlq", partition="0")
     assert dead.payload == b"slow"

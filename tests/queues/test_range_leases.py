@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 import bus
+from bus.testing import Clock
 from storage import db
 from storage import queues as queue_sql
 
@@ -82,13 +83,13 @@ async def test_a_range_lease_that_ran_out_is_reclaimed_by_the_next_take_and_fenc
     await b.create_topic("jobs", partitions=1, semantics="queue")
     await b.publish_many("jobs", [b"a", b"b", b"c", b"d"])
     async with (
-        b.queue_consumer("jobs", visibility_timeout=0.2) as slow,
+        b.queue_consumer("jobs", visibility_timeout=30) as slow,
         b.queue_consumer("jobs") as other,
     ):
         first = await slow.take(max_messages=4, timeout=0)
         await slow.ack(first[0])
         assert await other.take(timeout=0) == []
-        await asyncio.sleep(0.3)
+        Clock(b).advance(31)  # the range lease runs out
         # One take, no waiting: the run-out lease is reclaimed and its three jobs taken at once.
         again = await other.take(max_messages=10, timeout=0)
         assert [m.offset for m in again] == [1, 2, 3]
@@ -103,9 +104,9 @@ async def test_a_range_lease_that_ran_out_is_reclaimed_by_the_next_take_and_fenc
 async def test_a_run_out_range_lease_nobody_took_yet_still_accepts_the_ack(b: bus.Bus) -> None:
     await b.create_topic("jobs", partitions=1, semantics="queue")
     await b.publish_many("jobs", [b"a", b"b"])
-    async with b.queue_consumer("jobs", visibility_timeout=0.1) as q:
+    async with b.queue_consumer("jobs", visibility_timeout=30) as q:
         got = await q.take(max_messages=2, timeout=0)
-        await asyncio.sleep(0.2)
+        Clock(b).advance(31)  # run out, and no take reclaimed it
         await q.ack_many(got)
     assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs") == 0
 
@@ -149,6 +150,7 @@ async def test_a_take_that_waited_for_a_moved_frontier_fills_up_from_other_parti
             counts[smaller],
             # the turn that tries the smaller partition first
             1 if pid_of[smaller] == min(pid_of.values()) else 0,
+            None,  # now: the server's clock
         )
         assert {r["partition_id"] for r in taken} == {pid_of[smaller]}
         # Our take starts while it is held: it waits for that frontier, finds it moved past every

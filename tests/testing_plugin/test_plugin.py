@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 import bus
-from bus.testing import FAST, wait_consumed
+from bus.testing import FAST, Clock, wait_consumed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,3 +123,23 @@ async def test_bus_connect_opens_members_on_the_same_schema(bus_connect: object)
     second = await bus_connect()  # type: ignore[operator]
     await first.create_topic("shared", partitions=1)
     assert [t.name for t in await second.list_topics()] == ["shared"]
+
+
+async def test_a_clock_moves_only_its_own_bus(bus_connect: object) -> None:
+    moved = await bus_connect()  # type: ignore[operator]
+    real = await bus_connect()  # type: ignore[operator]
+    await moved.create_topic("jobs", partitions=1, semantics="queue")
+    await moved.publish("jobs", b"x")
+    async with moved.queue_consumer("jobs", visibility_timeout=30) as first:
+        (job,) = await first.take(timeout=0)
+        clock = Clock(moved)
+        clock.advance(31)  # the job's lease has run out for `moved`'s statements only
+        async with real.queue_consumer("jobs") as other:
+            assert await other.take(timeout=0) == []  # real time: still leased
+        async with moved.queue_consumer("jobs") as second:
+            (again,) = await second.take(timeout=0)
+            assert again.offset == job.offset and again.attempt == 2
+            clock.reset()  # the server's clock again: the new 30-second lease holds
+            async with moved.queue_consumer("jobs") as third:
+                assert await third.take(timeout=0) == []
+            await second.ack(again)
