@@ -1,10 +1,23 @@
 """The log: publishing and reading messages.
 
-Offsets come from `partitions.next_offset`, incremented (and so row-locked)
-in the publishing transaction: two publishers to one partition serialize on
-that row, so offsets are dense and commit in offset order (invariant 1). A
-`bigserial` alone would let offset 8 commit before offset 7 and a reader
-that already moved past 7 would miss it for good.
+A publishing statement locks each partition row it writes (FOR NO KEY
+UPDATE, in id order) and takes the partition's offsets from its head:
+`max("offset") + 1` from the log's primary key, floored by `next_offset`
+and `log_start` (`append_head`, migration 019). The head is read after the
+lock, in a statement of its own (a fresh READ COMMITTED snapshot that sees
+what the lock's previous holder committed). Two publishers to one partition
+serialize on the row, so offsets are dense and commit in offset order
+(invariant 1). A `bigserial` alone would let offset 8 commit before offset 7
+and a reader that already moved past 7 would miss it for good.
+
+A lock writes no row version, so a snapshot held open elsewhere no longer
+grows a version chain on the partition row per publish. `next_offset` is a
+lower bound of the head: readers take a partition's end as
+`log_head(id, next_offset)`; the Producer moves the counters of the
+partitions it wrote up to their heads about once a second (SYNC_COUNTERS), for
+the previous release, which reads the counter as the end. Partitions of
+queue topics keep an exact counter (one version per publish): that release's
+queue takes hand out fresh jobs only up to it.
 """
 
 from __future__ import annotations
@@ -29,8 +42,9 @@ Target = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
 # the distinct partition ids and their message counts; $8 a channel to NOTIFY
 # once per partition written (NULL: none; the wake-up goes with the commit,
 # see actors/announcer.py for when that is wanted). Partition rows are
-# locked in id order (no deadlock between two such statements), each counter
-# moves once, so offsets are dense and commit in order (invariant 1). Every
+# locked in id order (no deadlock between two such statements), then each
+# partition's head is read once, so offsets are dense and commit in order
+# (invariant 1). Every
 # message of the statement gets one created_at, and the answer is one row per
 # partition (its first offset) rather than one per message.
 APPEND = """
