@@ -15,9 +15,10 @@ grows a version chain on the partition row per publish. `next_offset` is a
 lower bound of the head: readers take a partition's end as
 `log_head(id, next_offset)`; the Producer moves the counters of the
 partitions it wrote up to their heads about once a second (SYNC_COUNTERS), for
-the previous release, which reads the counter as the end. Partitions of
-queue topics keep an exact counter (one version per publish): that release's
-queue takes hand out fresh jobs only up to it.
+the previous release, which reads the counter as the end. While a group
+member of that release is live, partitions of queue topics keep an exact
+counter (one version per publish): its queue takes hand out fresh jobs only
+up to it.
 """
 
 from __future__ import annotations

@@ -35,14 +35,20 @@ $$;
 -- statement in READ COMMITTED), so it sees every message the previous lock
 -- holder committed. NULL when the partition does not exist.
 --
--- A partition of a queue topic keeps its counter exact (moved by `n` here,
--- one row version per append): the previous release's queue consumers take
--- fresh jobs up to the counter only, and would otherwise lose every race for
--- new jobs to this release's consumers until the counter is refreshed.
+-- While a member of the previous release is live (a `members` row without a
+-- protocol, migration 018), a partition of a queue topic keeps its counter
+-- exact (moved by `n` here, one row version per append): that release's queue
+-- consumers take fresh jobs up to the counter only, and would otherwise lose
+-- every race for new jobs to this release's consumers until the counter is
+-- refreshed. A process of that release that runs queue consumers but no group
+-- member is not seen: it gets fresh jobs once the counter is refreshed.
 --
 -- The partition's caught-up claim cursors are woken (what the row trigger of
 -- migration 012 does when the counter moves), under the same lock, so a claim
 -- ack that clears pending_since under FOR SHARE cannot interleave with it.
+-- The live members of the previous release, found without a scan.
+CREATE INDEX members_without_protocol ON members (group_name) WHERE protocol IS NULL;
+
 CREATE FUNCTION append_head(pid bigint, n integer) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -63,7 +69,9 @@ BEGIN
     END IF;
     SELECT max(m."offset") + 1 INTO top FROM messages m WHERE m.partition_id = pid;
     top := GREATEST(floor_offset, top);
-    IF is_queue THEN
+    IF is_queue AND EXISTS (SELECT 1 FROM members m
+                            WHERE m.protocol IS NULL
+                              AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout)) THEN
         -- the trigger below moves it from the head: to top + n (and wakes claim cursors)
         UPDATE partitions SET next_offset = next_offset + n WHERE id = pid;
     ELSIF is_claimed THEN
