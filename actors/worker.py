@@ -42,7 +42,7 @@ from actors.messages import (
     WorkerFailed,
     WorkerMessage,
 )
-from actors.runtime import Actor, ActorRef, ActorStoppedError, Timer
+from actors.runtime import Actor, ActorRef, ActorStoppedError, AskTimeoutError, Timer
 from storage import leases
 from storage.db import TRANSIENT_ERRORS, Lender
 from storage.logs import get_logger
@@ -187,7 +187,16 @@ class PartitionWorker(Actor[WorkerMessage]):
 
     async def on_start(self) -> None:
         ref = self.self_ref
-        self._notifier.signal(Subscribe(self.spec.messages_channel, str(self.spec.partition_id), ref, Wake()))
+        # Asked, not told: the LISTEN is in place before the first look at the lease. A worker that
+        # looked first could miss the NOTIFY of the previous owner's release, sent while this
+        # process was still starting to LISTEN (its first workers in a join), and wait for the poll.
+        subscribe = Subscribe(
+            self.spec.messages_channel, str(self.spec.partition_id), ref, Wake(), catch_up=False
+        )
+        try:
+            await self._notifier.ask(subscribe)
+        except (AskTimeoutError, ActorStoppedError):
+            self._log.warning("listen_not_confirmed")  # the poll fallback finds what a NOTIFY would tell
         if self._poller is None:
             ref.schedule_every(self.spec.poll_interval, Wake())
         self._wake()
