@@ -18,11 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
+
 from actors.messages import CheckLease, PollDue, PollerMessage, Unwatch, Wake, Watch, WorkerMessage
 from actors.runtime import Actor, ActorRef, Timer
 from storage import leases
 from storage.db import TRANSIENT_ERRORS, Conn
 from storage.logs import get_logger
+
+# What the poll may meet and survive (anything else is a bug, and fails the actor).
+_POLL_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, asyncpg.PostgresError)
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,11 @@ class IdlePoller(Actor[PollerMessage]):
             return
         try:
             found = await leases.idle_check(self._conn, entries)
-        except TRANSIENT_ERRORS as exc:
-            # The database is away: the next interval looks again (and the workers meet
-            # the outage themselves on their next NOTIFY).
+        except _POLL_ERRORS as exc:
+            # The database is away (or refused the statement): the next interval looks again, and
+            # the workers meet an outage themselves on their next NOTIFY. Never a failure of this
+            # actor: a restarted one would start with an empty table, and the idle workers, whose
+            # state did not change, would not tell it again.
             self._log.warning("idle_poll_failed", error=repr(exc))
             return
         for index, _more, held in found:  # back only when there is more, or the lease is gone
