@@ -120,11 +120,6 @@ ORDER BY group_name
 # NO KEY UPDATE: the row is serialized among group writers, while foreign-key
 # checks (KEY SHARE) of inserts into members/offsets never wait on it.
 LOCK_GROUPS = "SELECT name FROM groups WHERE name = ANY($1::text[]) ORDER BY name FOR NO KEY UPDATE"
-# The sweep's: a group row another transaction holds is skipped. Every process sweeps every beat, on
-# the heartbeat's own turn: waiting for the group row behind the other processes' sweeps (which
-# find nobody left to remove) or a rebalance would hold up that process's next heartbeat; a group
-# skipped now is swept by whoever holds it, or at the next beat.
-LOCK_FREE_GROUPS = LOCK_GROUPS + " SKIP LOCKED"
 
 SWEEP_MEMBERS = """
 WITH gone AS (
@@ -270,19 +265,13 @@ async def heartbeat(
 
 
 async def sweep(conn: Connection, delay: float, channel: str) -> list[tuple[str, str]]:
-    """Remove members whose session expired (any process); returns (group, member) removed.
-
-    A group whose row another transaction holds (another process sweeping it, a join, a rebalance)
-    is left to that process or to the next sweep.
-    """
+    """Remove members whose session expired (any process); returns (group, member) removed."""
     candidates = [r[0] for r in await conn.fetch(EXPIRED_GROUPS)]
     if not candidates:
         return []
     async with conn.transaction():
-        locked = [r[0] for r in await conn.fetch(LOCK_FREE_GROUPS, candidates)]
-        if not locked:
-            return []
-        gone = [(r[0], r[1]) for r in await conn.fetch(SWEEP_MEMBERS, locked)]
+        await conn.execute(LOCK_GROUPS, candidates)
+        gone = [(r[0], r[1]) for r in await conn.fetch(SWEEP_MEMBERS, candidates)]
         if gone:
             groups = sorted({g for g, _ in gone})
             await conn.execute(AFTER_SWEEP, groups, delay, [m for _, m in gone])
