@@ -34,6 +34,7 @@ from actors.messages import (
     MemberFenced,
     MonitorMessage,
     NotifierMessage,
+    PollerMessage,
     RegisterMember,
     Subscribe,
     Sync,
@@ -93,8 +94,10 @@ class Coordinator(Actor[CoordinatorMessage]):
         notifier: ActorRef[NotifierMessage],
         monitor: ActorRef[MonitorMessage],
         rejoin: Callable[[], Awaitable[None]] | None = None,
+        poller: ActorRef[PollerMessage] | None = None,
     ) -> None:
         self.spec = spec
+        self._poller = poller  # the Bus's poll fallback of idle workers (None: each worker polls itself)
         self._pool = pool
         self._lender = lender
         self._sink = sink
@@ -293,10 +296,10 @@ class Coordinator(Actor[CoordinatorMessage]):
         )
         name = f"worker-{pid}-{next(self._names)}"
         self._worker_names[name] = pid
-        committer = self._committer
+        committer, poller = self._committer, self._poller
         ref = self._supervisor.spawn(
             lambda: PartitionWorker(
-                spec, self._pool, self._lender, self._sink, self._notifier, self.self_ref, committer
+                spec, self._pool, self._lender, self._sink, self._notifier, self.self_ref, committer, poller
             ),
             name,
         )

@@ -160,6 +160,10 @@ class CommitDue(Message, frozen=True):
     epoch: int
 
 
+class CheckLease(Message, frozen=True):
+    """The poll fallback saw the worker's lease taken or run out: read it, and let go if it is."""
+
+
 class Rewind(Message, frozen=True):
     """Continue from the group's committed offset (buffered messages of the partition are dropped).
 
@@ -168,10 +172,42 @@ class Rewind(Message, frozen=True):
     """
 
 
+# --- IdlePoller -------------------------------------------------------------------
+
+
+class Watch(Message, frozen=True):
+    """A PartitionWorker with nothing to do: where it stands, for the poll fallback of its Bus.
+
+    `epoch` None: the worker does not hold the lease yet. `always`: wake it at every poll
+    whatever the log holds (it waits to take the lease, or to hand on a batch). A newer
+    Watch from the same worker replaces the older.
+    """
+
+    ref: Any
+    group: str
+    member_id: str
+    partition_id: int
+    epoch: int | None
+    position: int
+    interval: float
+    always: bool = False
+
+
+class Unwatch(Message, frozen=True):
+    """The worker stopped: forget it."""
+
+    ref: Any
+
+
+class PollDue(Message, frozen=True):
+    """Periodic: look, in one statement, which watched partitions have work."""
+
+
 # -- what each actor receives (its ActorRef's type parameter) --------------------------
 
 NotifierMessage = Subscribe | Unsubscribe | Notified | CheckConnection
 MonitorMessage = RegisterMember | UnregisterMember | Beat | SweepNow | LeaderSeen
 CoordinatorMessage = HeartbeatReply | MemberFenced | GroupChanged | Sync | WorkerFailed | LeaseLost
 RebalancerMessage = RebalanceCheck | SetLeader
-WorkerMessage = Wake | Seek | Rewind | RetryDue | CommitDue
+WorkerMessage = Wake | Seek | Rewind | RetryDue | CommitDue | CheckLease
+PollerMessage = Watch | Unwatch | PollDue

@@ -32,6 +32,10 @@ from storage.db import TRANSIENT_ERRORS, Now, server_clock
 from storage.logs import get_logger
 
 FINGERPRINT_EVERY = 4  # checks between looks for new partitions/topics
+# While moved partitions are being taken over: how soon to look again whether they all are (seconds),
+# doubling after each look that finds the handover going on, up to the check interval. A handover
+# ends in a few round trips: the group reads `stable` soon after, not a whole check interval later.
+HANDOVER_CHECK = 0.05
 
 
 def compute_assignment(
@@ -73,6 +77,7 @@ class Rebalancer(Actor[RebalancerMessage]):
         self._fingerprint: tuple[int, int, int] | None = None
         self._checks = 0
         self._timer: Timer | None = None
+        self._handover_wait = HANDOVER_CHECK
         self._log = get_logger(__name__, group=group, leader=leader_id)
 
     async def on_start(self) -> None:
@@ -119,18 +124,27 @@ class Rebalancer(Actor[RebalancerMessage]):
             if outcome.ran:
                 self._log.info("rebalanced", generation=outcome.generation, moved=outcome.moved)
                 metrics.rebalanced(self.group, outcome.moved)
+                if outcome.moved:
+                    self._handover_wait = HANDOVER_CHECK
+                    self._look_again(HANDOVER_CHECK)
             elif outcome.reason == "not due":
                 self._wake_when_due(row["rebalance_due_at"])
         elif row["state"] == "rebalancing":
-            await membership.mark_stable(self._pool, self.group, row["generation"], self._now())
+            if not await membership.mark_stable(self._pool, self.group, row["generation"], self._now()):
+                self._look_again(min(self._handover_wait, self._check_interval))
+                self._handover_wait *= 2
 
     def _wake_when_due(self, due: Any) -> None:
         import datetime as dt
 
         delay = max(0.0, (due - dt.datetime.now(dt.UTC)).total_seconds()) + 0.005
+        self._look_again(min(delay, self._check_interval))
+
+    def _look_again(self, delay: float) -> None:
+        """One extra check `delay` seconds from now (replacing the one pending)."""
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self.self_ref.schedule_once(min(delay, self._check_interval), RebalanceCheck())
+        self._timer = self.self_ref.schedule_once(delay, RebalanceCheck())
 
     async def _look_for_new_partitions(self) -> None:
         await group_sql.add_matching_topics(self._pool, self.group)

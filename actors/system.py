@@ -1,6 +1,7 @@
 """The actor system of one Bus: a root supervisor with the Notifier, the
-HeartbeatMonitor (which owns the Rebalancers) and one Coordinator per local
-group member (each owning its PartitionWorkers).
+HeartbeatMonitor (which owns the Rebalancers), the IdlePoller (the poll
+fallback of every local PartitionWorker) and one Coordinator per local group
+member (each owning its PartitionWorkers).
 
 Stopping goes newest first: members leave (committing and releasing) while
 the monitor and the notifier still run.
@@ -17,8 +18,9 @@ import asyncpg
 from actors.announcer import Announce, Announcer
 from actors.coordinator import Coordinator, MemberSink, MemberSpec
 from actors.heartbeat import HeartbeatMonitor, MonitorConfig
-from actors.messages import CoordinatorMessage, MonitorMessage, NotifierMessage, SweepNow
+from actors.messages import CoordinatorMessage, MonitorMessage, NotifierMessage, PollerMessage, SweepNow
 from actors.notifier import Notifier
+from actors.poller import IdlePoller
 from actors.runtime import ActorRef, RestartStrategy, Supervisor
 from storage.db import Lender
 from storage.logs import get_logger
@@ -54,6 +56,7 @@ class GroupSystem:
         self.notifier: ActorRef[NotifierMessage] | None = None
         self.monitor: ActorRef[MonitorMessage] | None = None
         self.announcer: ActorRef[Any] | None = None
+        self.poller: ActorRef[PollerMessage] | None = None
 
     def _escalated(self, child: str, exc: BaseException) -> None:
         self._errors.append((child, exc))
@@ -74,13 +77,15 @@ class GroupSystem:
         self.monitor = self.root.spawn(
             lambda: HeartbeatMonitor(cfg, self._pool, notifier, self._notify), "heartbeat"
         )
+        lender = self._lender
+        self.poller = self.root.spawn(lambda: IdlePoller(lender, cfg.now), "poller")
 
     def spawn_member(self, spec: MemberSpec, sink: MemberSink) -> ActorRef[CoordinatorMessage]:
         """Start a Coordinator for a new local member of `spec.group`."""
         assert self.notifier is not None and self.monitor is not None
-        notifier, monitor = self.notifier, self.monitor
+        notifier, monitor, poller = self.notifier, self.monitor, self.poller
         return self.root.spawn(
-            lambda: Coordinator(spec, self._pool, self._lender, sink, notifier, monitor),
+            lambda: Coordinator(spec, self._pool, self._lender, sink, notifier, monitor, poller=poller),
             f"coordinator-{spec.group}-{next(self._names)}",
         )
 

@@ -1,10 +1,16 @@
 """The PartitionWorker: one per owned partition.
 
 It takes the partition's lease (fencing epoch), fetches batches when woken
-(NOTIFY, a poll fallback every `max_poll_interval`, or "there is more"),
+(NOTIFY, the Bus's poll fallback, or "there is more"),
 hands them on with backpressure, commits fenced by its epoch, and on stop
 commits first and releases the lease second, so the next owner starts
 exactly where this one ended.
+
+When it has nothing to do it tells the Bus's IdlePoller (actors/poller.py)
+where it stands; that actor looks at every idle worker of the process in one
+statement per `max_poll_interval` and wakes those with messages past their
+position, or whose lease was taken. Without an IdlePoller the worker polls
+by itself on a timer: a fetch and a lease check per interval.
 """
 
 from __future__ import annotations
@@ -19,20 +25,24 @@ import asyncpg
 from actors import metrics
 from actors.committer import Commit
 from actors.messages import (
+    CheckLease,
     CommitDue,
     CoordinatorMessage,
     LeaseLost,
     NotifierMessage,
+    PollerMessage,
     RetryDue,
     Rewind,
     Seek,
     Subscribe,
     Unsubscribe,
+    Unwatch,
     Wake,
+    Watch,
     WorkerFailed,
     WorkerMessage,
 )
-from actors.runtime import Actor, ActorRef, ActorStoppedError, Timer
+from actors.runtime import Actor, ActorRef, ActorStoppedError, AskTimeoutError, Timer
 from storage import leases
 from storage.db import TRANSIENT_ERRORS, Lender, Now, server_clock
 from storage.logs import get_logger
@@ -142,8 +152,12 @@ class PartitionWorker(Actor[WorkerMessage]):
         notifier: ActorRef[NotifierMessage],
         coordinator: ActorRef[CoordinatorMessage],
         committer: ActorRef[Commit] | None = None,
+        poller: ActorRef[PollerMessage] | None = None,
     ) -> None:
         self.spec = spec
+        self._poller = poller  # the Bus's poll fallback (None: a timer of this worker's own)
+        self._watch: tuple[int | None, int, bool] | None = None  # what the poller last heard
+        self._again = False  # a Wake to this worker is queued: it is not idle
         self._pool = pool
         self._lender = lender  # the hot path's statements: fetch and commit
         self._sink = sink
@@ -174,12 +188,24 @@ class PartitionWorker(Actor[WorkerMessage]):
 
     async def on_start(self) -> None:
         ref = self.self_ref
-        self._notifier.signal(Subscribe(self.spec.messages_channel, str(self.spec.partition_id), ref, Wake()))
-        ref.schedule_every(self.spec.poll_interval, Wake())
-        ref.signal(Wake())
+        # Asked, not told: the LISTEN is in place before the first look at the lease. A worker that
+        # looked first could miss the NOTIFY of the previous owner's release, sent while this
+        # process was still starting to LISTEN (its first workers in a join), and wait for the poll.
+        subscribe = Subscribe(
+            self.spec.messages_channel, str(self.spec.partition_id), ref, Wake(), catch_up=False
+        )
+        try:
+            await self._notifier.ask(subscribe)
+        except (AskTimeoutError, ActorStoppedError):
+            self._log.warning("listen_not_confirmed")  # the poll fallback finds what a NOTIFY would tell
+        if self._poller is None:
+            ref.schedule_every(self.spec.poll_interval, Wake())
+        self._wake()
 
     async def on_stop(self) -> None:
         self._notifier.signal(Unsubscribe(self.self_ref))
+        if self._poller is not None:
+            self._poller.signal(Unwatch(self.self_ref))
         if self._epoch is None:
             return
         epoch, self._epoch = self._epoch, None
@@ -220,8 +246,49 @@ class PartitionWorker(Actor[WorkerMessage]):
             if not self._sink.handler_mode:
                 self._sink.released(self.spec.partition_id, epoch, committed)
 
+    def _wake(self) -> None:
+        """Queue a Wake to this worker (it stays busy until that Wake is handled)."""
+        self._again = self.self_ref.signal(Wake()) or self._again
+
+    def _report_idle(self) -> None:
+        """Tell the poller where this worker stands, if that changed since it last heard.
+
+        A worker with a Wake queued is not idle: it reports after that Wake. One without
+        the lease, or with a batch the consumer's buffer refused, is woken at every poll.
+        """
+        if self._poller is None or self._again or self._stopped_on_error:
+            return
+        watch = (self._epoch, self._position, self._epoch is None or self._pending is not None)
+        if watch != self._watch and self._poller.signal(
+            Watch(
+                self.self_ref,
+                self.spec.group,
+                self.spec.member_id,
+                self.spec.partition_id,
+                watch[0],
+                watch[1],
+                self.spec.poll_interval,
+                watch[2],
+            )
+        ):
+            self._watch = watch
+
     async def receive(self, message: WorkerMessage) -> Any:
+        if isinstance(message, Wake):
+            self._again = False
+        try:
+            return await self._receive(message)
+        finally:
+            self._report_idle()
+
+    async def _receive(self, message: WorkerMessage) -> Any:
         match message:
+            case CheckLease():
+                if self._epoch is not None:
+                    try:
+                        await self._check_lease()
+                    except TRANSIENT_ERRORS as exc:
+                        self._log.warning("lease_check_failed", error=repr(exc))
             case Wake():
                 try:
                     await self._work()
@@ -235,7 +302,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                     self._sink.revoked(self.spec.partition_id, self._epoch)
                 self._pending = None
                 self._position = offset
-                self.self_ref.signal(Wake())
+                self._wake()
             case Rewind():
                 return await self._rewind()
             case RetryDue(epoch=epoch):
@@ -271,7 +338,7 @@ class PartitionWorker(Actor[WorkerMessage]):
             return True
         self._position = max(int(row["committed"]), int(row["log_start"]))
         self._committed = self._handled = self._position
-        self.self_ref.signal(Wake())
+        self._wake()
         return True
 
     async def _acquire(self) -> bool:
@@ -317,7 +384,9 @@ class PartitionWorker(Actor[WorkerMessage]):
         elif len(rows) < limit // 2:
             self._fetch_size = self.spec.fetch_size
         if not rows:
-            await self._check_lease()
+            if self._poller is None:
+                await self._check_lease()
+            # else: the poller checks the lease of every idle worker of the process at once
             return
         self._position = rows[-1]["offset"] + 1
         metrics.fetched(self.spec.group, self.spec.topic, len(rows))
@@ -331,7 +400,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                 self._pending = batch
                 return
         if len(rows) == limit:
-            self.self_ref.signal(Wake())
+            self._wake()
 
     async def _check_lease(self) -> None:
         # On the hot path's lent connection: an idle partition runs this after every empty poll,
@@ -435,7 +504,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         self._retry = None
         await self._run_handler(rows, attempt)
         if self._retry is None and not self._stopped_on_error:
-            self.self_ref.signal(Wake())
+            self._wake()
 
     async def _commit_soon(self, position: int) -> None:
         """Handler mode, after a batch: commit now if the last commit is COMMIT_INTERVAL old, else on a timer.

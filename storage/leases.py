@@ -206,3 +206,44 @@ async def state(
 ) -> asyncpg.Record | None:
     """The cursor's owner, epoch, whether its lease is live at `now` (None: the server's), committed, log bounds."""
     return await conn.fetchrow(LEASE_STATE, group, partition_id, now)
+
+
+# The poll fallback of every idle worker of a process, in one statement: for each (group, member,
+# partition, epoch, position) whether a fetch from the position would find messages (`more`) and
+# whether the lease of that epoch is still the member's and live (`held`; an epoch of NULL: no lease
+# held yet, never reported as lost). Only the entries with something to act on come back.
+# $6: now.
+IDLE_CHECK = """
+SELECT q.i, q.more, q.held FROM (
+    SELECT u.i,
+           EXISTS (SELECT 1 FROM messages m WHERE m.partition_id = u.pid AND m."offset" >= u.pos) AS more,
+           u.epoch IS NULL OR COALESCE(o.owner = u.mid AND o.lease_epoch = u.epoch
+                                       AND o.lease_expires_at > COALESCE($6::timestamptz, clock_timestamp()), false) AS held
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])
+         WITH ORDINALITY AS u(g, mid, pid, epoch, pos, i)
+    LEFT JOIN offsets o ON o.group_name = u.g AND o.partition_id = u.pid
+) AS q
+WHERE q.more OR NOT q.held
+"""
+
+
+async def idle_check(
+    conn: Conn, entries: list[tuple[str, str, int, int | None, int]], now: datetime | None = None
+) -> list[tuple[int, bool, bool]]:
+    """For (group, member_id, partition_id, epoch, position) entries: (index, more, held) of those to act on.
+
+    `more`: messages at or past the position; `held`: the lease of that epoch is still live and
+    the member's at `now` (None: the server's; always True for an epoch of None). Indexes count from 0.
+    """
+    if not entries:
+        return []
+    rows = await conn.fetch(
+        IDLE_CHECK,
+        [e[0] for e in entries],
+        [e[1] for e in entries],
+        [e[2] for e in entries],
+        [e[3] for e in entries],
+        [e[4] for e in entries],
+        now,
+    )
+    return [(int(r[0]) - 1, bool(r[1]), bool(r[2])) for r in rows]

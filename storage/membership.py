@@ -98,6 +98,11 @@ RETURNING name
 # their leases; back come each group's generation and leader. It never locks a
 # group row (a group's liveness is its members' heartbeats), so it cannot
 # deadlock with a rebalance, which locks the group row first, then members. $4: now.
+# A lease is renewed once a quarter of it has run ($3 is lease_time), not at every beat: renewing
+# every owned partition's cursor row at every beat would be, at thousands of partitions and short
+# heartbeats, most of what the server writes for an idle group (each beat of each process
+# rewriting the rows of its hundred partitions). A lease still held has three quarters of its time
+# left, less one heartbeat, at worst.
 HEARTBEAT = """
 WITH hb AS (
     UPDATE members m SET last_heartbeat = COALESCE($4::timestamptz, clock_timestamp())
@@ -110,6 +115,7 @@ WITH hb AS (
     FROM hb
     WHERE o.group_name = hb.group_name AND o.owner = hb.member_id
       AND o.lease_expires_at > COALESCE($4::timestamptz, clock_timestamp())
+      AND o.lease_expires_at < COALESCE($4::timestamptz, clock_timestamp()) + make_interval(secs => $3 * 0.75)
 )
 SELECT hb.group_name, hb.member_id, hb.generation AS member_generation,
        g.generation AS group_generation, g.leader, g.state

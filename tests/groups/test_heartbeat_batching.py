@@ -87,3 +87,35 @@ async def test_heartbeats_go_on_while_every_pool_connection_is_held(connect, fas
             await b.pool.release(conn)
     assert row["members"] == 1 and row["generation"] == generation
     await c.close()
+
+
+async def test_a_heartbeat_renews_a_lease_once_a_quarter_of_it_has_run_not_at_every_beat(
+    connect, fast
+) -> None:
+    # Rewriting every owned partition's cursor row at every beat is most of what a large idle group
+    # would write; a lease is renewed once a quarter of it has run (here 5 s of 20), and stays live.
+    b = await connect(**{**fast, "lease_time": 20.0})
+    await b.create_topic("t", partitions=2)
+    c = await b.consumer("g", topics=["t"]).start()
+    query = "SELECT array_agg(lease_expires_at ORDER BY partition_id) FROM offsets WHERE group_name='g'"
+    await eventually(
+        lambda: b.pool.fetchval("SELECT count(*) = 2 FROM offsets WHERE group_name='g' AND owner IS NOT NULL")
+    )
+    first = await b.pool.fetchval(query)
+    await asyncio.sleep(fast["heartbeat_interval"] * 4)  # four beats, well inside the first quarter
+    assert await b.pool.fetchval(query) == first
+    renewed = await eventually(
+        lambda: _all_later(b, query, first),
+        timeout=15.0,
+    )
+    assert renewed
+    live = await b.pool.fetchval(
+        "SELECT bool_and(lease_expires_at > clock_timestamp() + interval '10 seconds') FROM offsets WHERE group_name='g'"
+    )
+    assert live
+    await c.close()
+
+
+async def _all_later(b, query, first) -> bool:
+    now = await b.pool.fetchval(query)
+    return all(n > f for n, f in zip(now, first, strict=True))
