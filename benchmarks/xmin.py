@@ -175,7 +175,14 @@ async def measure(
         if queue_rate > 0:
             tasks.append(asyncio.create_task(produce(QUEUE, queue_rate)))
             tasks += [asyncio.create_task(drain()) for _ in range(2)]
-        await asyncio.sleep(min(5.0, free / 2))  # warm-up: assignment, prepared statements
+        # Warm-up: prepared statements, and the group assigned and delivering (on a loaded machine
+        # the assignment alone can outlast a short free phase, which would then measure nothing).
+        warmup = current[0]
+        await asyncio.sleep(min(5.0, free / 2))
+        for _ in range(600):
+            if warmup.delivered and (queue_rate <= 0 or warmup.acked):
+                break
+            await asyncio.sleep(0.1)
         phases: list[Phase] = []
         for name, seconds in (("free", free), ("held", hold), ("after", after)):
             phase = Phase(name)
