@@ -580,11 +580,8 @@ class Bus:
             with db.translate_errors():
                 if connection is not None:
                     # A savepoint inside the caller's transaction; the wake-up is sent by its commit.
-                    try:
-                        async with db.on_schema(connection, self.config.schema):
-                            placed = await call.append(connection, notify=self.channels.messages)
-                    except asyncpg.FeatureNotSupportedError as exc:  # not READ COMMITTED (migration 019)
-                        raise ValidationError(f"{exc}: {exc.hint}") from exc
+                    async with db.on_schema(connection, self.config.schema):
+                        placed = await call.append(connection, notify=self.channels.messages)
                 elif call.ikeys is not None:
                     async with self.pool.acquire() as conn, conn.transaction():
                         placed = await call.append(conn)

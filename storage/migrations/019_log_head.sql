@@ -59,15 +59,6 @@ DECLARE
     is_queue boolean;
     top bigint;
 BEGIN
-    -- The head is read in a statement of its own, on a snapshot taken after the lock: only READ
-    -- COMMITTED takes one. A REPEATABLE READ or SERIALIZABLE snapshot may predate another
-    -- publisher's commit, and its head would hand out an offset that is already taken.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'publishing needs a READ COMMITTED transaction (this one is %)',
-            upper(current_setting('transaction_isolation'))
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'publish from a READ COMMITTED transaction, PostgreSQL''s default: offsets come from the log''s head, which an older snapshot may not see';
-    END IF;
     SELECT GREATEST(p.next_offset, p.log_start), p.claimed, t.semantics = 'queue'
     INTO floor_offset, is_claimed, is_queue
     FROM partitions p JOIN topics t ON t.name = p.topic
@@ -104,12 +95,6 @@ AS $$
 DECLARE
     top bigint;
 BEGIN
-    IF NEW.next_offset > OLD.next_offset AND current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'publishing needs a READ COMMITTED transaction (this one is %)',
-            upper(current_setting('transaction_isolation'))
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'publish from a READ COMMITTED transaction, PostgreSQL''s default: offsets come from the log''s head, which an older snapshot may not see';
-    END IF;
     IF NEW.next_offset >= OLD.next_offset THEN
         SELECT max(m."offset") + 1 INTO top FROM messages m WHERE m.partition_id = OLD.id;
         NEW.next_offset := GREATEST(OLD.next_offset, OLD.log_start, top) + (NEW.next_offset - OLD.next_offset);

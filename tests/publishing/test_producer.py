@@ -339,28 +339,3 @@ async def test_flushes_whose_callers_all_gave_up_free_their_slots(b: bus.Bus, ds
     last = await asyncio.wait_for(b.publish("t", b"last"), 5)
     assert last.offset == 7  # warm, six kept, then this one: the dropped calls wrote nothing
     assert [m.payload for m in await b.read("t", max_messages=100)] == [b"warm"] + [b"kept"] * 6 + [b"last"]
-
-
-async def test_an_outbox_publish_in_a_repeatable_read_transaction_is_refused_and_writes_nothing(
-    b: bus.Bus, dsn: str
-) -> None:
-    await b.create_topic("t")
-    await b.publish("t", b"first")
-    conn = await asyncpg.connect(dsn)
-    try:
-        for isolation in ("repeatable_read", "serializable"):
-            tx = conn.transaction(isolation=isolation)
-            await tx.start()
-            assert await conn.fetchval("SELECT 1") == 1  # the transaction's snapshot is taken here
-            await b.publish("t", b"committed after that snapshot")
-            with pytest.raises(bus.ValidationError, match="READ COMMITTED"):
-                await b.publish("t", b"from the old snapshot", connection=conn)
-            await tx.rollback()
-        # Read committed (PostgreSQL's default) reads the head after the lock: the publish goes in.
-        async with conn.transaction():
-            rec = await b.publish("t", b"read committed", connection=conn)
-    finally:
-        await conn.close()
-    assert rec.offset == 3
-    assert [m.offset for m in await b.read("t")] == [0, 1, 2, 3]
-    assert (await b.read("t"))[-1].payload == b"read committed"
