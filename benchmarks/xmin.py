@@ -17,9 +17,9 @@ the offered load), and timed. Three phases run back to back:
 * **after**: the snapshot is released (autovacuum may catch up).
 
 Per phase: delivered messages/s (handler calls), queue jobs acked/s, publish
-p50/p99 (every publish of both topics; p99 also per topic), and per table the
-dead tuples at the end of the phase and the row versions written per second
-(updates + deletes) during it.
+p50/p99 (every publish of both topics), and per table the dead tuples at the
+end of the phase and the row versions written per second (updates + deletes)
+during it.
 The rows compare held and after against free, measured in the same run.
 Targets: during the hold, delivered and queue throughput >= 0.95x free and
 publish p99 <= 1.5x free.
@@ -81,7 +81,6 @@ class Phase:
     delivered: int = 0
     acked: int = 0
     latencies: list[float] = field(default_factory=list)  # publish calls, ms
-    by_topic: dict[str, list[float]] = field(default_factory=dict)  # the same, per topic
     dead: dict[str, int] = field(default_factory=dict)  # at the end of the phase
     versions: dict[str, int] = field(default_factory=dict)  # updates + deletes during the phase
 
@@ -93,11 +92,10 @@ class Phase:
     def acked_rate(self) -> float:
         return self.acked / self.seconds if self.seconds else 0.0
 
-    def quantile(self, q: float, topic: str | None = None) -> float:
-        latencies = self.latencies if topic is None else self.by_topic.get(topic, [])
-        if len(latencies) < 2:
-            return latencies[0] if latencies else 0.0
-        return statistics.quantiles(latencies, n=100, method="inclusive")[round(q * 100) - 1]
+    def quantile(self, q: float) -> float:
+        if len(self.latencies) < 2:
+            return self.latencies[0] if self.latencies else 0.0
+        return statistics.quantiles(self.latencies, n=100, method="inclusive")[round(q * 100) - 1]
 
 
 def _env_number(name: str, default: float) -> float:
@@ -143,9 +141,7 @@ async def measure(
             except (bus.BusError, asyncpg.PostgresError) as exc:  # counted and reported; the run goes on
                 errors.append(repr(exc))
                 return
-            ms = (time.perf_counter() - started) * 1000
-            current[0].latencies.append(ms)
-            current[0].by_topic.setdefault(topic, []).append(ms)
+            current[0].latencies.append((time.perf_counter() - started) * 1000)
 
         async def produce(topic: str, rate: float) -> None:
             owed = 0.0
@@ -228,8 +224,6 @@ def table(phases: list[Phase]) -> list[list[str]]:
         ("queue jobs/s", lambda p: p.acked_rate),
         ("publish p50 ms", lambda p: p.quantile(0.5)),
         ("publish p99 ms", lambda p: p.quantile(0.99)),
-        ("publish p99 ms, pubsub topic", lambda p: p.quantile(0.99, TOPIC)),
-        ("publish p99 ms, queue topic", lambda p: p.quantile(0.99, QUEUE)),
     ]
     metrics += [(f"dead tuples {t}", lambda p, t=t: p.dead.get(t, 0)) for t in TABLES]
     metrics += [
@@ -306,20 +300,6 @@ async def run(dsn: str, quick: bool) -> list[Result]:
                 target="<= 1.5x free" if phase is held else None,
             ),
         ]
-        if phase is held:  # which topic's publishes make the p99
-            rows += [
-                Result(
-                    SCENARIO,
-                    f"publish p99 to the {kind} topic, {during} (baseline: free)",
-                    phase.quantile(0.99, topic),
-                    "ms",
-                    free_p.quantile(0.99, topic),
-                    "free phase",
-                    higher_is_better=False,
-                )
-                for kind, topic in (("pubsub", TOPIC), ("queue", QUEUE))
-                if phase.by_topic.get(topic)
-            ]
     for t in TABLES:
         if held.dead.get(t, 0) or free_p.dead.get(t, 0):
             rows.append(

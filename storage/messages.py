@@ -1,24 +1,10 @@
 """The log: publishing and reading messages.
 
-A publishing statement locks each partition row it writes (FOR NO KEY
-UPDATE, in id order) and takes the partition's offsets from its head:
-`max("offset") + 1` from the log's primary key, floored by `next_offset`
-and `log_start` (`append_head`, migration 019). The head is read after the
-lock, in a statement of its own (a fresh READ COMMITTED snapshot that sees
-what the lock's previous holder committed). Two publishers to one partition
-serialize on the row, so offsets are dense and commit in offset order
-(invariant 1). A `bigserial` alone would let offset 8 commit before offset 7
-and a reader that already moved past 7 would miss it for good.
-
-A lock writes no row version, so a snapshot held open elsewhere no longer
-grows a version chain on the partition row per publish. `next_offset` is a
-lower bound of the head: readers take a partition's end as
-`log_head(id, next_offset)`; the Producer moves the counters of the
-partitions it wrote up to their heads about once a second (SYNC_COUNTERS), for
-the previous release, which reads the counter as the end. While a group
-member of that release is live, partitions of queue topics keep an exact
-counter (one version per publish): its queue takes hand out fresh jobs only
-up to it.
+Offsets come from `partitions.next_offset`, incremented (and so row-locked)
+in the publishing transaction: two publishers to one partition serialize on
+that row, so offsets are dense and commit in offset order (invariant 1). A
+`bigserial` alone would let offset 8 commit before offset 7 and a reader
+that already moved past 7 would miss it for good.
 """
 
 from __future__ import annotations
@@ -43,17 +29,18 @@ Target = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
 # the distinct partition ids and their message counts; $8 a channel to NOTIFY
 # once per partition written (NULL: none; the wake-up goes with the commit,
 # see actors/announcer.py for when that is wanted). Partition rows are
-# locked in id order (no deadlock between two such statements), then each
-# partition's head is read once, so offsets are dense and commit in order
-# (invariant 1). Every
+# locked in id order (no deadlock between two such statements), each counter
+# moves once, so offsets are dense and commit in order (invariant 1). Every
 # message of the statement gets one created_at, and the answer is one row per
 # partition (its first offset) rather than one per message.
 APPEND = """
-WITH locked AS MATERIALIZED (
+WITH locked AS (
     SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
-), bumped AS MATERIALIZED (
-    SELECT c.pid AS id, append_head(c.pid, c.n) AS base
+), bumped AS (
+    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
     FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
+    WHERE pt.id = c.pid
+    RETURNING pt.id, pt.next_offset - c.n AS base
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
@@ -70,44 +57,44 @@ FROM bumped b CROSS JOIN ts
 # step (one row cannot deadlock), the offsets follow input order.
 # $1 partition id, $2..$4 key, headers, payload arrays, $5 as APPEND's $8.
 APPEND_ONE = """
-WITH p AS MATERIALIZED (
-    SELECT append_head($1, cardinality($4::bytea[])) AS base
+WITH p AS (
+    UPDATE partitions SET next_offset = next_offset + cardinality($4::bytea[]) WHERE id = $1
+    RETURNING next_offset - cardinality($4::bytea[]) AS base
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
     INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
     SELECT $1, p.base + u.i - 1, u.k, u.h::jsonb, u.p, ts.at
     FROM p CROSS JOIN ts CROSS JOIN unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, i)
-    WHERE p.base IS NOT NULL
 )
-SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL)
-FROM p CROSS JOIN ts WHERE p.base IS NOT NULL
+SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM p CROSS JOIN ts
 """
 
 # APPEND for one message (the flush of a lone publish): scalar parameters, no
 # arrays to encode and unnest. $1 partition id, $2..$4 key, headers, payload,
 # $5 as APPEND's $8.
 APPEND_SINGLE = """
-WITH p AS MATERIALIZED (
-    SELECT append_head($1, 1) AS base
+WITH p AS (
+    UPDATE partitions SET next_offset = next_offset + 1 WHERE id = $1 RETURNING next_offset - 1 AS base
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
     INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
-    SELECT $1, p.base, $2::text, $3::text::jsonb, $4::bytea, ts.at FROM p CROSS JOIN ts WHERE p.base IS NOT NULL
+    SELECT $1, p.base, $2::text, $3::text::jsonb, $4::bytea, ts.at FROM p CROSS JOIN ts
 )
-SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL)
-FROM p CROSS JOIN ts WHERE p.base IS NOT NULL
+SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM p CROSS JOIN ts
 """
 
 # APPEND for inputs that include queue topics: a message of a
 # `semantics='queue'` topic also gets its job row, in the same statement.
 APPEND_QUEUE = """
-WITH locked AS MATERIALIZED (
-    SELECT id, topic FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
-), bumped AS MATERIALIZED (
-    SELECT c.pid AS id, append_head(c.pid, c.n) AS base, l.topic
+WITH locked AS (
+    SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
+), bumped AS (
+    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
     FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
+    WHERE pt.id = c.pid
+    RETURNING pt.id, pt.next_offset - c.n AS base, pt.topic
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), rows AS (
@@ -131,11 +118,13 @@ FROM bumped b CROSS JOIN ts
 # own visible_at and priority say when and in which order it is taken); the
 # others are fresh jobs, leased by range (see storage/queues.py).
 APPEND_QUEUE_TIMED = """
-WITH locked AS MATERIALIZED (
-    SELECT id, topic FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
-), bumped AS MATERIALIZED (
-    SELECT c.pid AS id, append_head(c.pid, c.n) AS base, l.topic
+WITH locked AS (
+    SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
+), bumped AS (
+    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
     FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
+    WHERE pt.id = c.pid
+    RETURNING pt.id, pt.next_offset - c.n AS base, pt.topic
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), rows AS (
@@ -164,19 +153,6 @@ FROM bumped b CROSS JOIN ts
 
 ANNOUNCE = "SELECT count(pg_notify($1, x::text)) FROM unnest($2::bigint[]) AS x"
 
-# Move the counters of partitions $1 up to their heads, for the readers that take
-# `next_offset` as a partition's end (the previous release's consumers and queue takes,
-# `partition_watermarks`). Only the rows that lag are written (a row whose counter is current
-# matches no WHERE and gets no new version); they are locked in id order, as publishers lock
-# them; migration 019's trigger sets the value under the lock.
-SYNC_COUNTERS = """
-WITH l AS (
-    SELECT id FROM partitions WHERE id = ANY($1::bigint[]) AND next_offset < log_head(id, next_offset)
-    ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE partitions p SET next_offset = p.next_offset FROM l WHERE p.id = l.id
-"""
-
 # From the log start on: rows below it may still be stored (retention is
 # logical until their segment retires, storage/segments.py).
 READ = """
@@ -187,7 +163,7 @@ ORDER BY "offset"
 LIMIT $3
 """
 
-BOUNDS = "SELECT log_start, log_head(id, next_offset) FROM partitions WHERE id = $1"
+BOUNDS = "SELECT log_start, next_offset FROM partitions WHERE id = $1"
 
 
 #: Where one message of `append` landed: (partition id, offset, created_at, partition name). The
@@ -379,11 +355,6 @@ async def append(
 async def announce(conn: asyncpg.Connection, channel: str, partition_ids: list[int]) -> None:
     """NOTIFY `channel` once per partition id (post-commit wake-ups)."""
     await conn.fetchval(ANNOUNCE, channel, partition_ids)
-
-
-async def sync_counters(conn: Target, partition_ids: list[int]) -> None:
-    """Move the counters of `partition_ids` up to their heads (see SYNC_COUNTERS)."""
-    await conn.execute(SYNC_COUNTERS, partition_ids)
 
 
 async def read(conn: db.Conn, partition_id: int, offset: int, limit: int) -> list[asyncpg.Record]:

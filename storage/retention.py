@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncpg
 
-from storage import messages
 from storage.db import Conn, Connection
 
 # Partitions with something below the watermark, from partition id $1 on.
@@ -42,20 +41,6 @@ LIMIT $2
 """
 
 LOCK_PARTITION = "SELECT log_start, next_offset FROM partitions WHERE id = $1 FOR NO KEY UPDATE"
-
-# The counters of the partitions a pass looks at, from partition id $1 on, moved up to their
-# heads first: `partition_watermarks` bounds the watermark by the counter, which publishers
-# leave behind (storage/messages.py). Only lagging rows are written, locked in id order.
-SYNC_COUNTERS = """
-WITH l AS (
-    SELECT p.id FROM partitions p JOIN topics t ON t.name = p.topic
-    WHERE t.cleanup = 'delete' AND t.retention_seconds IS NOT NULL AND p.id > $1
-      AND p.next_offset < log_head(p.id, p.next_offset)
-    ORDER BY p.id
-    FOR NO KEY UPDATE OF p
-)
-UPDATE partitions p SET next_offset = p.next_offset FROM l WHERE p.id = l.id
-"""
 
 # Cursors of the live groups that read the partition, locked against moves.
 LOCK_LIVE_CURSORS = """
@@ -113,7 +98,6 @@ async def clean_partition(conn: Connection, partition_id: int, retention_seconds
     number of offsets retired.
     """
     async with conn.transaction():
-        await messages.sync_counters(conn, [partition_id])
         part = await conn.fetchrow(LOCK_PARTITION, partition_id)
         if part is None:
             return 0
@@ -143,7 +127,6 @@ async def clean_some(
 
     Returns (the id to continue after next time (0: start over), offsets retired).
     """
-    await conn.execute(SYNC_COUNTERS, after_id)
     rows = await conn.fetch(SELECT_CANDIDATES, after_id, max_partitions)
     deleted = 0
     for row in rows:

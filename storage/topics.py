@@ -64,7 +64,7 @@ LIMIT 1
 SELECT_PARTITION_ID = "SELECT id FROM partitions WHERE topic = $1 AND name = $2"
 
 SELECT_PARTITIONS = """
-SELECT id, name, log_start, log_head(id, next_offset) AS next_offset, created_at FROM partitions WHERE topic = $1 ORDER BY id
+SELECT id, name, log_start, next_offset, created_at FROM partitions WHERE topic = $1 ORDER BY id
 """
 
 NOTIFY = "SELECT pg_notify($1, $2)"
@@ -127,7 +127,7 @@ async def partitions(
 
 
 TOPIC_STATS = """
-SELECT p.name AS partition, p.log_start, log_head(p.id, p.next_offset) AS end_offset,
+SELECT p.name AS partition, p.log_start, p.next_offset AS end_offset,
        (SELECT count(*) FROM messages m WHERE m.partition_id = p.id AND m."offset" >= p.log_start) AS size,
        (SELECT m.created_at FROM messages m WHERE m.partition_id = p.id AND m."offset" >= p.log_start
         ORDER BY m."offset" LIMIT 1) AS oldest,

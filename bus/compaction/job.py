@@ -237,7 +237,6 @@ async def _plan(
     conn: asyncpg.Connection, root: str, topics: list[str] | None, tombstone_default: float
 ) -> asyncpg.Record:
     """One transaction: the run row and a plan row per partition, ranges and cut-offs fixed now."""
-    await conn.execute(sql.SYNC_COUNTERS, topics)
     async with conn.transaction():
         run = await conn.fetchrow(sql.INSERT_RUN, root, topics)
         assert run is not None  # INSERT ... RETURNING always returns the row

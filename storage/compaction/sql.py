@@ -30,19 +30,6 @@ BUMP_ATTEMPTS = (
 
 SET_RUN_STATUS = "UPDATE compaction_runs SET status = $2, updated_at = clock_timestamp() WHERE id = $1"
 
-# Before a plan: the counters of the topics' partitions ($1, NULL: every topic) moved up to
-# their heads, since `partition_watermarks` bounds the watermark by the counter, which
-# publishers leave behind (storage/messages.py). Only lagging rows are written, in id order.
-SYNC_COUNTERS = """
-WITH l AS (
-    SELECT id FROM partitions
-    WHERE ($1::text[] IS NULL OR topic = ANY($1::text[])) AND next_offset < log_head(id, next_offset)
-    ORDER BY id
-    FOR NO KEY UPDATE
-)
-UPDATE partitions p SET next_offset = p.next_offset FROM l WHERE p.id = l.id
-"""
-
 # The plan: for every partition with history, the range [lo, hi) the run may
 # remove from, fixed now. Delete topics: history is the prefix below the
 # watermark whose records are past retention (no retention: kept forever).

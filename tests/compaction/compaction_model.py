@@ -10,7 +10,6 @@ import asyncpg
 
 import bus
 from storage import groups as group_sql
-from storage.compaction import sql as compaction_sql
 from storage.compaction.bulk import bulk_append
 
 # Test-only statements (setup and snapshots), constant and parameterized like the bus's own.
@@ -89,9 +88,6 @@ def expected_after(
 
 async def snapshot(conn: asyncpg.Connection) -> tuple[list[Any], list[Any]]:
     """(rows, partitions) as the model needs them."""
-    # The run moves the counters up to the log's heads before it plans (the watermark view is
-    # bounded by them); the model reads the view after the same move.
-    await conn.execute(compaction_sql.SYNC_COUNTERS, None)
     return list(await conn.fetch(SNAPSHOT)), list(await conn.fetch(PARTITIONS))
 
 
