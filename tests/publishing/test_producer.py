@@ -339,3 +339,29 @@ async def test_flushes_whose_callers_all_gave_up_free_their_slots(b: bus.Bus, ds
     last = await asyncio.wait_for(b.publish("t", b"last"), 5)
     assert last.offset == 7  # warm, six kept, then this one: the dropped calls wrote nothing
     assert [m.payload for m in await b.read("t", max_messages=100)] == [b"warm"] + [b"kept"] * 6 + [b"last"]
+
+
+async def test_an_outbox_publish_on_a_repeatable_read_snapshot_behind_the_log_fails_and_writes_nothing(
+    b: bus.Bus, dsn: str
+) -> None:
+    # The offset comes from the partition's counter: a snapshot older than another publisher's
+    # commit cannot reuse that publisher's offset, its update of the counter is refused instead.
+    await b.create_topic("t")
+    await b.publish("t", b"first")
+    conn = await asyncpg.connect(dsn)
+    try:
+        for isolation in ("repeatable_read", "serializable"):
+            tx = conn.transaction(isolation=isolation)
+            await tx.start()
+            assert await conn.fetchval("SELECT 1") == 1  # the transaction's snapshot is taken here
+            await b.publish("t", b"committed after that snapshot")
+            with pytest.raises(asyncpg.SerializationError):
+                await b.publish("t", b"from the old snapshot", connection=conn)
+            await tx.rollback()
+        async with conn.transaction(isolation="repeatable_read"):  # a snapshot not behind: it goes in
+            rec = await b.publish("t", b"repeatable read", connection=conn)
+    finally:
+        await conn.close()
+    assert rec.offset == 3
+    assert [m.offset for m in await b.read("t")] == [0, 1, 2, 3]
+    assert (await b.read("t"))[-1].payload == b"repeatable read"
