@@ -173,7 +173,8 @@ async def test_a_member_silent_past_its_session_is_removed_once_even_with_two_sw
         "VALUES ('g', 'ghost', 'x', 'h', 1, 1.0, now() - interval '1 minute')"
     )
     removed = await asyncio.gather(b1.admin.sweep(), b2.admin.sweep())
-    assert sorted(removed) in ([0, 1], [1, 1]) and sum(removed) >= 1
+    # Each Bus's heartbeat monitor sweeps too: on a loaded machine one of them may get there first.
+    assert sorted(removed) in ([0, 0], [0, 1], [1, 1])
     assert await b1.pool.fetchval("SELECT count(*) FROM members WHERE member_id='ghost'") == 0
     d = await b1.admin.describe_group("g")
     assert d.state == "empty"  # its only member is gone
