@@ -93,11 +93,11 @@ class Coordinator(Actor[CoordinatorMessage]):
         sink: MemberSink,
         notifier: ActorRef[NotifierMessage],
         monitor: ActorRef[MonitorMessage],
+        poller: ActorRef[PollerMessage],
         rejoin: Callable[[], Awaitable[None]] | None = None,
-        poller: ActorRef[PollerMessage] | None = None,
     ) -> None:
         self.spec = spec
-        self._poller = poller  # the Bus's poll fallback of idle workers (None: each worker polls itself)
+        self._poller = poller  # the Bus's poll fallback of idle workers
         self._pool = pool
         self._lender = lender
         self._sink = sink
@@ -123,14 +123,9 @@ class Coordinator(Actor[CoordinatorMessage]):
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
         )
         if self._sink.handler_mode:
-            lender, group, timeout, now = (
-                self._lender,
-                self.spec.group,
-                self.spec.lease_time / 2,
-                self.spec.now,
-            )
+            lender, spec = self._lender, self.spec
             self._committer = self._supervisor.spawn(
-                lambda: Committer(lender, group, timeout, now), "committer"
+                lambda: Committer(lender, spec.group, spec.lease_time / 2, spec.now), "committer"
             )
         await self._join()
         self._notifier.signal(
@@ -299,7 +294,7 @@ class Coordinator(Actor[CoordinatorMessage]):
         committer, poller = self._committer, self._poller
         ref = self._supervisor.spawn(
             lambda: PartitionWorker(
-                spec, self._pool, self._lender, self._sink, self._notifier, self.self_ref, committer, poller
+                spec, self._pool, self._lender, self._sink, self._notifier, self.self_ref, poller, committer
             ),
             name,
         )

@@ -67,11 +67,11 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         config: MonitorConfig,
         pool: asyncpg.Pool,
         notifier: ActorRef[NotifierMessage],
-        connect: Callable[[], Awaitable[asyncpg.Connection]] | None = None,
+        connect: Callable[[], Awaitable[asyncpg.Connection]],
     ) -> None:
         self.config = config
         self._pool = pool
-        # The beat's own connection (`connect`; None: beat on the pool). A process's workers, takeovers
+        # The beat's and the sweep's own connection (`connect`). A process's workers, takeovers
         # and rebalances may hold every pool connection for a while (a large group on a small pool, a
         # busy machine); a beat queued behind them would let the members' sessions run out.
         self._connect = connect
@@ -152,35 +152,15 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
 
     async def _heartbeat(self, keys: list[tuple[str, str]]) -> list[asyncpg.Record]:
         args = ([g for g, _ in keys], [m for _, m in keys], self.config.lease_time, self.config.now())
-        if self._connect is not None:
-            return await self._heartbeat_on_own_connection(args)
-        try:
-            return await membership.heartbeat(self._pool, *args)
-        except CONNECTION_ERRORS:
-            # A dropped connection (server restarted, backends terminated) means the
-            # pool's idle connections are most likely dead too. asyncpg hands them out
-            # unchecked, so each later beat would fail on the next dead one, one beat at
-            # a time, until the session ran out and a faster process swept this one.
-            # Replace them all now, and beat again on a fresh connection.
-            await self._pool.expire_connections()
-            return await membership.heartbeat(self._pool, *args)
-
-    async def _sweep_on(self, conn: Any) -> tuple[list[tuple[str, str]], list[str]]:
-        gone = await membership.sweep(
-            conn, self.config.rebalance_delay, self.config.groups_channel, self.config.now()
-        )
-        dead = await retention.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
-        return gone, dead
+        return await self._heartbeat_on_own_connection(args)
 
     async def _own_connection(self) -> asyncpg.Connection:
-        assert self._connect is not None
         if self._conn is None or self._conn.is_closed():
             self._conn = await self._connect()
         return self._conn
 
     async def _heartbeat_on_own_connection(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
         """Beat on the monitor's own connection, opened on first use and again after it dropped."""
-        assert self._connect is not None
         for attempt in (1, 2):
             conn = await self._own_connection()
             try:
@@ -195,11 +175,12 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
 
     async def _sweep(self) -> int:
         try:
-            if self._connect is not None:  # on the beat's connection: a taken pool must not hold up the beats
-                gone, dead = await self._sweep_on(await self._own_connection())
-            else:
-                async with self._pool.acquire() as conn:
-                    gone, dead = await self._sweep_on(conn)
+            # On the beat's connection: a taken pool must not hold up the beats.
+            conn = await self._own_connection()
+            gone = await membership.sweep(
+                conn, self.config.rebalance_delay, self.config.groups_channel, self.config.now()
+            )
+            dead = await retention.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
         except TRANSIENT_ERRORS as exc:  # a closed own connection is opened again on next use
             self._log.warning("sweep_failed", error=str(exc))
             return 0

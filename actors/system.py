@@ -82,10 +82,10 @@ class GroupSystem:
 
     def spawn_member(self, spec: MemberSpec, sink: MemberSink) -> ActorRef[CoordinatorMessage]:
         """Start a Coordinator for a new local member of `spec.group`."""
-        assert self.notifier is not None and self.monitor is not None
+        assert self.notifier is not None and self.monitor is not None and self.poller is not None
         notifier, monitor, poller = self.notifier, self.monitor, self.poller
         return self.root.spawn(
-            lambda: Coordinator(spec, self._pool, self._lender, sink, notifier, monitor, poller=poller),
+            lambda: Coordinator(spec, self._pool, self._lender, sink, notifier, monitor, poller),
             f"coordinator-{spec.group}-{next(self._names)}",
         )
 

@@ -9,8 +9,7 @@ exactly where this one ended.
 When it has nothing to do it tells the Bus's IdlePoller (actors/poller.py)
 where it stands; that actor looks at every idle worker of the process in one
 statement per `max_poll_interval` and wakes those with messages past their
-position, or whose lease was taken. Without an IdlePoller the worker polls
-by itself on a timer: a fetch and a lease check per interval.
+position, or whose lease was taken.
 """
 
 from __future__ import annotations
@@ -151,11 +150,11 @@ class PartitionWorker(Actor[WorkerMessage]):
         sink: Sink,
         notifier: ActorRef[NotifierMessage],
         coordinator: ActorRef[CoordinatorMessage],
+        poller: ActorRef[PollerMessage],
         committer: ActorRef[Commit] | None = None,
-        poller: ActorRef[PollerMessage] | None = None,
     ) -> None:
         self.spec = spec
-        self._poller = poller  # the Bus's poll fallback (None: a timer of this worker's own)
+        self._poller = poller  # the Bus's poll fallback of idle workers
         self._watch: tuple[int | None, int, bool] | None = None  # what the poller last heard
         self._again = False  # a Wake to this worker is queued: it is not idle
         self._pool = pool
@@ -198,14 +197,11 @@ class PartitionWorker(Actor[WorkerMessage]):
             await self._notifier.ask(subscribe)
         except (AskTimeoutError, ActorStoppedError):
             self._log.warning("listen_not_confirmed")  # the poll fallback finds what a NOTIFY would tell
-        if self._poller is None:
-            ref.schedule_every(self.spec.poll_interval, Wake())
         self._wake()
 
     async def on_stop(self) -> None:
         self._notifier.signal(Unsubscribe(self.self_ref))
-        if self._poller is not None:
-            self._poller.signal(Unwatch(self.self_ref))
+        self._poller.signal(Unwatch(self.self_ref))
         if self._epoch is None:
             return
         epoch, self._epoch = self._epoch, None
@@ -256,7 +252,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         A worker with a Wake queued is not idle: it reports after that Wake. One without
         the lease, or with a batch the consumer's buffer refused, is woken at every poll.
         """
-        if self._poller is None or self._again or self._stopped_on_error:
+        if self._again or self._stopped_on_error:
             return
         watch = (self._epoch, self._position, self._epoch is None or self._pending is not None)
         if watch != self._watch and self._poller.signal(
@@ -384,10 +380,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         elif len(rows) < limit // 2:
             self._fetch_size = self.spec.fetch_size
         if not rows:
-            if self._poller is None:
-                await self._check_lease()
-            # else: the poller checks the lease of every idle worker of the process at once
-            return
+            return  # idle: the poller checks the lease of every idle worker of the process at once
         self._position = rows[-1]["offset"] + 1
         metrics.fetched(self.spec.group, self.spec.topic, len(rows))
         if self._sink.handler_mode:
@@ -403,9 +396,7 @@ class PartitionWorker(Actor[WorkerMessage]):
             self._wake()
 
     async def _check_lease(self) -> None:
-        # On the hot path's lent connection: an idle partition runs this after every empty poll,
-        # and a pool acquire would add the pool's reset statement to each (a third of an idle
-        # group's statements).
+        # On the hot path's lent connection: a pool acquire would add the pool's reset statement.
         row = await leases.state(self._lender, self.spec.group, self.spec.partition_id, self.spec.now())
         if (
             row is None

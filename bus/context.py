@@ -10,8 +10,9 @@ none of them imports `bus.client` and the Bus stays the one place that builds th
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from storage import db
 
 if TYPE_CHECKING:
     import asyncpg
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from actors.system import GroupSystem
     from bus.config import Config
     from bus.types import Outgoing, Record, TopicInfo
-    from storage import db
 
 __all__ = ["BusContext", "Channels", "Connected", "context_of"]
 
@@ -79,7 +79,7 @@ class BusContext:
         self.system: GroupSystem | None = None
         # The time lease and expiry statements judge by: None, the server's clock. `bus.testing.Clock`
         # moves it, so a test expires a lease without sleeping past it (River's queries take `now` alike).
-        self.now: Callable[[], datetime | None] = _server_clock
+        self.now: db.Now = db.server_clock
         self._states: dict[type[Any], Any] = {}
 
     def state(self, kind: type[S], make: Callable[[], S] | None = None) -> S:
@@ -88,10 +88,6 @@ class BusContext:
         if found is None:
             found = self._states[kind] = make() if make is not None else kind()
         return found
-
-
-def _server_clock() -> datetime | None:
-    return None
 
 
 class Connected(Protocol):

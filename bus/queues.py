@@ -45,8 +45,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import asyncpg
@@ -170,7 +169,7 @@ class _QueueWriter:
     the write's exception) once it committed.
     """
 
-    def __init__(self, lender: db.Lender, now: Callable[[], datetime | None]) -> None:
+    def __init__(self, lender: db.Lender, now: db.Now) -> None:
         self._lender = lender
         self._now = now  # the time the takes judge leases by (the Bus's context: a test's Clock moves it)
         self._acks: Lane[_AckRequest] = Lane(

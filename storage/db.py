@@ -29,7 +29,6 @@ from storage.names import validate_schema
 
 log = get_logger(__name__)
 
-#: One connection: a plain one, or one acquired from a pool.
 #: Where a lease or expiry statement's `now` comes from: a time, or None for the server's clock
 #: (`server_clock`, production's). A test's `bus.testing.Clock` moves it for one Bus.
 Now: TypeAlias = Callable[[], datetime | None]
@@ -40,6 +39,7 @@ def server_clock() -> datetime | None:
     return None
 
 
+#: One connection: a plain one, or one acquired from a pool.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 #: Anything statements can run on: one connection, or the pool or the Lender (one statement, autocommit).
 Conn: TypeAlias = (
