@@ -22,6 +22,7 @@ scrape therefore never runs anything in the database.
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -92,10 +93,31 @@ class _LazyMetric:
 
 _declared: list[_LazyMetric] = []
 _registry: Any = None
+# Held while the metrics are made: by the warm-up thread (`prepare`) or by a first use racing it.
+_making = threading.Lock()
+
+
+def prepare() -> None:
+    """Make the metrics now, in a background thread, if nothing has yet.
+
+    Importing prometheus-client and creating the metrics takes ~0.2 s of CPU. Paid
+    on first use, it would stall the event loop at a bad moment: a process's first
+    partition assignment (its new workers wait behind it, and a join takes that much
+    longer). A Bus calls this when it starts; `import bus` still does not pay.
+    """
+    if ENABLED and _registry is None and not _making.locked():
+        threading.Thread(target=_materialize, name="bus-metrics", daemon=True).start()
 
 
 def _materialize() -> Any:
     """Import prometheus-client, create the bus's own registry and every declared metric in it."""
+    if _registry is None:
+        with _making:
+            _make()
+    return _registry
+
+
+def _make() -> None:
     global _registry
     if _registry is None:
         import prometheus_client as prom
@@ -112,7 +134,6 @@ def _materialize() -> Any:
                     m.name, m.doc, m.label_names, buckets=BATCH_BUCKETS, registry=registry
                 )
         _registry = registry
-    return _registry
 
 
 def __getattr__(name: str) -> Any:

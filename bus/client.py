@@ -135,6 +135,7 @@ class Bus:
 
     async def _start(self) -> None:
         """Start the per-Bus system actors: the Notifier, the HeartbeatMonitor and the retention cleaner."""
+        _metrics.prepare()  # off the event loop, before a first assignment would pay for it
         system = await self._group_system()
         self._start_producer(system)
         if self.config.cleaner_interval > 0:  # 0 (or less) disables this process's cleaner

@@ -82,6 +82,9 @@ SELECT g.name, p.id, """
     + """
 FROM groups g JOIN partitions p ON p.id = ANY($2::bigint[])
 WHERE g.name = $1
+  -- the start is worked out only for cursors still missing (every rebalance passes all the
+  -- group's partitions; the start of a 'latest' or time start reads the log per partition)
+  AND NOT EXISTS (SELECT 1 FROM offsets o WHERE o.group_name = g.name AND o.partition_id = p.id)
 ON CONFLICT (group_name, partition_id) DO NOTHING
 """
 )

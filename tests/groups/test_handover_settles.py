@@ -16,9 +16,9 @@ async def test_the_leader_looks_again_soon_after_a_rebalance_that_moved_partitio
     connect: Any, fast: dict[str, float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # rebalance_delay 0.5 s: the leader's periodic check runs every 0.25 s. After a rebalance that
-    # moved partitions it looks again after HANDOVER_CHECK, then twice as late each time the
-    # handover is still going on (here the previous owner's on_revoke holds it up), up to the
-    # periodic interval; once every moved partition is taken over the group reads stable.
+    # moved partitions it looks again after HANDOVER_CHECK, then HANDOVER_GROWTH times as late each
+    # time the handover is still going on (here the previous owner's on_revoke holds it up), up to
+    # the periodic interval; once every moved partition is taken over the group reads stable.
     looks: list[float] = []
     real = rebalancer.Rebalancer._look_again
 
@@ -35,7 +35,7 @@ async def test_the_leader_looks_again_soon_after_a_rebalance_that_moved_partitio
         return None
 
     async def slow_revoke(partitions: Any) -> None:
-        await asyncio.sleep(0.8)
+        await asyncio.sleep(1.5)  # long enough for the looks to reach the periodic interval
 
     first = await b.subscribe("g", handler, topics=["t"], on_revoke=slow_revoke)
 
@@ -48,7 +48,8 @@ async def test_the_leader_looks_again_soon_after_a_rebalance_that_moved_partitio
     second = await b.subscribe("g", handler, topics=["t"])
     await eventually(lambda: stable(2))
     handover = looks[looks.index(rebalancer.HANDOVER_CHECK) :]
-    assert handover[:4] == [0.05, 0.05, 0.1, 0.2], looks
+    growth = rebalancer.HANDOVER_GROWTH
+    assert handover[:4] == pytest.approx([0.05, 0.05, 0.05 * growth, 0.05 * growth**2]), looks
     assert max(handover) == 0.25, looks  # never later than the periodic check
     await second.stop()
     await first.stop()

@@ -309,6 +309,50 @@ async def test_without_prometheus_client_every_metric_is_a_no_op(
     assert proc.stdout.strip() == "ok"
 
 
+_WARM_UP = textwrap.dedent(
+    """
+    import asyncio, os, sys, threading
+
+    imported_on = []
+
+    def audit(event, args):
+        if event == "import" and args[0] == "prometheus_client":
+            imported_on.append(threading.current_thread() is threading.main_thread())
+
+    sys.addaudithook(audit)
+    import bus
+    from actors import metrics
+
+    async def main():
+        async with bus.connect(os.environ["BUS_DSN"], schema=sys.argv[1]):
+            for _ in range(400):  # no metric is used: the Bus's start alone makes them
+                if metrics._registry is not None:
+                    break
+                await asyncio.sleep(0.05)
+        print(metrics._registry is not None, imported_on[:1])
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_starting_bus_makes_its_metrics_in_a_thread_not_on_the_event_loop(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    # Importing prometheus-client and creating the metrics costs ~0.2 s of CPU: made on the event
+    # loop at first use, it stalled a process's first partition assignment (a join waited for it).
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", _WARM_UP, schema],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BUS_DSN": dsn},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True [False]"  # made, and imported off the main thread
+
+
 async def test_log_events_carry_group_member_generation_topic_and_partition(
     connect: Connect, fast: dict[str, Any], uniq: Uniq
 ) -> None:
