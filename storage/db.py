@@ -353,6 +353,48 @@ async def _setup_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec(
         "timestamptz", schema="pg_catalog", encoder=encode, decoder=decode, format="tuple"
     )
+    await preload_array_types(conn)  # after the element codecs they build on
+
+
+# The built-in array types the bus's statements pass and read. asyncpg knows only oid[] and
+# text[] by itself: on a fresh connection, the first statement with any other array type runs
+# its type introspection (a recursive catalog query, ~20 ms of server CPU) before it runs. A
+# hundred members reacting to one rebalance on fresh pool connections made that a burst that
+# held up every other statement on the server for half a second. The answer is the same for
+# every connection (built-in types), so it is asked once per process and server version and
+# handed to each new connection.
+_ARRAY_TYPES = "SELECT t::regtype::oid FROM unnest($1::text[]) AS t"
+_ARRAY_TYPE_NAMES = [
+    "bigint[]",
+    "integer[]",
+    "smallint[]",
+    "bytea[]",
+    "timestamptz[]",
+    "float8[]",
+    "boolean[]",
+    "jsonb[]",
+]
+_array_types: dict[int, list[Any]] = {}  # server major version -> asyncpg's type records
+
+
+async def preload_array_types(conn: asyncpg.Connection) -> None:
+    """Give `conn` the codecs of the built-in array types without asking the server again.
+
+    Uses asyncpg's own introspection and codec registration (internal names, so anything
+    missing leaves the connection as asyncpg made it: it asks on first use, as usual).
+    """
+    inner: Any = conn  # asyncpg's internals, not in its type stubs
+    try:
+        settings = inner._protocol.get_settings()  # noqa: SLF001 - no public way to share type info
+        major = conn.get_server_version().major
+        records = _array_types.get(major)
+        if records is None:
+            oids = [r[0] for r in await conn.fetch(_ARRAY_TYPES, _ARRAY_TYPE_NAMES)]
+            records, _ = await inner._introspect_types(oids, None)  # noqa: SLF001
+            records = _array_types.setdefault(major, list(records))
+        settings.register_data_types(records)
+    except AttributeError:
+        return
 
 
 #: How the bus reaches PostgreSQL: directly (None), or through a pooler in session or transaction mode.
@@ -498,12 +540,13 @@ async def connect(dsn: str, schema: str, *, pooler: Pooler = None, **kwargs: Any
         conn: asyncpg.Connection = await asyncpg.connect(dsn, **_connect_kwargs(schema, pooler), **kwargs)
     except (OSError, asyncpg.PostgresError) as exc:
         raise _unavailable(exc, pooler) from exc
-    if pooler == "session":
-        try:
+    try:
+        if pooler == "session":
             await _set_session_search_path(conn, schema)
-        except BaseException:
-            await conn.close()
-            raise
+        await preload_array_types(conn)
+    except BaseException:
+        await conn.close()
+        raise
     return conn
 
 
