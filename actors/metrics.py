@@ -100,8 +100,8 @@ _making = threading.Lock()
 def prepare() -> None:
     """Make the metrics now, in a background thread, if nothing has yet.
 
-    Importing prometheus-client and creating the metrics takes ~0.2 s of CPU. Paid
-    on first use, it would stall the event loop at a bad moment: a process's first
+    Importing prometheus-client and creating the metrics takes tenths of a second of
+    CPU. Paid on first use, it would stall the event loop at a bad moment: a process's first
     partition assignment (its new workers wait behind it, and a join takes that much
     longer). A Bus calls this when it starts; `import bus` still does not pay.
     """

@@ -358,10 +358,10 @@ async def _setup_connection(conn: asyncpg.Connection) -> None:
 
 # The built-in array types the bus's statements pass and read. asyncpg knows only oid[] and
 # text[] by itself: on a fresh connection, the first statement with any other array type runs
-# its type introspection (a recursive catalog query, ~20 ms of server CPU) before it runs. A
-# hundred members reacting to one rebalance on fresh pool connections made that a burst that
-# held up every other statement on the server for half a second. The answer is the same for
-# every connection (built-in types), so it is asked once per process and server version and
+# its type introspection (a recursive catalog query, heavy for the server) before it runs.
+# Many members reacting to one rebalance on fresh pool connections turn that into a burst
+# that holds up every other statement on the server. The answer is the same for every
+# connection (built-in types), so it is asked once per process and server version and
 # handed to each new connection.
 _ARRAY_TYPES = "SELECT t::regtype::oid FROM unnest($1::text[]) AS t"
 _ARRAY_TYPE_NAMES = [
