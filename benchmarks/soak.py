@@ -68,9 +68,9 @@ FROM (SELECT relid FROM pg_partition_tree('messages') WHERE isleaf
       SELECT 'messages'::regclass WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree('messages'))) t
 LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid
 """
-RETAINED = "SELECT coalesce(sum(next_offset - log_start), 0)::bigint, coalesce(sum(next_offset), 0)::bigint FROM partitions"
+RETAINED = "SELECT coalesce(sum(p.log_end - p.log_start), 0)::bigint, coalesce(sum(p.log_end), 0)::bigint FROM partitions p"
 LAG = """
-SELECT coalesce(sum(p.next_offset - GREATEST(o.committed, p.log_start)), 0)::bigint
+SELECT coalesce(sum(p.log_end - GREATEST(o.committed, p.log_start)), 0)::bigint
 FROM offsets o JOIN partitions p ON p.id = o.partition_id
 """
 # A fresh copy of N rows like the soak's, with the same indexes: bytes per retained row.

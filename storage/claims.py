@@ -67,7 +67,7 @@ WHERE o.group_name = $1 AND o.partition_id = ANY($2::bigint[]) AND o.pending_sin
 # The free cursor with the earliest pending message, locked (SKIP LOCKED: two
 # workers claiming at once take two different partitions).
 PICK_CANDIDATE = """
-SELECT o.partition_id, o.committed, p.topic, p.name AS partition, p.log_start, p.next_offset
+SELECT o.partition_id, o.committed, p.topic, p.name AS partition, p.log_start, p.log_end AS next_offset
 FROM offsets o JOIN partitions p ON p.id = o.partition_id
 WHERE o.group_name = $1 AND o.pending_since IS NOT NULL
   AND (o.lease_expires_at IS NULL OR o.lease_expires_at < COALESCE($3::timestamptz, clock_timestamp()))

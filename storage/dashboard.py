@@ -21,7 +21,7 @@ from storage.db import Conn, Connection
 # Per partition of every topic: bounds and stored size estimate (next_offset -
 # log_start; compaction's holes make it an upper bound, the topic page counts exactly).
 TOPIC_PARTITIONS = """
-SELECT p.topic, p.name AS partition, p.log_start, p.next_offset AS end_offset, p.created_at
+SELECT p.topic, p.name AS partition, p.log_start, p.log_end AS end_offset, p.created_at
 FROM partitions p
 ORDER BY p.topic, p.id
 """
@@ -99,7 +99,7 @@ SELECT g.name, g.status, g.state, g.recorded_at, g.last_active_at,
        count(o.partition_id) FILTER (WHERE o.lease_expires_at > clock_timestamp()) AS leased,
        count(o.partition_id) FILTER (WHERE o.pending_since IS NOT NULL) AS pending,
        min(o.pending_since) AS oldest_pending,
-       COALESCE(sum(GREATEST(p.next_offset - GREATEST(o.committed, p.log_start), 0)), 0)::bigint AS lag
+       COALESCE(sum(GREATEST(p.log_end - GREATEST(o.committed, p.log_start), 0)), 0)::bigint AS lag
 FROM groups g
 LEFT JOIN offsets o ON o.group_name = g.name
 LEFT JOIN partitions p ON p.id = o.partition_id
@@ -110,8 +110,8 @@ ORDER BY g.name
 
 # One claims group's cursors with their leases ($1 group).
 CLAIM_LEASES = """
-SELECT p.topic, p.name AS partition, o.committed, p.next_offset AS end_offset,
-       GREATEST(p.next_offset - GREATEST(o.committed, p.log_start), 0) AS lag,
+SELECT p.topic, p.name AS partition, o.committed, p.log_end AS end_offset,
+       GREATEST(p.log_end - GREATEST(o.committed, p.log_start), 0) AS lag,
        CASE WHEN o.lease_expires_at > clock_timestamp() THEN o.owner END AS owner,
        CASE WHEN o.lease_expires_at > clock_timestamp() THEN o.lease_expires_at END AS lease_expires_at,
        o.pending_since, o.committed_at

@@ -71,7 +71,7 @@ GREATEST(p.log_start, CASE g.start_mode
     ELSE COALESCE((SELECT m."offset" FROM messages m
                    WHERE m.partition_id = p.id AND m.created_at >= g.start_time
                    ORDER BY m.created_at, m."offset" LIMIT 1),
-                  p.next_offset)
+                  p.log_end)
 END)"""
 
 MATERIALIZE_OFFSETS = (
@@ -91,7 +91,7 @@ ON CONFLICT (group_name, partition_id) DO NOTHING
 
 # Every partition of every topic the group reads, with its cursor (if any).
 SELECT_GROUP_PARTITIONS = """
-SELECT p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.next_offset,
+SELECT p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.log_end AS next_offset,
        o.committed, o.owner, o.owner_generation, o.lease_epoch, o.lease_expires_at, o.committed_at
 FROM group_topics gt
 JOIN partitions p ON p.topic = gt.topic
@@ -177,7 +177,7 @@ LIST_GROUPS = """
 SELECT g.name, g.state, g.status, g.generation,
        (SELECT count(*) FROM members m WHERE m.group_name = g.name
           AND m.last_heartbeat > clock_timestamp() - make_interval(secs => m.session_timeout)) AS members,
-       COALESCE((SELECT sum(GREATEST(p.next_offset - GREATEST(COALESCE(o.committed, p.log_start), p.log_start), 0))
+       COALESCE((SELECT sum(GREATEST(p.log_end - GREATEST(COALESCE(o.committed, p.log_start), p.log_start), 0))
                  FROM group_topics gt JOIN partitions p ON p.topic = gt.topic
                  LEFT JOIN offsets o ON o.group_name = g.name AND o.partition_id = p.id
                  WHERE gt.group_name = g.name), 0)::bigint AS total_lag
@@ -200,7 +200,7 @@ SELECT q.*, GREATEST(q.next_offset - q.position, 0) AS lag,
          WHERE m.partition_id = q.partition_id AND m."offset" >= q.position
          ORDER BY m."offset" LIMIT 1) AS lag_seconds
 FROM (
-    SELECT p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.next_offset,
+    SELECT p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.log_end AS next_offset,
            o.committed, o.owner, o.lease_expires_at > clock_timestamp() AS lease_live,
            GREATEST(COALESCE(o.committed, """
     + START_OFFSET
@@ -220,10 +220,10 @@ RESET_PLAN = """
 SELECT p.id AS partition_id, p.topic, p.name AS partition, o.committed AS current,
        CASE $2
          WHEN 'earliest' THEN p.log_start
-         WHEN 'latest' THEN p.next_offset
-         WHEN 'offset' THEN LEAST(GREATEST($4::bigint, p.log_start), p.next_offset)
+         WHEN 'latest' THEN p.log_end
+         WHEN 'offset' THEN LEAST(GREATEST($4::bigint, p.log_start), p.log_end)
          ELSE COALESCE((SELECT m."offset" FROM messages m WHERE m.partition_id = p.id AND m.created_at >= $3
-                        ORDER BY m.created_at, m."offset" LIMIT 1), p.next_offset)
+                        ORDER BY m.created_at, m."offset" LIMIT 1), p.log_end)
        END AS new
 FROM group_topics gt JOIN partitions p ON p.topic = gt.topic
 LEFT JOIN offsets o ON o.group_name = gt.group_name AND o.partition_id = p.id
@@ -344,7 +344,7 @@ async def delete_group(conn: Conn, name: str) -> bool:
 # $1 group, $2 topics, $3 partition names, $4 times (one per partition). Rows come in input order;
 # a partition that does not exist has no row.
 PARTITION_OFFSETS = """
-SELECT t.i, p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.next_offset, o.committed,
+SELECT t.i, p.id AS partition_id, p.topic, p.name AS partition, p.log_start, p.log_end AS next_offset, o.committed,
        CASE WHEN t.at IS NULL THEN NULL
             ELSE (SELECT m."offset" FROM messages m
                   WHERE m.partition_id = p.id AND m.created_at >= t.at AND m."offset" >= p.log_start

@@ -110,7 +110,7 @@ LIMIT $6
 
 # $3: now.
 LEASE_STATE = """
-SELECT o.owner, o.lease_epoch, o.lease_expires_at > COALESCE($3::timestamptz, clock_timestamp()) AS live, o.committed, p.log_start, p.next_offset
+SELECT o.owner, o.lease_epoch, o.lease_expires_at > COALESCE($3::timestamptz, clock_timestamp()) AS live, o.committed, p.log_start, p.log_end AS next_offset
 FROM offsets o JOIN partitions p ON p.id = o.partition_id
 WHERE o.group_name = $1 AND o.partition_id = $2
 """

@@ -1,10 +1,15 @@
 """The log: publishing and reading messages.
 
-Offsets come from `partitions.next_offset`, incremented (and so row-locked)
-in the publishing transaction: two publishers to one partition serialize on
-that row, so offsets are dense and commit in offset order (invariant 1). A
-`bigserial` alone would let offset 8 commit before offset 7 and a reader
-that already moved past 7 would miss it for good.
+Offsets come from the partition's head (`log_heads`, migration 020), moved
+under the partition's row lock in the publishing transaction: two publishers
+to one partition serialize on that lock, so offsets are dense and commit in
+offset order (invariant 1). A `bigserial` alone would let offset 8 commit
+before offset 7 and a reader that already moved past 7 would miss it for good.
+The lock writes no new version of the partition's row and a head row takes a
+bounded number of publishes before the next one replaces it, so a snapshot
+held open elsewhere does not make publishing slower the longer it stays open.
+A partition's end is its newest head (`p.log_end` for a partition row `p`); `partitions.next_offset` is
+kept caught up about once a second for the previous release (`SYNC_COUNTERS`).
 """
 
 from __future__ import annotations
@@ -29,18 +34,15 @@ Target = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
 # the distinct partition ids and their message counts; $8 a channel to NOTIFY
 # once per partition written (NULL: none; the wake-up goes with the commit,
 # see actors/announcer.py for when that is wanted). Partition rows are
-# locked in id order (no deadlock between two such statements), each counter
+# locked in id order (no deadlock between two such statements), each head
 # moves once, so offsets are dense and commit in order (invariant 1). Every
 # message of the statement gets one created_at, and the answer is one row per
 # partition (its first offset) rather than one per message.
 APPEND = """
-WITH locked AS (
-    SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
-), bumped AS (
-    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
-    FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
-    WHERE pt.id = c.pid
-    RETURNING pt.id, pt.next_offset - c.n AS base
+WITH bumped AS (
+    SELECT c.pid AS id, t.base
+    FROM (SELECT pid, n FROM unnest($6::bigint[], $7::int[]) AS u(pid, n) ORDER BY pid) AS c
+    CROSS JOIN LATERAL log_take_offsets(c.pid, c.n) AS t
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
@@ -58,8 +60,7 @@ FROM bumped b CROSS JOIN ts
 # $1 partition id, $2..$4 key, headers, payload arrays, $5 as APPEND's $8.
 APPEND_ONE = """
 WITH p AS (
-    UPDATE partitions SET next_offset = next_offset + cardinality($4::bytea[]) WHERE id = $1
-    RETURNING next_offset - cardinality($4::bytea[]) AS base
+    SELECT t.base FROM log_take_offsets($1, cardinality($4::bytea[])) AS t
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
@@ -75,7 +76,7 @@ SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL
 # $5 as APPEND's $8.
 APPEND_SINGLE = """
 WITH p AS (
-    UPDATE partitions SET next_offset = next_offset + 1 WHERE id = $1 RETURNING next_offset - 1 AS base
+    SELECT t.base FROM log_take_offsets($1, 1) AS t
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
@@ -88,25 +89,24 @@ SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL
 # APPEND for inputs that include queue topics: a message of a
 # `semantics='queue'` topic also gets its job row, in the same statement.
 APPEND_QUEUE = """
-WITH locked AS (
-    SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
-), bumped AS (
-    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
-    FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
-    WHERE pt.id = c.pid
-    RETURNING pt.id, pt.next_offset - c.n AS base, pt.topic
+WITH bumped AS (
+    SELECT c.pid AS id, t.base, t.topic
+    FROM (SELECT pid, n FROM unnest($6::bigint[], $7::int[]) AS u(pid, n) ORDER BY pid) AS c
+    CROSS JOIN LATERAL log_take_offsets(c.pid, c.n) AS t
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), rows AS (
-    SELECT u.pid, b.base + u.i AS off, u.k, u.h, u.p, b.topic, t.semantics = 'queue' AS queued
-    FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[]) AS u(pid, k, h, p, i)
+    SELECT u.pid, b.base + u.i AS off, u.k, u.h, u.p, b.topic, t.semantics = 'queue' AS queued, u.ord
+    FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[])
+         WITH ORDINALITY AS u(pid, k, h, p, i, ord)
     JOIN bumped b ON b.id = u.pid JOIN topics t ON t.name = b.topic
 ), m AS (
     INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
     SELECT r.pid, r.off, r.k, r.h::jsonb, r.p, ts.at FROM rows r CROSS JOIN ts
 ), j AS (
+    -- in input order: a job is visible from its insert, and due jobs go in visible_at order
     INSERT INTO queue_jobs (partition_id, "offset", topic, key)
-    SELECT pid, off, topic, k FROM rows WHERE queued
+    SELECT pid, off, topic, k FROM rows WHERE queued ORDER BY ord
 )
 SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
 FROM bumped b CROSS JOIN ts
@@ -118,28 +118,25 @@ FROM bumped b CROSS JOIN ts
 # own visible_at and priority say when and in which order it is taken); the
 # others are fresh jobs, leased by range (see storage/queues.py).
 APPEND_QUEUE_TIMED = """
-WITH locked AS (
-    SELECT id FROM partitions WHERE id = ANY($6::bigint[]) ORDER BY id FOR NO KEY UPDATE
-), bumped AS (
-    UPDATE partitions pt SET next_offset = pt.next_offset + c.n
-    FROM unnest($6::bigint[], $7::int[]) AS c(pid, n) JOIN locked l ON l.id = c.pid
-    WHERE pt.id = c.pid
-    RETURNING pt.id, pt.next_offset - c.n AS base, pt.topic
+WITH bumped AS (
+    SELECT c.pid AS id, t.base, t.topic
+    FROM (SELECT pid, n FROM unnest($6::bigint[], $7::int[]) AS u(pid, n) ORDER BY pid) AS c
+    CROSS JOIN LATERAL log_take_offsets(c.pid, c.n) AS t
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), rows AS (
     SELECT u.pid, b.base + u.i AS off, u.k, u.h, u.p, b.topic, t.semantics = 'queue' AS queued,
            u.delay, u.at, u.prio,
-           (u.delay IS NOT NULL OR u.at IS NOT NULL OR COALESCE(u.prio, 0) <> 0) AS timed
+           (u.delay IS NOT NULL OR u.at IS NOT NULL OR COALESCE(u.prio, 0) <> 0) AS timed, u.ord
     FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[],
-                $9::float8[], $10::timestamptz[], $11::int[]) AS u(pid, k, h, p, i, delay, at, prio)
+                $9::float8[], $10::timestamptz[], $11::int[]) WITH ORDINALITY AS u(pid, k, h, p, i, delay, at, prio, ord)
     JOIN bumped b ON b.id = u.pid JOIN topics t ON t.name = b.topic
 ), m AS (
     INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
     SELECT r.pid, r.off, r.k, r.h::jsonb, r.p, ts.at FROM rows r CROSS JOIN ts
 ), j AS (
     INSERT INTO queue_jobs (partition_id, "offset", topic, key)
-    SELECT pid, off, topic, k FROM rows WHERE queued AND NOT timed
+    SELECT pid, off, topic, k FROM rows WHERE queued AND NOT timed ORDER BY ord
 ), jt AS (
     -- delayed or prioritized jobs: detached, visible from their delivery time (migration 014)
     INSERT INTO queue_jobs (partition_id, "offset", topic, key, detached, visible_at, priority)
@@ -163,7 +160,11 @@ ORDER BY "offset"
 LIMIT $3
 """
 
-BOUNDS = "SELECT log_start, next_offset FROM partitions WHERE id = $1"
+# The previous release reads `partitions.next_offset` as a partition's end: move the
+# counters of these partitions up to their heads (migration 020's log_heads_sync).
+SYNC_COUNTERS = "SELECT log_heads_sync($1::bigint[])"
+
+BOUNDS = "SELECT p.log_start, p.log_end FROM partitions p WHERE p.id = $1"
 
 
 #: Where one message of `append` landed: (partition id, offset, created_at, partition name). The
@@ -359,6 +360,11 @@ async def announce(conn: asyncpg.Connection, channel: str, partition_ids: list[i
 
 async def read(conn: db.Conn, partition_id: int, offset: int, limit: int) -> list[asyncpg.Record]:
     return list(await conn.fetch(READ, partition_id, offset, limit))
+
+
+async def sync_counters(conn: db.Conn, partition_ids: list[int]) -> None:
+    """Move the `next_offset` counters of `partition_ids` up to their heads (for the previous release)."""
+    await conn.fetchval(SYNC_COUNTERS, partition_ids)
 
 
 async def bounds(conn: db.Conn, partition_id: int) -> tuple[int, int] | None:

@@ -171,11 +171,11 @@ _TAKE_FRESH = (
     FROM c
 ), f0 AS (
     SELECT s.partition_id, s.fresh, s.turn, s.stop, sum(s.fresh) OVER (ORDER BY s.turn) AS upto
-    FROM (SELECT f.partition_id, p.next_offset - f.next_offset AS fresh, p.next_offset AS stop,
+    FROM (SELECT f.partition_id, p.log_end - f.next_offset AS fresh, p.log_end AS stop,
                  (row_number() OVER (ORDER BY f.partition_id) + $6::bigint) % count(*) OVER () AS turn
           FROM queue_frontiers f
           JOIN partitions p ON p.id = f.partition_id
-          WHERE f.topic = $1 AND f.next_offset < p.next_offset) AS s
+          WHERE f.topic = $1 AND f.next_offset < p.log_end) AS s
 ), lk AS (
     SELECT f.partition_id, f.next_offset FROM queue_frontiers f
     WHERE f.partition_id IN (SELECT f0.partition_id FROM f0, need WHERE f0.upto - f0.fresh < need.n)
@@ -514,7 +514,7 @@ _DETACH_FROM = """
 lk AS (
     SELECT f.partition_id, f.next_offset FROM queue_frontiers f
     WHERE f.topic = {topic}
-      AND EXISTS (SELECT 1 FROM partitions p WHERE p.id = f.partition_id AND p.next_offset > f.next_offset)
+      AND EXISTS (SELECT 1 FROM partitions p WHERE p.id = f.partition_id AND p.log_end > f.next_offset)
     ORDER BY f.partition_id
     FOR UPDATE
 ), d AS (
@@ -523,7 +523,7 @@ lk AS (
     WHERE j.partition_id = lk.partition_id AND j."offset" >= lk.next_offset AND NOT j.detached
     RETURNING j.partition_id, j."offset"
 )
-UPDATE queue_frontiers f SET next_offset = GREATEST(f.next_offset, p.next_offset)
+UPDATE queue_frontiers f SET next_offset = GREATEST(f.next_offset, p.log_end)
 FROM lk JOIN partitions p ON p.id = lk.partition_id
 WHERE f.partition_id = lk.partition_id
 """

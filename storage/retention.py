@@ -40,7 +40,9 @@ ORDER BY w.partition_id
 LIMIT $2
 """
 
-LOCK_PARTITION = "SELECT log_start, next_offset FROM partitions WHERE id = $1 FOR NO KEY UPDATE"
+LOCK_PARTITION = (
+    "SELECT p.log_start, p.log_end AS next_offset FROM partitions p WHERE p.id = $1 FOR NO KEY UPDATE"
+)
 
 # Cursors of the live groups that read the partition, locked against moves.
 LOCK_LIVE_CURSORS = """

@@ -64,7 +64,7 @@ LIMIT 1
 SELECT_PARTITION_ID = "SELECT id FROM partitions WHERE topic = $1 AND name = $2"
 
 SELECT_PARTITIONS = """
-SELECT id, name, log_start, next_offset, created_at FROM partitions WHERE topic = $1 ORDER BY id
+SELECT p.id, p.name, p.log_start, p.log_end AS next_offset, p.created_at FROM partitions p WHERE p.topic = $1 ORDER BY p.id
 """
 
 NOTIFY = "SELECT pg_notify($1, $2)"
@@ -127,7 +127,7 @@ async def partitions(
 
 
 TOPIC_STATS = """
-SELECT p.name AS partition, p.log_start, p.next_offset AS end_offset,
+SELECT p.name AS partition, p.log_start, p.log_end AS end_offset,
        (SELECT count(*) FROM messages m WHERE m.partition_id = p.id AND m."offset" >= p.log_start) AS size,
        (SELECT m.created_at FROM messages m WHERE m.partition_id = p.id AND m."offset" >= p.log_start
         ORDER BY m."offset" LIMIT 1) AS oldest,

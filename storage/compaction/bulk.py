@@ -1,7 +1,7 @@
 """Fast synthetic history for the compaction tests and benchmark.
 
 Rows are generated inside PostgreSQL (`INSERT ... SELECT generate_series`),
-appended at the partition's `next_offset` under its row lock, so the log stays
+appended at offsets taken from the partition's head under its row lock, so the log stays
 dense and ordered exactly as if producers had published them.
 """
 
@@ -14,9 +14,9 @@ from storage import db
 # $1 partition id, $2 rows, $3 distinct keys, $4 payload bytes, $5 every n-th row is a
 # tombstone (0: none), $6 created_at of the first row, $7 seconds between rows.
 BULK_APPEND = """
-WITH p AS (SELECT id, next_offset FROM partitions WHERE id = $1 FOR UPDATE)
+WITH p AS (SELECT $1::bigint AS id, t.base FROM log_take_offsets($1, $2) AS t)
 INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
-SELECT p.id, p.next_offset + g,
+SELECT p.id, p.base + g,
        'k' || ((g::bigint * 7919) % $3),
        '{"src": "bulk"}'::jsonb,
        CASE WHEN $5 > 0 AND g % $5 = $5 - 1 THEN NULL
@@ -25,7 +25,7 @@ SELECT p.id, p.next_offset + g,
 FROM p, generate_series(0, $2 - 1) AS g
 """
 
-BUMP_NEXT_OFFSET = "UPDATE partitions SET next_offset = next_offset + $2 WHERE id = $1 RETURNING next_offset"
+END_OFFSET = "SELECT p.log_end FROM partitions p WHERE p.id = $1"
 
 
 async def bulk_append(
@@ -44,7 +44,7 @@ async def bulk_append(
         await conn.execute(
             BULK_APPEND, partition_id, rows, keys, payload_bytes, tombstone_every, start, step_seconds
         )
-        return int(await conn.fetchval(BUMP_NEXT_OFFSET, partition_id, rows))
+        return int(await conn.fetchval(END_OFFSET, partition_id))
 
 
 # The pure-SQL baseline the benchmark compares the job with: the same

@@ -178,7 +178,9 @@ WHERE p.run_id = $1 AND p.cleanup = 'compact' AND p.done_at IS NULL
 
 # -- the per-partition delete transaction ------------------------------------------
 
-LOCK_PARTITION = "SELECT id, log_start, next_offset FROM partitions WHERE id = $1 FOR UPDATE"
+LOCK_PARTITION = (
+    "SELECT p.id, p.log_start, p.log_end AS next_offset FROM partitions p WHERE p.id = $1 FOR UPDATE"
+)
 
 PARTITION_WATERMARK = "SELECT low_watermark FROM partition_watermarks WHERE partition_id = $1"
 
@@ -207,7 +209,7 @@ UPDATE partitions p
 SET log_start = GREATEST(p.log_start,
                          COALESCE((SELECT min(m."offset") FROM messages m
                                    WHERE m.partition_id = p.id AND m."offset" >= p.log_start),
-                                  p.next_offset))
+                                  p.log_end))
 WHERE p.id = $1
 RETURNING log_start
 """

@@ -183,7 +183,7 @@ SELECT o.group_name, p.topic, p.name, o.committed, o.owner, o.lease_epoch
 FROM offsets o JOIN partitions p ON p.id = o.partition_id
 """
 LAGGING = """
-SELECT count(*) FILTER (WHERE o.committed < p.next_offset) AS lagging, count(*) AS cursors
+SELECT count(*) FILTER (WHERE o.committed < p.log_end) AS lagging, count(*) AS cursors
 FROM offsets o JOIN partitions p ON p.id = o.partition_id WHERE p.topic = $1
 """
 PENDING_JOBS = "SELECT count(*) FROM queue_jobs WHERE topic = $1"
@@ -197,8 +197,8 @@ SELECT pid, application_name, state, now() - xact_start AS open_for, left(query,
 FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' OR (state = 'active' AND now() - xact_start > '5 s')
 """
 HELD_CURSORS = """
-SELECT o.group_name, p.name, o.committed, p.next_offset, o.owner, o.lease_epoch, o.lease_expires_at
-FROM offsets o JOIN partitions p ON p.id = o.partition_id WHERE p.topic = $1 AND o.committed < p.next_offset
+SELECT o.group_name, p.name, o.committed, p.log_end, o.owner, o.lease_epoch, o.lease_expires_at
+FROM offsets o JOIN partitions p ON p.id = o.partition_id WHERE p.topic = $1 AND o.committed < p.log_end
 """
 ES_CURSORS = """
 SELECT group_name, vals, position, next_position, claimed_by, claimed_at, attempts, retry_at

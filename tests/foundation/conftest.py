@@ -63,7 +63,7 @@ def counts(b: bus.Bus) -> Counts:
                 "topics": await conn.fetchval("SELECT count(*) FROM topics"),
                 "partitions": await conn.fetchval("SELECT count(*) FROM partitions"),
                 "messages": await conn.fetchval("SELECT count(*) FROM messages"),
-                "next_offsets": await conn.fetchval("SELECT coalesce(sum(next_offset), 0) FROM partitions"),
+                "next_offsets": await conn.fetchval("SELECT coalesce(sum(p.log_end), 0) FROM partitions p"),
             }
         return {k: int(v) for k, v in result.items()}
 

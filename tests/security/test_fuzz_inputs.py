@@ -183,7 +183,7 @@ async def fz(dsn: str) -> AsyncIterator[Fuzz]:
         tables = [r[0] for r in await b.pool.fetch(COUNT_TABLES)]
         # Test-only SQL built from catalog names (quoted): one round trip per fingerprint.
         parts = [f'(SELECT count(*) FROM "{t}") AS "{t}"' for t in tables]
-        parts.append("(SELECT COALESCE(sum(next_offset), 0) FROM partitions) AS offsets")
+        parts.append("(SELECT COALESCE(sum(p.log_end), 0) FROM partitions p) AS offsets")
         yield Fuzz(b, dsn, schema, "SELECT " + ", ".join(parts))
     finally:
         await b.close()
