@@ -1,0 +1,142 @@
+"""A partition's head (migration 020): publishing beside a held snapshot, and the previous release's counter.
+
+A publish locks its partition's row, which writes no new version of it, and moves the newest
+row of the partition's head; every 64 publishes a new head row replaces it. So however long
+another transaction holds its snapshot, a publish walks at most one head row's versions. The
+previous release moves `partitions.next_offset` itself: those moves allocate from the same head,
+and the counter is kept caught up for that release's readers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+import bus
+from actors.producer import Producer
+from bus.testing import eventually
+from storage import db
+
+ROW = "SELECT ctid::text, xmin::text, next_offset FROM partitions WHERE topic = $1"
+HEADS = "SELECT generation, next_offset, appends FROM log_heads WHERE partition_id = $1 ORDER BY generation"
+END = "SELECT p.log_end FROM partitions p WHERE p.id = $1"
+PID = "SELECT id FROM partitions WHERE topic = $1"
+
+# A publish the way the previous release (and the SQL `publish` function) writes one: the
+# counter moved in the statement, the message at the offset it returned.
+COUNTER_PUBLISH = """
+WITH p AS (
+    UPDATE partitions SET next_offset = next_offset + 1 WHERE id = $1 RETURNING id, next_offset - 1 AS base
+)
+INSERT INTO messages (partition_id, "offset", payload) SELECT p.id, p.base, $2::bytea FROM p
+RETURNING "offset"
+"""
+
+
+@pytest.fixture
+async def snapshot(dsn: str, schema: str, b: bus.Bus) -> AsyncIterator[asyncpg.Connection]:
+    """A session holding a REPEATABLE READ snapshot open (a pg_dump, a long report)."""
+    conn = await db.connect(dsn, schema)
+    tx = conn.transaction(isolation="repeatable_read")
+    await tx.start()
+    await conn.fetchval("SELECT count(*) FROM partitions")  # the snapshot is taken here
+    try:
+        yield conn
+    finally:
+        await tx.rollback()
+        await conn.close()
+
+
+async def test_publishing_beside_a_held_snapshot_writes_no_version_of_the_partition_row(
+    b: bus.Bus, snapshot: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Producer, "counter_sync_interval", 3600.0)  # no catch-up during the test
+    await b.create_topic("t", partitions=1)
+    pid = await b.pool.fetchval(PID, "t")
+    before = await b.pool.fetchrow(ROW, "t")
+    offsets = [(await b.publish("t", b"x")).offset for _ in range(200)]
+    assert offsets == list(range(200))
+    # The row was locked 200 times and never rewritten: no version chain for a publish to walk.
+    assert tuple(await b.pool.fetchrow(ROW, "t")) == tuple(before)
+    # Head rows took 64 publishes each: generations 0-2 filled, 3 took the last 8; only the
+    # newest two are left (a rotation deletes the ones before the generation it closes).
+    assert [tuple(r) for r in await b.pool.fetch(HEADS, pid)] == [(2, 192, 64), (3, 200, 8)]
+    assert await b.pool.fetchval(END, pid) == 200
+    assert [m.offset for m in await b.read("t", partition=0, offset=190)] == list(range(190, 200))
+
+
+async def test_a_multi_partition_publish_moves_each_head_once_in_partition_order(b: bus.Bus) -> None:
+    await b.create_topic("t", partitions=3)
+    recs = await b.publish_many("t", [bus.Outgoing(b"x", partition=str(i % 3)) for i in range(9)])
+    assert sorted((r.partition, r.offset) for r in recs) == [(str(p), o) for p in range(3) for o in range(3)]
+    for r in await b.pool.fetch("SELECT p.id, p.log_end FROM partitions p WHERE p.topic = 't'"):
+        assert [tuple(h) for h in await b.pool.fetch(HEADS, r["id"])] == [(0, 3, 1)]
+        assert r["log_end"] == 3
+
+
+async def test_the_counter_catches_up_with_the_head_for_the_previous_release(
+    b: bus.Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Producer, "counter_sync_interval", 0.05)
+    await b.create_topic("t", partitions=2)
+    await b.publish_many("t", [bus.Outgoing(b"x", partition=str(i % 2)) for i in range(7)])
+
+    async def caught_up() -> bool:
+        rows = await b.pool.fetch("SELECT p.next_offset, p.log_end FROM partitions p WHERE p.topic = 't'")
+        return sorted(tuple(r) for r in rows) == [(3, 3), (4, 4)]
+
+    await eventually(caught_up)
+
+
+async def test_counter_moves_and_head_publishes_share_one_dense_sequence(
+    dsn: str, schema: str, b: bus.Bus
+) -> None:
+    await b.create_topic("t", partitions=1)
+    pid = await b.pool.fetchval(PID, "t")
+    old = [await db.connect(dsn, schema) for _ in range(2)]
+    try:
+
+        async def previous_release(conn: asyncpg.Connection) -> list[int]:
+            return [await conn.fetchval(COUNTER_PUBLISH, pid, b"old") for _ in range(40)]
+
+        async def this_release() -> list[int]:
+            return [(await b.publish("t", b"new")).offset for _ in range(80)]
+
+        *olds, new = await asyncio.gather(*(previous_release(c) for c in old), this_release())
+    finally:
+        for conn in old:
+            await conn.close()
+    got = sorted(olds[0] + olds[1] + new)
+    assert got == list(range(160))  # unique and dense across both ways of publishing
+    stored = await b.pool.fetch(
+        'SELECT "offset", payload FROM messages WHERE partition_id = $1 ORDER BY 1', pid
+    )
+    assert [r["offset"] for r in stored] == list(range(160))
+    assert sorted(r["offset"] for r in stored if r["payload"] == b"old") == sorted(olds[0] + olds[1])
+    assert await b.pool.fetchval(END, pid) == 160
+    # The counter never runs ahead of the head, so the previous release never hands out an offset
+    # this one already gave.
+    assert await b.pool.fetchval("SELECT next_offset FROM partitions WHERE id = $1", pid) <= 160
+
+
+async def test_an_outbox_publish_on_a_snapshot_older_than_the_head_fails_and_writes_nothing(
+    b: bus.Bus, dsn: str
+) -> None:
+    await b.create_topic("t", partitions=1)
+    await b.publish("t", b"first")
+    conn = await asyncpg.connect(dsn)
+    try:
+        tx = conn.transaction(isolation="repeatable_read")
+        await tx.start()
+        await conn.fetchval("SELECT 1")  # the caller's snapshot
+        await b.publish("t", b"second")  # the head moves after it
+        with pytest.raises(asyncpg.SerializationError):
+            await b.publish("t", b"outbox", connection=conn)
+        await tx.rollback()
+    finally:
+        await conn.close()
+    assert [m.payload for m in await b.read("t", partition=0)] == [b"first", b"second"]
+    assert (await b.publish("t", b"third")).offset == 2
