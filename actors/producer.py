@@ -25,12 +25,7 @@ share a partition, so each partition still commits in call order:
   serialize, so flushes side by side must not notify);
 * back-pressure: `receive` stops taking calls while `max_pending` messages
   wait, so the bounded mailbox fills and callers wait in `tell`; memory stays
-  flat under a flood of callers;
-* counters: a flush takes offsets from the partition's head and leaves the
-  partitions' `next_offset` counters behind (storage/messages.py); at most
-  once per `counter_sync_interval` the Producer moves the counters of the
-  partitions it wrote up to their heads (in a flush slot, so it never opens a
-  connection of its own), and once more when it stops.
+  flat under a flood of callers.
 
 Outbox publishes (`connection=`) never come here: they are written in the
 caller's transaction.
@@ -154,8 +149,6 @@ class Producer(Actor[Publish]):
 
     # Calls waiting in the mailbox while `max_pending` messages are pending: the back-pressure bound.
     mailbox_size = 1000
-    # Seconds between two refreshes of the written partitions' counters.
-    counter_sync_interval = 1.0
 
     def __init__(
         self,
@@ -189,8 +182,6 @@ class Producer(Actor[Publish]):
         # the flusher task); with linger, the flusher waits for companions first.
         self._direct = settings.linger <= 0
         self._failing = False
-        self._unsynced: set[int] = set()  # partitions written since their counters were last refreshed
-        self._syncer: asyncio.Task[None] | None = None
         self._log = get_logger(__name__, actor="producer")
 
     async def on_start(self) -> None:
@@ -223,8 +214,6 @@ class Producer(Actor[Publish]):
         """Write whatever is pending, then stop the flusher and close the connections."""
         await self._idle.wait()
         self._cancel_flusher()
-        if self._unsynced:
-            await self._sync_counters()
         for conn in list(self._open):
             if not conn.is_closed():
                 await conn.close()
@@ -264,8 +253,6 @@ class Producer(Actor[Publish]):
     def _cancel_flusher(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
-        if self._syncer is not None:
-            self._syncer.cancel()
         for task in list(self._flushes):
             task.cancel()
 
@@ -467,42 +454,6 @@ class Producer(Actor[Publish]):
         if notify is None:
             for pid in set(pids):
                 self._announce(pid)
-        self._unsynced.update(pids)
-        if self._syncer is None or self._syncer.done():
-            self._syncer = asyncio.get_running_loop().create_task(self._sync_loop(), name="producer-counters")
-
-    async def _sync_loop(self) -> None:
-        """Refresh the written partitions' counters every `counter_sync_interval` while there are any."""
-        while self._unsynced:
-            await asyncio.sleep(self.counter_sync_interval)
-            if self._failing:
-                return
-            if self._in_flight < self._settings.max_in_flight:
-                self._in_flight += 1  # a flush slot: the flushes and the refresh share the connections
-                try:
-                    await self._sync_counters()
-                finally:
-                    self._done(set())
-
-    async def _sync_counters(self) -> None:
-        pids = sorted(self._unsynced)
-        self._unsynced.clear()
-        try:
-            conn = await self._acquire()
-        except Exception as exc:
-            self._unsynced.update(pids)
-            self._log.warning("producer_counter_sync_failed", error=repr(exc))
-            return
-        try:
-            await log_sql.sync_counters(conn, pids)
-        except BaseException as exc:
-            self._unsynced.update(pids)
-            self._drop(conn)
-            if not isinstance(exc, Exception):
-                raise
-            self._log.warning("producer_counter_sync_failed", error=repr(exc))
-        else:
-            self._release(conn)
 
     def _fail(self, calls: list[Publish], exc: BaseException) -> None:
         for m in calls:

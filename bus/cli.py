@@ -278,11 +278,17 @@ def migrate(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="print the SQL of the pending migrations; change nothing"
     ),
+    finalize: bool = typer.Option(
+        False,
+        "--finalize",
+        help="end a rolling deploy: the schema's minimum release becomes this library's "
+        "(run it once every process runs this release)",
+    ),
 ) -> None:
     """Apply the pending migrations of the schema (connect does it too), or list them, or print their SQL."""
     from bus.migrate import migrate_command
 
-    run(lambda: migrate_command(console, status=status, dry_run=dry_run))
+    run(lambda: migrate_command(console, status=status, dry_run=dry_run, finalize=finalize))
 
 
 @app.command()

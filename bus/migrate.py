@@ -2,7 +2,9 @@
 
 Database and schema come from `BUS_DSN` / `BUS_SCHEMA` like every command;
 without `BUS_DSN` the embedded server under `$BUS_HOME`. `--status` and
-`--dry-run` write nothing.
+`--dry-run` write nothing. `--finalize` ends a rolling deploy: the schema's
+minimum release becomes this library's, so the previous release no longer runs
+on it and the schema stops keeping what only that release reads.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ async def _dsn() -> str:
     return (await asyncio.to_thread(ensure_server, keep=True)).dsn
 
 
-async def migrate_command(console: Console, *, status: bool, dry_run: bool) -> None:
+async def migrate_command(console: Console, *, status: bool, dry_run: bool, finalize: bool = False) -> None:
     """The body of `bus migrate`; a BusError propagates to the CLI (exit code 2)."""
     schema = Config.load({}).schema
     with db.translate_errors():
@@ -36,6 +38,8 @@ async def migrate_command(console: Console, *, status: bool, dry_run: bool) -> N
                 st = await db.migration_status(conn, schema)
             else:
                 applied = await db.migrate(conn, schema)
+                if finalize:
+                    await db.finalize(conn, schema)
                 st = await db.migration_status(conn, schema)
         finally:
             await conn.close()

@@ -23,7 +23,7 @@ import msgspec
 from asyncpg.pool import PoolConnectionProxy
 
 from storage import versions
-from storage.errors import BusError, StorageUnavailableError
+from storage.errors import BusError, SchemaVersionError, StorageUnavailableError
 from storage.logs import get_logger
 from storage.names import validate_schema
 
@@ -639,10 +639,39 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
             applied_now.append(version)
             log.info("migration_applied", schema=schema, version=version, name=name)
         row = await conn.fetchrow(versions.READ_RELEASE)
-        floor = versions.MIN_COMPATIBLE_RELEASE
+        # A schema this library creates never had an older release on it: nothing to stay
+        # compatible with. One an older release made keeps that release able to run on it
+        # until `finalize`.
+        floor = versions.LIBRARY_RELEASE if not rows else versions.MIN_COMPATIBLE_RELEASE
         if row is None or versions.later(row["min_release"], floor) != row["min_release"]:
             await conn.execute(versions.WRITE_RELEASE, floor, versions.LIBRARY_RELEASE)
     return applied_now
+
+
+async def finalize(conn: asyncpg.Connection, schema: str) -> str:
+    """End a rolling deploy: raise the schema's minimum release to this library's; returns it.
+
+    Until then the schema keeps what the previous release reads (the partitions' counters, the
+    queue frontiers' rows) up to date, at a write per publish and per take on a queue. Refused
+    with a SchemaVersionError, writing nothing, while a live group member of an older release
+    is seen (queue consumers and claimers of that release leave no trace to check: stop them first).
+    """
+    await migrate(conn, schema)
+    async with conn.transaction():
+        await conn.execute(SET_LOCAL_SEARCH_PATH, search_path(schema))
+        older = await conn.fetch(versions.LIVE_OLDER_MEMBERS)
+        if older:
+            groups = ", ".join(sorted({r["group_name"] for r in older}))
+            raise SchemaVersionError(
+                f"schema {schema!r}: {len(older)} live group member(s) of a release older than "
+                f"{versions.LIBRARY_RELEASE} in group(s) {groups}; finalize once every process runs "
+                f"pgactorbus {versions.LIBRARY_RELEASE} or later"
+            )
+        row = await conn.fetchrow(versions.READ_RELEASE)
+        if row is None or versions.later(row["min_release"], versions.LIBRARY_RELEASE) != row["min_release"]:
+            await conn.execute(versions.WRITE_RELEASE, versions.LIBRARY_RELEASE, versions.LIBRARY_RELEASE)
+            log.info("schema_finalized", schema=schema, min_release=versions.LIBRARY_RELEASE)
+        return str(await conn.fetchval("SELECT min_release FROM bus_schema_release"))
 
 
 def migration_file(version: int, name: str) -> str:

@@ -8,8 +8,10 @@ before offset 7 and a reader that already moved past 7 would miss it for good.
 The lock writes no new version of the partition's row and a head row takes a
 bounded number of publishes before the next one replaces it, so a snapshot
 held open elsewhere does not make publishing slower the longer it stays open.
-A partition's end is its newest head (`p.log_end` for a partition row `p`); `partitions.next_offset` is
-kept caught up about once a second for the previous release (`SYNC_COUNTERS`).
+A partition's end is its newest head (`p.log_end` for a partition row `p`).
+While the previous release may run on the schema (until `bus migrate
+--finalize`), a publish also moves `partitions.next_offset`, which that release
+reads and moves itself.
 """
 
 from __future__ import annotations
@@ -159,10 +161,6 @@ WHERE partition_id = $1 AND "offset" >= GREATEST($2, (SELECT log_start FROM part
 ORDER BY "offset"
 LIMIT $3
 """
-
-# The previous release reads `partitions.next_offset` as a partition's end: move the
-# counters of these partitions up to their heads (migration 020's log_heads_sync).
-SYNC_COUNTERS = "SELECT log_heads_sync($1::bigint[])"
 
 BOUNDS = "SELECT p.log_start, p.log_end FROM partitions p WHERE p.id = $1"
 
@@ -360,11 +358,6 @@ async def announce(conn: asyncpg.Connection, channel: str, partition_ids: list[i
 
 async def read(conn: db.Conn, partition_id: int, offset: int, limit: int) -> list[asyncpg.Record]:
     return list(await conn.fetch(READ, partition_id, offset, limit))
-
-
-async def sync_counters(conn: db.Conn, partition_ids: list[int]) -> None:
-    """Move the `next_offset` counters of `partition_ids` up to their heads (for the previous release)."""
-    await conn.fetchval(SYNC_COUNTERS, partition_ids)
 
 
 async def bounds(conn: db.Conn, partition_id: int) -> tuple[int, int] | None:

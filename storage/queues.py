@@ -171,16 +171,17 @@ _TAKE_FRESH = (
     FROM c
 ), f0 AS (
     SELECT s.partition_id, s.fresh, s.turn, s.stop, sum(s.fresh) OVER (ORDER BY s.turn) AS upto
-    FROM (SELECT f.partition_id, p.log_end - f.next_offset AS fresh, p.log_end AS stop,
+    FROM (SELECT f.partition_id, e.stop - e.at AS fresh, e.stop,
                  (row_number() OVER (ORDER BY f.partition_id) + $6::bigint) % count(*) OVER () AS turn
           FROM queue_frontiers f
           JOIN partitions p ON p.id = f.partition_id
-          WHERE f.topic = $1 AND f.next_offset < p.log_end) AS s
+          CROSS JOIN LATERAL (SELECT f.frontier AS at, p.log_end AS stop OFFSET 0) AS e
+          WHERE f.topic = $1 AND e.at < e.stop) AS s
 ), lk AS (
-    SELECT f.partition_id, f.next_offset FROM queue_frontiers f
-    WHERE f.partition_id IN (SELECT f0.partition_id FROM f0, need WHERE f0.upto - f0.fresh < need.n)
-    ORDER BY f.partition_id
-    FOR UPDATE
+    -- each frontier locked in id order, read as the take that held it before left it
+    SELECT s.partition_id, queue_frontier_lock(s.partition_id) AS next_offset
+    FROM (SELECT f0.partition_id FROM f0, need WHERE f0.upto - f0.fresh < need.n
+          ORDER BY f0.partition_id) AS s
 ), fr AS (
     -- the next fresh jobs past each locked frontier (detached ones there, delayed or
     -- prioritized at publish, are taken through c instead)
@@ -219,14 +220,14 @@ _TAKE_FRESH = (
     -- each locked frontier moves to its first fresh job not dealt; when all were dealt, past
     -- the last, or to the partition's end if no other fresh job is there (detached ones left
     -- behind it are taken through c)
-    UPDATE queue_frontiers f
-    SET next_offset = m.next_offset
-    FROM (SELECT lk.partition_id,
+    -- (a plain SELECT: the final statement reads it, see the last branch)
+    SELECT queue_frontier_move(m.partition_id, m.next_offset) AS moved
+    FROM (SELECT lk.partition_id, lk.next_offset AS at,
                  COALESCE(fa.undealt,
                           CASE WHEN COALESCE(fa.got, 0) < need.n THEN f0.stop ELSE fa.last + 1 END) AS next_offset
           FROM lk JOIN f0 ON f0.partition_id = lk.partition_id CROSS JOIN need
           LEFT JOIN fa ON fa.partition_id = lk.partition_id) AS m
-    WHERE f.partition_id = m.partition_id AND m.next_offset > f.next_offset{move_if}
+    WHERE m.next_offset > m.at{move_if}
 ), li AS (
     INSERT INTO queue_leases (topic, partition_id, first_offset, last_offset, leased_by, visible_at)
     SELECT $1, fk.partition_id, fk.first_offset, fk.last_offset, fk.consumer,
@@ -250,6 +251,10 @@ WHERE NOT (SELECT {stop} FROM g)
            AND EXISTS (SELECT 1 FROM f0 WHERE f0.partition_id NOT IN (SELECT lk.partition_id FROM lk))))
 UNION ALL
 SELECT {markers}
+UNION ALL
+-- no row: what makes the frontier moves run (a CTE that writes through a function is a
+-- plain SELECT, which runs only as far as it is read)
+SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, false, 0 FROM fu WHERE fu.moved IS NULL
 ORDER BY 12 DESC, 10, 2, 3
 """
 )
@@ -512,20 +517,19 @@ ORDER BY 12 DESC, 10, 2, 3
 # LOCK_AND_DETACH and DETACH_FRESH; only a constant is formatted in, never a value.
 _DETACH_FROM = """
 lk AS (
-    SELECT f.partition_id, f.next_offset FROM queue_frontiers f
-    WHERE f.topic = {topic}
-      AND EXISTS (SELECT 1 FROM partitions p WHERE p.id = f.partition_id AND p.log_end > f.next_offset)
-    ORDER BY f.partition_id
-    FOR UPDATE
+    SELECT s.partition_id, queue_frontier_lock(s.partition_id) AS next_offset
+    FROM (SELECT f.partition_id FROM queue_frontiers f JOIN partitions p ON p.id = f.partition_id
+          WHERE f.topic = {topic} AND p.log_end > f.frontier
+          ORDER BY f.partition_id) AS s
 ), d AS (
     UPDATE queue_jobs j SET detached = true
     FROM lk
     WHERE j.partition_id = lk.partition_id AND j."offset" >= lk.next_offset AND NOT j.detached
     RETURNING j.partition_id, j."offset"
 )
-UPDATE queue_frontiers f SET next_offset = GREATEST(f.next_offset, p.log_end)
+SELECT count(queue_frontier_move(lk.partition_id, p.log_end))
 FROM lk JOIN partitions p ON p.id = lk.partition_id
-WHERE f.partition_id = lk.partition_id
+WHERE lk.next_offset IS NOT NULL
 """
 
 
@@ -632,7 +636,7 @@ SELECT EXTRACT(EPOCH FROM min(t) - COALESCE($2::timestamptz, clock_timestamp()))
     SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second' FROM queue_frontiers f
     WHERE f.topic = $1
       AND EXISTS (SELECT 1 FROM queue_jobs j
-                  WHERE j.partition_id = f.partition_id AND j."offset" >= f.next_offset AND NOT j.detached)
+                  WHERE j.partition_id = f.partition_id AND j."offset" >= f.frontier AND NOT j.detached)
 ) AS s
 WHERE NOT EXISTS (SELECT 1 FROM queue_settings q WHERE q.topic = $1 AND q.paused)
 """

@@ -62,6 +62,9 @@ READ_RELEASE = "SELECT min_release, written_by FROM bus_schema_release"
 WRITE_RELEASE = """INSERT INTO bus_schema_release (min_release, written_by) VALUES ($1, $2)
     ON CONFLICT (one) DO UPDATE SET min_release = EXCLUDED.min_release, written_by = EXCLUDED.written_by,
         updated_at = now()"""
+# Live group members whose library records no group protocol: release 0.1.0 (migration 018).
+LIVE_OLDER_MEMBERS = """SELECT group_name, member_id FROM members
+    WHERE protocol IS NULL AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)"""
 SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM bus_migrations"
 APPLIED = "SELECT version, name, checksum, applied_at FROM bus_migrations ORDER BY version"
 MIGRATIONS_EXIST = "SELECT to_regclass('bus_migrations') IS NOT NULL"

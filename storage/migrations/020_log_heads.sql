@@ -21,11 +21,11 @@
 -- publish function and compaction's bulk append). A BEFORE UPDATE trigger turns
 -- such a move into an allocation from the head: the statement's row gets the
 -- head's new end and its RETURNING the head's base, so both releases hand out
--- dense offsets from one sequence. This release keeps `partitions.next_offset`
--- caught up with the head about once a second for the previous release's
--- readers (a statement that sets `pgactorbus.head_sync` to `on` for its
--- transaction; the trigger leaves it alone); readers of this release read the
--- head.
+-- dense offsets from one sequence. While that release may run on the schema
+-- (its minimum release is below 0.2.0: a schema it made, until `bus migrate
+-- --finalize`), a publish of this release moves the counter too, so that
+-- release reads exact ends; the trigger knows such a move by the setting
+-- `pgactorbus.head_sync`, on for its transaction.
 CREATE TABLE log_heads (
     partition_id  bigint NOT NULL,
     generation    bigint NOT NULL,
@@ -103,9 +103,18 @@ BEGIN
 END
 $$;
 
+-- Whether a release older than 0.2.0 may still run on the schema.
+CREATE FUNCTION previous_release_may_run() RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT COALESCE((SELECT string_to_array(r.min_release, '.')::integer[] < ARRAY[0, 2, 0]
+                     FROM bus_schema_release r), true)
+$$;
+
 -- A publish's allocation: lock the partition's row (no new version), move its
--- head, and wake the partition's caught-up claim cursors the way the counter's
--- trigger did (under the same row lock, so a claim ack that clears
+-- head, and wake the partition's caught-up claim cursors as the counter's
+-- trigger does (under the same row lock, so a claim ack that clears
 -- pending_since under FOR SHARE cannot interleave with it). No row when the
 -- partition does not exist. Callers lock several partitions in id order.
 CREATE FUNCTION log_take_offsets(pid bigint, n bigint)
@@ -122,7 +131,12 @@ BEGIN
     END IF;
     base := log_head_advance(pid, n, part.next_offset);
     topic := part.topic;
-    IF part.claimed THEN
+    IF previous_release_may_run() THEN
+        -- the counter as that release reads it; the row trigger of migration 012 wakes the cursors
+        PERFORM set_config('pgactorbus.head_sync', 'on', true);
+        UPDATE partitions SET next_offset = base + n WHERE id = pid;
+        PERFORM set_config('pgactorbus.head_sync', 'off', true);
+    ELSIF part.claimed THEN
         UPDATE offsets SET pending_since = clock_timestamp() WHERE partition_id = pid AND pending_since IS NULL;
     END IF;
     RETURN NEXT;
@@ -184,30 +198,3 @@ LEFT JOIN group_topics gt ON gt.topic = p.topic
 LEFT JOIN groups g ON g.name = gt.group_name AND g.status IN ('active', 'stopped')
 LEFT JOIN offsets o ON o.group_name = g.name AND o.partition_id = p.id
 GROUP BY p.id, p.topic, p.name, p.log_start, e.next_offset;
-
--- Move the counters of `pids` up to their heads, one partition at a time in id
--- order (publishers lock partitions in id order too), for the previous
--- release's readers. The trigger above leaves these moves alone.
-CREATE FUNCTION log_heads_sync(pids bigint[]) RETURNS integer
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    pid bigint;
-    moved integer := 0;
-BEGIN
-    PERFORM set_config('pgactorbus.head_sync', 'on', true);
-    FOR pid IN SELECT DISTINCT x FROM unnest(pids) AS x ORDER BY x LOOP
-        UPDATE partitions p
-        SET next_offset = e.head
-        FROM (SELECT h.next_offset AS head FROM log_heads h WHERE h.partition_id = pid
-              ORDER BY h.generation DESC LIMIT 1) AS e
-        WHERE p.id = pid AND p.next_offset < e.head;
-        IF FOUND THEN
-            moved := moved + 1;
-        END IF;
-    END LOOP;
-    PERFORM set_config('pgactorbus.head_sync', 'off', true);
-    RETURN moved;
-END
-$$;

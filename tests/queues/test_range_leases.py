@@ -35,7 +35,7 @@ async def test_a_take_of_fresh_jobs_writes_one_lease_row_and_no_job_row(b: bus.B
         assert [(r["first_offset"], r["last_offset"], r["leased_by"]) for r in leases] == [
             (0, 29, q.consumer_id)
         ]
-        assert await b.pool.fetchval("SELECT next_offset FROM queue_frontiers WHERE topic = 'jobs'") == 30
+        assert await b.pool.fetchval("SELECT f.frontier FROM queue_frontiers f WHERE f.topic = 'jobs'") == 30
         # The next take continues at the frontier.
         rest = await q.take(max_messages=100, timeout=0)
         assert [m.offset for m in rest] == list(range(30, 50))

@@ -30,7 +30,8 @@ async def test_a_library_older_than_the_schema_minimum_is_refused_naming_both(
         pass
     conn = await _conn(dsn, schema)
     try:
-        assert (await conn.fetchrow(versions.READ_RELEASE))["min_release"] == versions.MIN_COMPATIBLE_RELEASE
+        # A schema this library created: no older release ever ran on it.
+        assert (await conn.fetchrow(versions.READ_RELEASE))["min_release"] == versions.LIBRARY_RELEASE
         await conn.execute(versions.WRITE_RELEASE, "9.1.0", "9.1.0")
         applied_before = await conn.fetch(versions.APPLIED)
         with pytest.raises(bus.errors.SchemaVersionError) as err:
@@ -148,9 +149,40 @@ async def test_bus_migrate_status_dry_run_and_apply(dsn: str, schema: str, drop_
     status = _bus(dsn, schema, "--status")
     assert "0 pending" in status.stdout
     last = max(v for v, _, _ in db.migrations())
-    assert f"version {last}, minimum release {versions.MIN_COMPATIBLE_RELEASE}" in status.stdout
+    assert f"version {last}, minimum release {versions.LIBRARY_RELEASE}" in status.stdout
     assert status.stdout.count(" applied ") >= len(files)
     assert "nothing to apply" in _bus(dsn, schema, "--dry-run").stdout
+
+
+async def test_finalize_ends_a_rolling_deploy_and_waits_for_the_older_members_to_leave(
+    dsn: str, schema: str, drop_schema: None
+) -> None:
+    conn = await _conn(dsn, schema)
+    try:
+        await db.migrate(conn, schema)
+        await conn.execute(versions.WRITE_RELEASE, versions.MIN_COMPATIBLE_RELEASE, "0.1.0")  # made by 0.1.0
+        await conn.execute("INSERT INTO groups (name, start_mode) VALUES ('g', 'earliest')")
+        # A live member of release 0.1.0: it records no group protocol.
+        await conn.execute(
+            "INSERT INTO members (group_name, member_id, client_id, host, pid, session_timeout)"
+            " VALUES ('g', 'old-1', 'c', 'h', 1, 30)"
+        )
+        refused = _bus(dsn, schema, "--finalize")
+        assert refused.returncode == 2
+        assert "group(s) g" in refused.stdout + refused.stderr
+        assert (await conn.fetchrow(versions.READ_RELEASE))["min_release"] == versions.MIN_COMPATIBLE_RELEASE
+        await conn.execute("DELETE FROM members")
+        done = _bus(dsn, schema, "--finalize")
+        assert done.returncode == 0, done.stderr
+        assert f"minimum release {versions.LIBRARY_RELEASE}" in done.stdout
+        assert await db.finalize(conn, schema) == versions.LIBRARY_RELEASE  # again: nothing changes
+        # The previous release now refuses to start on the schema.
+        with pytest.raises(bus.errors.SchemaVersionError):
+            versions.check_library(
+                schema, 21, versions.LIBRARY_RELEASE, library=versions.MIN_COMPATIBLE_RELEASE
+            )
+    finally:
+        await conn.close()
 
 
 def test_the_library_release_is_the_project_version() -> None:
