@@ -59,10 +59,12 @@ TICK = 0.01
 # The tables a hot path writes per operation; their dead tuples are what a held snapshot keeps.
 TABLES = (
     "partitions",
+    "log_heads",
     "offsets",
     "queue_jobs",
     "queue_leases",
     "queue_frontiers",
+    "queue_frontier_heads",
     "members",
     "groups",
 )
