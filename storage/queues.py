@@ -119,7 +119,7 @@ WITH r AS (
     WHERE l.topic = $1 AND l.visible_at >= COALESCE({bound}::timestamptz, '-infinity'::timestamptz)
       AND l.visible_at <= statement_timestamp()
     ORDER BY l.visible_at
-    LIMIT 16
+    LIMIT 16  -- EXPIRY_BATCH
     FOR UPDATE SKIP LOCKED
 ), xd AS (
     DELETE FROM queue_leases l USING x WHERE l.id = x.id
@@ -718,7 +718,10 @@ class ExpiryBound:
     fewer than EXPIRY_BATCH leases (so none it could see was left): to that
     time less EXPIRY_MARGIN. The first take, one every `full_every` seconds
     of `clock`, and one whose `now` is below the bound scan fully (NULL)
-    until a full scan leaves nothing behind.
+    until a full scan leaves nothing behind. The time a take reports is
+    never past the server's clock at its start: a Bus whose test clock runs
+    ahead does not lift its bound over the leases that Buses on the
+    server's clock write meanwhile.
 
     One per (Bus, topic): owned by the event loop of the Bus's queue writer,
     which sends every take of the topic, and read by its consumers' idle waits.
@@ -769,6 +772,18 @@ class RemovedJob(msgspec.Struct, frozen=True, gc=False):
     errors: str | None
 
 
+# What a take's expiry scan reported (its SCANNED row): where it started, how many leases it
+# reclaimed, the time it judged them by.
+_Scan: TypeAlias = tuple[datetime | None, int, datetime]
+
+
+def _report(expiry: ExpiryBound | None, scans: list[_Scan]) -> None:
+    """Move `expiry` by the reports of committed scans."""
+    if expiry is not None:
+        for started_at, reclaimed, judged_at in scans:
+            expiry.scanned(started_at, reclaimed, judged_at)
+
+
 async def take(
     conn: Conn,
     topic: str,
@@ -813,7 +828,8 @@ async def take_for(
     statement that would answer with the limited marker. `now` (None: the
     server's clock) is the time leases, delays and rate windows are judged by.
     `expiry`: the bound the statements' scans for range leases that ran out
-    start at, moved by what they report (None: each scans fully).
+    start at, moved by what they report once committed (None: each scans
+    fully); a statement here commits as it returns.
     """
     if limited_topics is not None and topic in limited_topics:
         return await take_limited(
@@ -915,18 +931,24 @@ async def take_limited(
     go over its limit (or for ordered takes) are the fresh jobs detached and
     taken one row at a time (TAKE_LIMITED), the keys at their limit passed
     over. A queue found without limits is dropped from `limited_topics`.
+    `expiry` moves by what the statements report once they committed.
     """
     dealt: list[list[TakenJob]] = [[] for _ in consumers]
     left = list(limits)
     outcome = KEY_AT_LIMIT
+    scans: list[_Scan] = []
     if not ordered:
         outcome = await _take_within_limits(
-            conn, topic, consumers, left, visibility_timeout, dealt, now, expiry
+            conn, topic, consumers, left, visibility_timeout, dealt, now, expiry, scans
         )
+        _report(expiry, scans)
         if outcome == UNLIMITED and limited_topics is not None:
             limited_topics.discard(topic)
         if outcome not in (RACED, KEY_AT_LIMIT):
             return dealt
+    scans = []
+    rows: list[TakenJob] = []
+    asking: list[int] = []
     async with _one_connection(conn) as c, c.transaction():
         if ordered:
             await c.execute(LOCK_AND_DETACH, topic)
@@ -934,33 +956,31 @@ async def take_limited(
             await c.fetchrow(LOCK_SETTINGS, topic)
             if outcome == RACED:
                 outcome = await _take_within_limits(
-                    c, topic, consumers, left, visibility_timeout, dealt, now, expiry
+                    c, topic, consumers, left, visibility_timeout, dealt, now, expiry, scans
                 )
-            if outcome != KEY_AT_LIMIT:
-                return dealt
-            await c.execute(DETACH_FRESH, topic)
+            if outcome == KEY_AT_LIMIT:
+                await c.execute(DETACH_FRESH, topic)
         asking = [i for i, n in enumerate(left) if n > 0]
-        if not asking:
-            return dealt
-        total = sum(left[i] for i in asking)
-        bound = None if expiry is None else expiry.for_take(now)
-        rows = await c.fetch(
-            TAKE_LIMITED,
-            topic,
-            [left[i] for i in asking],
-            visibility_timeout,
-            [consumers[i] for i in asking],
-            total,
-            ordered,
-            total * 10 + 100,
-            now,
-            bound,
-        )
+        if outcome == KEY_AT_LIMIT and asking:
+            total = sum(left[i] for i in asking)
+            bound = None if expiry is None else expiry.for_take(now)
+            rows = await c.fetch(
+                TAKE_LIMITED,
+                topic,
+                [left[i] for i in asking],
+                visibility_timeout,
+                [consumers[i] for i in asking],
+                total,
+                ordered,
+                total * 10 + 100,
+                now,
+                bound,
+            )
+            scans += [(bound, r[ATTEMPTS], r[CREATED_AT]) for r in rows if r[REQUEST] == SCANNED]
+    _report(expiry, scans)  # committed: what the scans reclaimed is gone for every later one
     for row in rows:
         if row[REQUEST] > 0:
             dealt[asking[row[REQUEST] - 1]].append(row)
-        elif row[REQUEST] == SCANNED and expiry is not None:
-            expiry.scanned(bound, row[ATTEMPTS], row[CREATED_AT])
     return dealt
 
 
@@ -973,11 +993,14 @@ async def _take_within_limits(
     dealt: list[list[TakenJob]],
     now: datetime | None,
     expiry: ExpiryBound | None,
+    scans: list[_Scan],
 ) -> int:
     """TAKE_WITHIN_LIMITS, sent again while it says AGAIN: adds to `dealt`, takes from `left`.
 
     Answers its marker that says why it stopped (RACED, KEY_AT_LIMIT,
-    UNLIMITED), or AGAIN when it took what it could.
+    UNLIMITED), or AGAIN when it took what it could. Its scans start at
+    `expiry`'s bound; their reports go to `scans`, for the caller to apply
+    once they committed.
     """
     outcome = AGAIN
     for _ in range(4):
@@ -1004,8 +1027,7 @@ async def _take_within_limits(
                 dealt[i].append(row)
                 left[i] -= 1
             elif request == SCANNED:
-                if expiry is not None:
-                    expiry.scanned(bound, row[ATTEMPTS], row[CREATED_AT])
+                scans.append((bound, row[ATTEMPTS], row[CREATED_AT]))
             elif request == AGAIN:
                 again = True
             elif request != LIMITED:

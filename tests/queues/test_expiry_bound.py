@@ -72,6 +72,60 @@ async def test_a_lease_that_ran_out_is_reclaimed_by_a_bounded_take(b: bus.Bus, d
         await conn.close()
 
 
+@pytest.mark.parametrize(
+    ("ordered", "limited"),
+    [(True, False), (False, True), (True, True)],
+    ids=["ordered", "within-limits", "limited-ordered"],
+)
+async def test_ordered_and_limited_takes_reclaim_from_the_bound_and_move_it(
+    b: bus.Bus, dsn: str, schema: str, ordered: bool, limited: bool
+) -> None:
+    rate = {"rate_limit": bus.Rate(100, per=60.0)} if limited else {}
+    await b.create_topic("jobs", partitions=1, semantics="queue", **rate)
+    await b.publish_many("jobs", [b"a", b"b"])
+    conn = await db.connect(dsn, schema)
+    try:
+        t0 = await _server_now(
+            conn
+        )  # not earlier: the jobs an ordered take detaches are visible from their publish
+        # A plain take leases job 0 by range.
+        (plain,) = await queue_sql.take(conn, "jobs", 1, 30.0, "plain", ordered=False, now=t0)
+        assert plain[queue_sql.OFFSET] == 0 and plain[queue_sql.LEASE_ID] is not None
+        assert await _leases(conn) == [(0, 0)]
+        expiry = queue_sql.ExpiryBound(clock=_Ticks())
+        limited_topics: set[str] = set()
+
+        async def take(n: int, now: datetime) -> list[Any]:
+            (rows,) = await queue_sql.take_for(
+                conn,
+                "jobs",
+                ["ours"],
+                [n],
+                30.0,
+                ordered=ordered,
+                limited_topics=limited_topics,
+                now=now,
+                expiry=expiry,
+            )
+            return rows
+
+        (first,) = await take(1, t0)
+        assert first[queue_sql.OFFSET] == 1
+        assert expiry.bound == t0 - queue_sql.EXPIRY_MARGIN
+        assert ("jobs" in limited_topics) == limited
+        later = t0 + timedelta(seconds=31)
+        assert expiry.for_take(later) is not None
+        again = await take(10, later)
+        # (A limited ordered take hands out what it reclaimed on the next call.)
+        again += await take(10, later)
+        assert sorted((j[queue_sql.OFFSET], j[queue_sql.ATTEMPTS]) for j in again) == [(0, 2), (1, 2)]
+        assert await _leases(conn) == []
+        # Moved by that take's report: to the server's time at its start (before `later`), less the margin.
+        assert t0 - queue_sql.EXPIRY_MARGIN < expiry.bound < later - queue_sql.EXPIRY_MARGIN
+    finally:
+        await conn.close()
+
+
 async def test_a_lease_a_take_locked_and_let_go_below_the_bound_is_reclaimed_by_the_full_scan(
     b: bus.Bus, dsn: str, schema: str
 ) -> None:
