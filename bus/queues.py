@@ -178,6 +178,16 @@ class _QueueWriter:
         self._takes: dict[tuple[str, float, bool], Lane[_TakeRequest]] = {}
         # The queues last found to have limits: taken the limited way at once (see take_for).
         self._limited_topics: set[str] = set()
+        # Per topic, below which its range leases were reclaimed: where the takes' scans for leases
+        # that ran out start (every take of a topic from this Bus is written here).
+        self._expiry: dict[str, sql.ExpiryBound] = {}
+
+    def expiry(self, topic: str) -> sql.ExpiryBound:
+        """The bound of `topic`'s scans for range leases that ran out (the first take scans fully)."""
+        bound = self._expiry.get(topic)
+        if bound is None:
+            bound = self._expiry[topic] = sql.ExpiryBound()
+        return bound
 
     def ack(self, jobs: list[_Job], leases: set[int]) -> asyncio.Future[set[tuple[int, int]]]:
         """Delete the jobs whose leases still hold; the future holds the (partition_id, offset) deleted.
@@ -230,6 +240,7 @@ class _QueueWriter:
                 ordered=ordered,
                 limited_topics=self._limited_topics,
                 now=self._now(),
+                expiry=self.expiry(topic),
             )
         # A limited queue's takes run one at a time in every process anyway (storage/queues.py):
         # one write at a time here, with every request that arrived meanwhile, instead of two
@@ -422,7 +433,9 @@ class QueueConsumer:
         """How long an empty take may sleep when no NOTIFY comes."""
         fallback = self._ctx.config.fallback_poll
         with db.translate_errors():
-            until = await sql.seconds_until_visible(self._ctx.pool, self.topic, self._ctx.now())
+            until = await sql.seconds_until_visible(
+                self._ctx.pool, self.topic, self._ctx.now(), self._writer.expiry(self.topic)
+            )
         if until is None:
             return fallback
         if until <= 0:

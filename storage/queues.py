@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import AsyncIterator, Collection
+import time
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypeAlias, cast
 
 import asyncpg
@@ -33,6 +34,11 @@ from storage.db import Conn
 
 # Where each take statement starts looking for fresh jobs (see TAKE).
 _turns = itertools.count(random.randrange(1 << 20))
+
+
+def _bounded(text: str, param: int) -> str:
+    """A take statement whose expiry scan (CTE `x`) starts at parameter `param` (NULL: a full scan)."""
+    return text.replace("{bound}", f"${param}")
 
 
 def _judged_at(text: str, param: int) -> str:
@@ -74,6 +80,11 @@ def _judged_at(text: str, param: int) -> str:
 # waited for its lock: a statement that reclaimed jobs, or that got fewer
 # jobs than asked while partitions it did not lock had fresh ones, ends with
 # a marker row (request 0, `again`), and the unfilled requests are sent again.
+# The scan for leases that ran out starts at the caller's bound (a parameter,
+# NULL for a full scan): the leases below it were reclaimed already. Every
+# take ends with one more marker row (SCANNED) that says how many leases the
+# scan reclaimed and by what time, from which the caller moves its bound
+# (ExpiryBound).
 #
 # A take commits without waiting for its WAL flush (synchronous_commit off for
 # this statement's transaction only): a lease is soft state. If PostgreSQL
@@ -101,11 +112,14 @@ WITH r AS (
         LIMIT 100
         FOR UPDATE SKIP LOCKED)
 ), x AS (
+    -- from the caller's bound on (see ExpiryBound): the leases below it were reclaimed, and
+    -- an index scan from the topic's start would visit each deleted lease a held snapshot keeps
     SELECT l.id, l.partition_id, l.first_offset, l.last_offset, l.leased_by, l.visible_at
     FROM queue_leases l
-    WHERE l.topic = $1 AND l.visible_at <= statement_timestamp()
+    WHERE l.topic = $1 AND l.visible_at >= COALESCE({bound}::timestamptz, '-infinity'::timestamptz)
+      AND l.visible_at <= statement_timestamp()
     ORDER BY l.visible_at
-    LIMIT 16
+    LIMIT 16  -- EXPIRY_BATCH
     FOR UPDATE SKIP LOCKED
 ), xd AS (
     DELETE FROM queue_leases l USING x WHERE l.id = x.id
@@ -148,6 +162,9 @@ SELECT u.request, u.partition_id, u."offset", u.attempts, u.lease_epoch, NULL::b
        m.key, m.headers::text AS headers, m.payload, m.created_at, false AS again, u.priority
 FROM u
 JOIN messages m ON m.partition_id = u.partition_id AND m."offset" = u."offset"
+UNION ALL
+SELECT -5, 0, 0, (SELECT count(*) FROM x)::int, 0, NULL, NULL, NULL, NULL,
+       LEAST(statement_timestamp(), transaction_timestamp()), true, 0
 """
 
 # The take of detached and fresh jobs, TAKE's text. TAKE and TAKE_WITHIN_LIMITS are it with
@@ -261,10 +278,12 @@ ORDER BY 12 DESC, 10, 2, 3
 
 # $1 topic, $2 jobs per consumer (int[]), $3 visibility timeout (s), $4 consumer ids (text[]),
 # $5 sum of $2, $6 a random number (the partition fresh jobs are looked for first),
-# $7 the time leases are judged by (NULL: the server's clock; every take has it, see _judged_at).
+# $7 the time leases are judged by (NULL: the server's clock; every take has it, see _judged_at),
+# $8 where its scan for range leases that ran out starts (NULL: a full scan; see ExpiryBound).
 # A queue with limits hands out nothing here and answers with the marker LIMITED.
 TAKE = _judged_at(
     _TAKE_FRESH.format(
+        bound="$8",
         limits="",
         stop="paused OR limited",
         total="$5",
@@ -299,6 +318,7 @@ WHERE (SELECT limited AND NOT paused FROM g)""",
 # A queue found without limits answers UNLIMITED (with the jobs it handed out, as TAKE would).
 TAKE_WITHIN_LIMITS = _judged_at(
     _TAKE_FRESH.format(
+        bound="$8",
         limits="""
 ), snap AS (
     SELECT s.xmin AS seen FROM queue_settings s WHERE s.topic = $1
@@ -388,9 +408,10 @@ _KEY_FIRST = """(j.key IS NULL OR NOT EXISTS (
 # and each key is worked in order. Ordered takes see detached jobs only: the
 # consumer detaches the topic's fresh jobs first (DETACH_FRESH); a job in
 # another consumer's range lease still blocks its key's later jobs.
-# $1..$5 as TAKE; $6 the time leases are judged by (as TAKE's $7).
+# $1..$5 as TAKE; $6 the time leases are judged by (as TAKE's $7); $7 the expiry scan's
+# start (as TAKE's $8).
 TAKE_ORDERED = _judged_at(
-    _TAKE_HEAD
+    _bounded(_TAKE_HEAD, 7)
     + """
     SELECT j.partition_id, j."offset", j.visible_at, j.priority FROM queue_jobs j
     WHERE j.topic = $1 AND j.detached AND NOT j.cancelled AND j.visible_at <= statement_timestamp()
@@ -430,9 +451,9 @@ ORDER BY 12 DESC, 10, 2, 3
 # per-key limit, else $5): a key at its limit is passed over, a take does not
 # look further than that.
 # $1..$5 as TAKE; $6: ordered_by_key (bool); $7 how many due jobs to look at; $8 the time
-# leases are judged by (as TAKE's $7).
+# leases are judged by (as TAKE's $7); $9 the expiry scan's start (as TAKE's $8).
 TAKE_LIMITED = _judged_at(
-    _TAKE_HEAD
+    _bounded(_TAKE_HEAD, 9)
     + """
     SELECT j.partition_id, j."offset", j.visible_at, j.priority, j.key FROM queue_jobs j
     WHERE j.topic = $1 AND j.detached AND NOT j.cancelled AND j.visible_at <= statement_timestamp()
@@ -624,14 +645,16 @@ PARTITIONS = "SELECT id, name FROM partitions WHERE topic = $1"
 # delayed publish's time or a lease running out; <= 0: one is visible
 # already), NULL when there is none or the queue is paused.
 # Nobody sends a NOTIFY for those moments, so an idle consumer sleeps until then.
-# $2: now (NULL: the server's clock; see TAKE's $7).
+# $2: now (NULL: the server's clock; see TAKE's $7); $3: the consumer's expiry bound (range
+# leases below it were reclaimed, their jobs are detached; NULL: none, see ExpiryBound).
 SECONDS_UNTIL_VISIBLE = """
 SELECT EXTRACT(EPOCH FROM min(t) - COALESCE($2::timestamptz, clock_timestamp()))::float8 FROM (
     SELECT min(visible_at) AS t FROM queue_jobs WHERE topic = $1 AND detached AND NOT cancelled
     UNION ALL
     SELECT min(visible_at) FROM queue_jobs WHERE topic = $1 AND cancelled
     UNION ALL
-    SELECT min(visible_at) FROM queue_leases WHERE topic = $1
+    SELECT min(visible_at) FROM queue_leases
+    WHERE topic = $1 AND visible_at >= COALESCE($3::timestamptz, '-infinity'::timestamptz)
     UNION ALL
     SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second' FROM queue_frontiers f
     WHERE f.topic = $1
@@ -663,12 +686,102 @@ LIMITED = -1  # TAKE: the queue has limits, take it with take_limited
 KEY_AT_LIMIT = -2  # TAKE_WITHIN_LIMITS: a key would go over its limit, nothing handed out
 RACED = -3  # TAKE_WITHIN_LIMITS: another limited take committed after its snapshot, nothing handed out
 UNLIMITED = -4  # TAKE_WITHIN_LIMITS: the queue has no limits (any more)
+# Every take statement's: ATTEMPTS holds how many range leases its expiry scan reclaimed (the
+# scan's LIMIT is EXPIRY_BATCH), CREATED_AT the time it judged them by (never past the server's
+# clock at its start); see ExpiryBound.
+SCANNED = -5
+EXPIRY_BATCH = 16
+
+
+# How far below the time a take judged leases by its consumer's bound may move (see
+# ExpiryBound.scanned). A lease the take's snapshot did not see was inserted by a take not yet
+# committed when the scan began, and runs out at that take's clock at the insert plus its
+# visibility timeout (a lease's end only moves later: nothing updates it, a new one starts at
+# its insert). Only a take that inserted before the scan began and committed after it can hold
+# a lease ending below the scan's time: the margin covers that take's rest after its insert
+# (its last reads and a commit that does not wait for the WAL flush: milliseconds), whatever
+# its timeout. A slower one is found by the next full scan.
+EXPIRY_MARGIN = timedelta(seconds=2)
+# Seconds between the full scans of a bound: they find the leases a take that failed or rolled
+# back had locked (every other scan skipped them), and any the margin missed.
+EXPIRY_FULL_SCAN_EVERY = 10.0
+
+
+class ExpiryBound:
+    """Where a consumer's takes start looking for range leases that ran out: below it none is left.
+
+    An ack deletes its lease; while a long transaction holds the xmin horizon
+    the deleted leases cannot be pruned, and a scan from the topic's start
+    (index `queue_leases_expiry`) visits each of them before the first live
+    one. The bound starts the scan past them. It moves up only after a take
+    whose scan, from the bound up to the time it judged leases by, reclaimed
+    fewer than EXPIRY_BATCH leases (so none it could see was left): to that
+    time less EXPIRY_MARGIN. The first take, one every `full_every` seconds
+    of `clock`, and one whose `now` is below the bound scan fully (NULL)
+    until a full scan leaves nothing behind. The time a take reports is
+    never past the server's clock at its start: a Bus whose test clock runs
+    ahead does not lift its bound over the leases that Buses on the
+    server's clock write meanwhile.
+
+    One per (Bus, topic): owned by the event loop of the Bus's queue writer,
+    which sends every take of the topic, and read by its consumers' idle waits.
+    """
+
+    __slots__ = ("_clock", "_full_due", "_full_every", "bound")
+
+    def __init__(
+        self, full_every: float = EXPIRY_FULL_SCAN_EVERY, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.bound: datetime | None = None  # None: no bound yet (a full scan)
+        self._full_every = full_every
+        self._clock = clock  # seconds, for the full scans' period only (leases are judged by `now`)
+        self._full_due = float("-inf")  # `clock` time of the next full scan
+
+    def _usable(self, now: datetime | None) -> datetime | None:
+        bound = self.bound
+        if bound is not None and now is not None and now < bound:
+            # The judged time went back (a test's clock): new leases may end below the bound.
+            self.bound = bound = None
+            self._full_due = float("-inf")
+        return bound
+
+    def for_take(self, now: datetime | None) -> datetime | None:
+        """The start of the next take's expiry scan, judged at `now` (None: the server's clock); None: full."""
+        bound = self._usable(now)
+        return None if self._clock() >= self._full_due else bound
+
+    def for_read(self, now: datetime | None) -> datetime | None:
+        """The start of a look for the next lease's end (seconds_until_visible); None: from the start."""
+        bound = self._usable(now)
+        return None if self._full_due == float("-inf") else bound
+
+    def scanned(self, started_at: datetime | None, reclaimed: int, judged_at: datetime) -> None:
+        """A take whose scan started at `started_at` (None: full) reclaimed `reclaimed` leases judged at `judged_at`."""
+        if reclaimed >= EXPIRY_BATCH:
+            return  # more may have run out behind them: the next scan starts from the same place
+        if started_at is None:
+            self._full_due = self._clock() + self._full_every
+        moved = judged_at - EXPIRY_MARGIN
+        if self.bound is None or moved > self.bound:
+            self.bound = moved
 
 
 class RemovedJob(msgspec.Struct, frozen=True, gc=False):
     """A job `delete_job` removed: its error history as JSON text (None: no errors recorded)."""
 
     errors: str | None
+
+
+# What a take's expiry scan reported (its SCANNED row): where it started, how many leases it
+# reclaimed, the time it judged them by.
+_Scan: TypeAlias = tuple[datetime | None, int, datetime]
+
+
+def _report(expiry: ExpiryBound | None, scans: list[_Scan]) -> None:
+    """Move `expiry` by the reports of committed scans."""
+    if expiry is not None:
+        for started_at, reclaimed, judged_at in scans:
+            expiry.scanned(started_at, reclaimed, judged_at)
 
 
 async def take(
@@ -680,9 +793,14 @@ async def take(
     *,
     ordered: bool,
     now: datetime | None = None,
+    expiry: ExpiryBound | None = None,
 ) -> list[TakenJob]:
     """Lease up to `limit` free jobs of `topic` to `consumer` (autocommit on a pool)."""
-    return (await take_for(conn, topic, [consumer], [limit], visibility_timeout, ordered=ordered, now=now))[0]
+    return (
+        await take_for(
+            conn, topic, [consumer], [limit], visibility_timeout, ordered=ordered, now=now, expiry=expiry
+        )
+    )[0]
 
 
 async def take_for(
@@ -695,6 +813,7 @@ async def take_for(
     ordered: bool,
     limited_topics: set[str] | None = None,
     now: datetime | None = None,
+    expiry: ExpiryBound | None = None,
 ) -> list[list[TakenJob]]:
     """Lease free jobs of `topic` to several takers at once, each up to its limit: the jobs of each.
 
@@ -708,6 +827,9 @@ async def take_for(
     date here; those are taken by `take_limited` at once, without the
     statement that would answer with the limited marker. `now` (None: the
     server's clock) is the time leases, delays and rate windows are judged by.
+    `expiry`: the bound the statements' scans for range leases that ran out
+    start at, moved by what they report once committed (None: each scans
+    fully); a statement here commits as it returns.
     """
     if limited_topics is not None and topic in limited_topics:
         return await take_limited(
@@ -719,6 +841,7 @@ async def take_for(
             ordered=ordered,
             limited_topics=limited_topics,
             now=now,
+            expiry=expiry,
         )
     if ordered:
         await detach_fresh(conn, topic)
@@ -737,10 +860,15 @@ async def take_for(
         ]
         if not ordered:
             args.append(next(_turns))
-        args.append(now)
+        bound = None if expiry is None else expiry.for_take(now)
+        args += (now, bound)
         again = False
         for row in await conn.fetch(TAKE_ORDERED if ordered else TAKE, *args):
             request = row[REQUEST]
+            if request == SCANNED:
+                if expiry is not None:
+                    expiry.scanned(bound, row[ATTEMPTS], row[CREATED_AT])
+                continue
             if request == LIMITED:  # one limited take instead
                 if limited_topics is not None:
                     limited_topics.add(topic)
@@ -754,6 +882,7 @@ async def take_for(
                     ordered=ordered,
                     limited_topics=limited_topics,
                     now=now,
+                    expiry=expiry,
                 )
                 for i, rows in zip(asking, limited, strict=True):
                     dealt[i] += rows
@@ -792,6 +921,7 @@ async def take_limited(
     ordered: bool,
     limited_topics: set[str] | None = None,
     now: datetime | None = None,
+    expiry: ExpiryBound | None = None,
 ) -> list[list[TakenJob]]:
     """The take of a queue with a per-key or rate limit: the jobs of each taker.
 
@@ -801,41 +931,53 @@ async def take_limited(
     go over its limit (or for ordered takes) are the fresh jobs detached and
     taken one row at a time (TAKE_LIMITED), the keys at their limit passed
     over. A queue found without limits is dropped from `limited_topics`.
+    `expiry` moves by what the statements report once they committed.
     """
     dealt: list[list[TakenJob]] = [[] for _ in consumers]
     left = list(limits)
     outcome = KEY_AT_LIMIT
+    scans: list[_Scan] = []
     if not ordered:
-        outcome = await _take_within_limits(conn, topic, consumers, left, visibility_timeout, dealt, now)
+        outcome = await _take_within_limits(
+            conn, topic, consumers, left, visibility_timeout, dealt, now, expiry, scans
+        )
+        _report(expiry, scans)
         if outcome == UNLIMITED and limited_topics is not None:
             limited_topics.discard(topic)
         if outcome not in (RACED, KEY_AT_LIMIT):
             return dealt
+    scans = []
+    rows: list[TakenJob] = []
+    asking: list[int] = []
     async with _one_connection(conn) as c, c.transaction():
         if ordered:
             await c.execute(LOCK_AND_DETACH, topic)
         else:
             await c.fetchrow(LOCK_SETTINGS, topic)
             if outcome == RACED:
-                outcome = await _take_within_limits(c, topic, consumers, left, visibility_timeout, dealt, now)
-            if outcome != KEY_AT_LIMIT:
-                return dealt
-            await c.execute(DETACH_FRESH, topic)
+                outcome = await _take_within_limits(
+                    c, topic, consumers, left, visibility_timeout, dealt, now, expiry, scans
+                )
+            if outcome == KEY_AT_LIMIT:
+                await c.execute(DETACH_FRESH, topic)
         asking = [i for i, n in enumerate(left) if n > 0]
-        if not asking:
-            return dealt
-        total = sum(left[i] for i in asking)
-        rows = await c.fetch(
-            TAKE_LIMITED,
-            topic,
-            [left[i] for i in asking],
-            visibility_timeout,
-            [consumers[i] for i in asking],
-            total,
-            ordered,
-            total * 10 + 100,
-            now,
-        )
+        if outcome == KEY_AT_LIMIT and asking:
+            total = sum(left[i] for i in asking)
+            bound = None if expiry is None else expiry.for_take(now)
+            rows = await c.fetch(
+                TAKE_LIMITED,
+                topic,
+                [left[i] for i in asking],
+                visibility_timeout,
+                [consumers[i] for i in asking],
+                total,
+                ordered,
+                total * 10 + 100,
+                now,
+                bound,
+            )
+            scans += [(bound, r[ATTEMPTS], r[CREATED_AT]) for r in rows if r[REQUEST] == SCANNED]
+    _report(expiry, scans)  # committed: what the scans reclaimed is gone for every later one
     for row in rows:
         if row[REQUEST] > 0:
             dealt[asking[row[REQUEST] - 1]].append(row)
@@ -850,11 +992,15 @@ async def _take_within_limits(
     visibility_timeout: float,
     dealt: list[list[TakenJob]],
     now: datetime | None,
+    expiry: ExpiryBound | None,
+    scans: list[_Scan],
 ) -> int:
     """TAKE_WITHIN_LIMITS, sent again while it says AGAIN: adds to `dealt`, takes from `left`.
 
     Answers its marker that says why it stopped (RACED, KEY_AT_LIMIT,
-    UNLIMITED), or AGAIN when it took what it could.
+    UNLIMITED), or AGAIN when it took what it could. Its scans start at
+    `expiry`'s bound; their reports go to `scans`, for the caller to apply
+    once they committed.
     """
     outcome = AGAIN
     for _ in range(4):
@@ -862,6 +1008,7 @@ async def _take_within_limits(
         if not asking:
             break
         again = False
+        bound = None if expiry is None else expiry.for_take(now)
         rows = await conn.fetch(
             TAKE_WITHIN_LIMITS,
             topic,
@@ -871,6 +1018,7 @@ async def _take_within_limits(
             sum(left[i] for i in asking),
             next(_turns),
             now,
+            bound,
         )
         for row in rows:
             request = row[REQUEST]
@@ -878,6 +1026,8 @@ async def _take_within_limits(
                 i = asking[request - 1]
                 dealt[i].append(row)
                 left[i] -= 1
+            elif request == SCANNED:
+                scans.append((bound, row[ATTEMPTS], row[CREATED_AT]))
             elif request == AGAIN:
                 again = True
             elif request != LIMITED:
@@ -892,12 +1042,16 @@ async def partitions(conn: Conn, topic: str) -> dict[int, str]:
     return {r[0]: r[1] for r in await conn.fetch(PARTITIONS, topic)}
 
 
-async def seconds_until_visible(conn: Conn, topic: str, now: datetime | None = None) -> float | None:
+async def seconds_until_visible(
+    conn: Conn, topic: str, now: datetime | None = None, expiry: ExpiryBound | None = None
+) -> float | None:
     """Seconds from `now` (None: the server's clock) until the next job of `topic` is free to take.
 
-    <= 0: one is free now; None when it has no jobs.
+    <= 0: one is free now; None when it has no jobs. `expiry`: the takes' bound, where the
+    look at range leases starts (None: at the topic's first).
     """
-    value = await conn.fetchval(SECONDS_UNTIL_VISIBLE, topic, now)
+    bound = None if expiry is None else expiry.for_read(now)
+    value = await conn.fetchval(SECONDS_UNTIL_VISIBLE, topic, now, bound)
     return None if value is None else float(value)
 
 

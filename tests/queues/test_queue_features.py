@@ -260,7 +260,9 @@ async def test_a_limited_take_that_raced_another_counts_what_that_one_committed(
         await tx.start()
         held = [
             r
-            for r in await holder.fetch(queue_sql.TAKE_WITHIN_LIMITS, "jobs", [3], 60.0, ["h"], 3, 0, None)
+            for r in await holder.fetch(
+                queue_sql.TAKE_WITHIN_LIMITS, "jobs", [3], 60.0, ["h"], 3, 0, None, None
+            )
             if r[0] > 0
         ]
         assert len(held) == 3
