@@ -434,7 +434,7 @@ class QueueConsumer:
         fallback = self._ctx.config.fallback_poll
         with db.translate_errors():
             until = await sql.seconds_until_visible(
-                self._ctx.pool, self.topic, self._ctx.now(), self._writer.expiry(self.topic)
+                self._ctx.pool, self.topic, self._ctx.now(), self._writer.expiry(self.topic), fallback
             )
         if until is None:
             return fallback

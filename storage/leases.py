@@ -216,7 +216,8 @@ async def state(
 IDLE_CHECK = """
 SELECT q.i, q.more, q.held FROM (
     SELECT u.i,
-           EXISTS (SELECT 1 FROM messages m WHERE m.partition_id = u.pid AND m."offset" >= u.pos) AS more,
+           (SELECT m."offset" FROM messages m WHERE m.partition_id = u.pid AND m."offset" >= u.pos
+            ORDER BY m."offset" LIMIT 1) IS NOT NULL AS more,
            u.epoch IS NULL OR COALESCE(o.owner = u.mid AND o.lease_epoch = u.epoch
                                        AND o.lease_expires_at > COALESCE($6::timestamptz, clock_timestamp()), false) AS held
     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[])

@@ -580,26 +580,30 @@ DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch
 RETURNING "offset"
 """
 
-# The lists come as bigint[] literals (`db.int_array`). The ANY conditions make the jobs primary-key probes whatever the planner
-# thinks of the table's size (joined with the list, it may hash a scan of
-# every job); the epochs are checked against a hashed list (IS TRUE keeps the
-# IN a subplan, which is hashed, rather than a join the planner may loop). $4: the
-# range leases the jobs came from; a lease none of whose jobs is left is
-# deleted here (its jobs left in the range equal to those this statement
-# deletes; a lease another statement has locked is left to the take that
-# reclaims it when it runs out).
+# The lists come as bigint[] literals (`db.int_array`). Each job, and each range lease, is
+# looked up by its key in a lateral subquery that locks it (FOR UPDATE: the row as the last
+# writer left it, still of the acking lease's epoch), which cannot become a join: a primary-key
+# probe per job whatever the planner thinks of the table. That matters when a snapshot held
+# elsewhere fills the table with dead rows: a scan of it, which a plan made for a table of few
+# live rows picks, reads every one of them. The locked jobs are then deleted by their row
+# address. $4: the range leases the jobs came from; a lease none of whose jobs is left is
+# deleted here (its jobs left in the range equal to those this statement deletes; a lease
+# another statement has locked is left to the take that reclaims it when it runs out).
 ACK_MANY = """
-WITH d AS (
-    DELETE FROM queue_jobs j
-    WHERE j.partition_id = ANY($1::text::bigint[]) AND j."offset" = ANY($2::text::bigint[])
-      AND ((j.partition_id, j."offset", j.lease_epoch) IN (
-              SELECT a.pid, a.off, a.epoch
-              FROM unnest($1::text::bigint[], $2::text::bigint[], $3::text::bigint[]) AS a(pid, off, epoch)
-          )) IS TRUE
+WITH lk AS (
+    SELECT k.ctid AS at
+    FROM unnest($1::text::bigint[], $2::text::bigint[], $3::text::bigint[]) AS a(pid, off, epoch)
+    CROSS JOIN LATERAL (SELECT q.ctid FROM queue_jobs q
+                        WHERE q.partition_id = a.pid AND q."offset" = a.off AND q.lease_epoch = a.epoch
+                        FOR UPDATE) AS k
+), d AS (
+    DELETE FROM queue_jobs j WHERE j.ctid = ANY(ARRAY(SELECT lk.at FROM lk))
     RETURNING j.partition_id, j."offset", j.detached
 ), e AS (
     DELETE FROM queue_leases l
-    WHERE l.id IN (SELECT id FROM queue_leases WHERE id = ANY($4::text::bigint[]) FOR UPDATE SKIP LOCKED)
+    WHERE l.ctid = ANY(ARRAY(SELECT k.ctid FROM unnest($4::text::bigint[]) AS x(id)
+                             CROSS JOIN LATERAL (SELECT q.ctid FROM queue_leases q WHERE q.id = x.id
+                                                 FOR UPDATE SKIP LOCKED) AS k))
       AND (SELECT count(*) FROM queue_jobs j
            WHERE j.partition_id = l.partition_id AND j."offset" BETWEEN l.first_offset AND l.last_offset
              AND NOT j.detached)
@@ -646,7 +650,10 @@ PARTITIONS = "SELECT id, name FROM partitions WHERE topic = $1"
 # already), NULL when there is none or the queue is paused.
 # Nobody sends a NOTIFY for those moments, so an idle consumer sleeps until then.
 # $2: now (NULL: the server's clock; see TAKE's $7); $3: the consumer's expiry bound (range
-# leases below it were reclaimed, their jobs are detached; NULL: none, see ExpiryBound).
+# leases below it were reclaimed, their jobs are detached; NULL: none, see ExpiryBound); $4: the
+# longest the caller sleeps anyway (NULL: no limit): a range lease running out later than that
+# is not looked for, so the look does not walk the leases acked within a visibility timeout,
+# which a snapshot held elsewhere keeps in the index.
 SECONDS_UNTIL_VISIBLE = """
 SELECT EXTRACT(EPOCH FROM min(t) - COALESCE($2::timestamptz, clock_timestamp()))::float8 FROM (
     SELECT min(visible_at) AS t FROM queue_jobs WHERE topic = $1 AND detached AND NOT cancelled
@@ -655,11 +662,13 @@ SELECT EXTRACT(EPOCH FROM min(t) - COALESCE($2::timestamptz, clock_timestamp()))
     UNION ALL
     SELECT min(visible_at) FROM queue_leases
     WHERE topic = $1 AND visible_at >= COALESCE($3::timestamptz, '-infinity'::timestamptz)
+      AND visible_at <= COALESCE($2::timestamptz, clock_timestamp()) + COALESCE($4::float8, 1e9) * interval '1 second'
     UNION ALL
     SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second' FROM queue_frontiers f
     WHERE f.topic = $1
-      AND EXISTS (SELECT 1 FROM queue_jobs j
-                  WHERE j.partition_id = f.partition_id AND j."offset" >= f.frontier AND NOT j.detached)
+      AND (SELECT j."offset" FROM queue_jobs j
+           WHERE j.partition_id = f.partition_id AND j."offset" >= f.frontier AND NOT j.detached
+           ORDER BY j."offset" LIMIT 1) IS NOT NULL
 ) AS s
 WHERE NOT EXISTS (SELECT 1 FROM queue_settings q WHERE q.topic = $1 AND q.paused)
 """
@@ -1043,15 +1052,20 @@ async def partitions(conn: Conn, topic: str) -> dict[int, str]:
 
 
 async def seconds_until_visible(
-    conn: Conn, topic: str, now: datetime | None = None, expiry: ExpiryBound | None = None
+    conn: Conn,
+    topic: str,
+    now: datetime | None = None,
+    expiry: ExpiryBound | None = None,
+    within: float | None = None,
 ) -> float | None:
     """Seconds from `now` (None: the server's clock) until the next job of `topic` is free to take.
 
     <= 0: one is free now; None when it has no jobs. `expiry`: the takes' bound, where the
-    look at range leases starts (None: at the topic's first).
+    look at range leases starts (None: at the topic's first). `within`: a range lease running
+    out later than that many seconds from now is not looked for (None when it is the only one).
     """
     bound = None if expiry is None else expiry.for_read(now)
-    value = await conn.fetchval(SECONDS_UNTIL_VISIBLE, topic, now, bound)
+    value = await conn.fetchval(SECONDS_UNTIL_VISIBLE, topic, now, bound, within)
     return None if value is None else float(value)
 
 

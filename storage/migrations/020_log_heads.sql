@@ -12,7 +12,8 @@
 -- partition's row (a lock writes no new version) and moves the newest
 -- generation's `next_offset`; the publish that makes a generation's
 -- `appends` reach the rotation size inserts the next generation, starting
--- where this one ends, and deletes the generations before this one. So a
+-- where this one ends, and deletes the one before this one (by its key: a range
+-- would walk every deleted generation the held snapshot keeps in the index). So a
 -- publish walks at most one generation's versions however long a snapshot is
 -- held, and a reader takes a partition's end from its newest generation (the
 -- rotating transaction commits both rows at once, and they agree).
@@ -97,7 +98,7 @@ BEGIN
     END IF;
     IF used >= 64 THEN
         INSERT INTO log_heads (partition_id, generation, next_offset) VALUES (pid, gen + 1, base + n);
-        DELETE FROM log_heads WHERE partition_id = pid AND generation < gen;
+        DELETE FROM log_heads WHERE partition_id = pid AND generation = gen - 1;
     END IF;
     RETURN base;
 END

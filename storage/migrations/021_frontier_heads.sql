@@ -90,7 +90,8 @@ $$;
 
 -- Move partition `pid`'s frontier up to `upto` (never down); the caller holds the
 -- frontier row's lock (queue_frontier_lock). The move that makes a head row's
--- `moves` reach 64 starts the next row and deletes the rows before its own.
+-- `moves` reach 64 starts the next row and deletes the one before its own (by
+-- its key, as log_head_advance does).
 CREATE FUNCTION queue_frontier_move(pid bigint, upto bigint) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -110,7 +111,7 @@ BEGIN
         END IF;
     ELSIF used >= 64 THEN
         INSERT INTO queue_frontier_heads (partition_id, generation, next_offset) VALUES (pid, gen + 1, upto);
-        DELETE FROM queue_frontier_heads WHERE partition_id = pid AND generation < gen;
+        DELETE FROM queue_frontier_heads WHERE partition_id = pid AND generation = gen - 1;
     END IF;
     IF previous_release_may_run() THEN
         UPDATE queue_frontiers SET next_offset = upto WHERE partition_id = pid AND next_offset < upto;

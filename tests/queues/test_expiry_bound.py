@@ -321,10 +321,12 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
             assert full >= pages >= 10, (pages, full, bounded)
             assert bounded * 10 <= full, (pages, full, bounded)
             until_full, _ = _buffers(
-                await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, None), "queue_leases"
+                await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, None, None),
+                "queue_leases",
             )
             until_bounded, _ = _buffers(
-                await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, bound), "queue_leases"
+                await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, bound, None),
+                "queue_leases",
             )
             assert until_full >= pages and until_bounded * 10 <= until_full, (
                 pages,
@@ -334,7 +336,8 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
             # Both see the same live lease.
             at = await _server_now(conn)
             until = [
-                await conn.fetchval(queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", at, x) for x in (None, bound)
+                await conn.fetchval(queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", at, x, None)
+                for x in (None, bound)
             ]
             assert until[0] == until[1] and 29 < until[0] <= 30
         finally:
