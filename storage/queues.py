@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TypeAlias, cast
 
 import asyncpg
@@ -714,6 +714,12 @@ EXPIRY_MARGIN = timedelta(seconds=2)
 # Seconds between the full scans of a bound: they find the leases a take that failed or rolled
 # back had locked (every other scan skipped them), and any the margin missed.
 EXPIRY_FULL_SCAN_EVERY = 10.0
+# The least time a bound's scans are apart, by the time they judge leases by: a lease that ran
+# out is taken again that much later at most. Busy consumers take many times a second, and each
+# scan walks the leases acked within the margin, which a snapshot held elsewhere keeps in the
+# index; a take in between passes SKIP_SCAN, which makes its scan empty.
+EXPIRY_SCAN_EVERY = timedelta(seconds=0.25)
+SKIP_SCAN = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 class ExpiryBound:
@@ -736,15 +742,18 @@ class ExpiryBound:
     which sends every take of the topic, and read by its consumers' idle waits.
     """
 
-    __slots__ = ("_clock", "_full_due", "_full_every", "bound")
+    __slots__ = ("_clock", "_full_due", "_full_every", "_last", "bound")
 
     def __init__(
         self, full_every: float = EXPIRY_FULL_SCAN_EVERY, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.bound: datetime | None = None  # None: no bound yet (a full scan)
         self._full_every = full_every
-        self._clock = clock  # seconds, for the full scans' period only (leases are judged by `now`)
+        self._clock = clock  # seconds, for the full scans' period (leases are judged by `now`)
         self._full_due = float("-inf")  # `clock` time of the next full scan
+        # The time the last scan that left nothing behind judged by, and `clock` then: a take
+        # judged less than EXPIRY_SCAN_EVERY after it skips its scan.
+        self._last: tuple[datetime, float] | None = None
 
     def _usable(self, now: datetime | None) -> datetime | None:
         bound = self.bound
@@ -757,7 +766,15 @@ class ExpiryBound:
     def for_take(self, now: datetime | None) -> datetime | None:
         """The start of the next take's expiry scan, judged at `now` (None: the server's clock); None: full."""
         bound = self._usable(now)
-        return None if self._clock() >= self._full_due else bound
+        if self._clock() >= self._full_due:
+            return None
+        if bound is not None and self._last is not None:
+            judged, at = self._last
+            # With the server's clock the take judges by it, about as far on as `clock` moved.
+            judging = now if now is not None else judged + timedelta(seconds=self._clock() - at)
+            if judged <= judging < judged + EXPIRY_SCAN_EVERY:
+                return SKIP_SCAN
+        return bound
 
     def for_read(self, now: datetime | None) -> datetime | None:
         """The start of a look for the next lease's end (seconds_until_visible); None: from the start."""
@@ -766,8 +783,12 @@ class ExpiryBound:
 
     def scanned(self, started_at: datetime | None, reclaimed: int, judged_at: datetime) -> None:
         """A take whose scan started at `started_at` (None: full) reclaimed `reclaimed` leases judged at `judged_at`."""
+        if started_at == SKIP_SCAN:
+            return  # no scan
         if reclaimed >= EXPIRY_BATCH:
+            self._last = None  # the next take scans again at once
             return  # more may have run out behind them: the next scan starts from the same place
+        self._last = (judged_at, self._clock())
         if started_at is None:
             self._full_due = self._clock() + self._full_every
         moved = judged_at - EXPIRY_MARGIN

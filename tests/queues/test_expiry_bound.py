@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -285,7 +285,7 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
         await conn.execute(db.GENERIC_PLANS)  # as the Bus's own connections plan
         expiry = queue_sql.ExpiryBound(clock=_Ticks())
         (job,) = await queue_sql.take(conn, "jobs", 1, 30.0, "live", ordered=False, expiry=expiry)
-        bound = expiry.for_take(None)
+        bound = expiry.bound
         assert bound is not None
         # A report holds its snapshot; behind it, 3,000 leases that ran out before the bound are
         # deleted (acked), and nothing may prune them.
@@ -345,3 +345,27 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
     finally:
         await report.close()
         await conn.close()
+
+
+def test_takes_judged_within_a_quarter_second_of_the_last_scan_skip_theirs() -> None:
+    ticks = _Ticks()
+    expiry = queue_sql.ExpiryBound(clock=ticks)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    assert expiry.for_take(t0) is None  # the first: full
+    expiry.scanned(None, 0, t0)
+    bound = expiry.bound
+    assert bound == t0 - queue_sql.EXPIRY_MARGIN
+    # Judged by the test's clock: 0.1 s on, no scan; 0.25 s on, a scan from the bound.
+    assert expiry.for_take(t0 + timedelta(seconds=0.1)) == queue_sql.SKIP_SCAN
+    assert expiry.for_take(t0 + queue_sql.EXPIRY_SCAN_EVERY) == bound
+    # A skipped scan reports nothing that moves the bound.
+    expiry.scanned(queue_sql.SKIP_SCAN, 0, t0 + timedelta(seconds=5))
+    assert expiry.bound == bound
+    # Judged by the server's clock: as far on as the bound's own clock moved.
+    ticks.t = 0.1
+    assert expiry.for_take(None) == queue_sql.SKIP_SCAN
+    ticks.t = 0.3
+    assert expiry.for_take(None) == bound
+    # A scan that may have left leases behind is followed by another at once.
+    expiry.scanned(bound, queue_sql.EXPIRY_BATCH, t0 + timedelta(seconds=0.3))
+    assert expiry.for_take(t0 + timedelta(seconds=0.31)) == bound
