@@ -599,17 +599,22 @@ WITH lk AS (
 ), d AS (
     DELETE FROM queue_jobs j WHERE j.ctid = ANY(ARRAY(SELECT lk.at FROM lk))
     RETURNING j.partition_id, j."offset", j.detached
+), ll AS (
+    SELECT k.ctid AS at, k.partition_id, k.first_offset, k.last_offset
+    FROM unnest($4::text::bigint[]) AS x(id)
+    CROSS JOIN LATERAL (SELECT q.ctid, q.partition_id, q.first_offset, q.last_offset FROM queue_leases q
+                        WHERE q.id = x.id FOR UPDATE SKIP LOCKED) AS k
 ), e AS (
+    -- only the row addresses in the condition: a plan has nothing to weigh against reading them
     DELETE FROM queue_leases l
-    WHERE l.ctid = ANY(ARRAY(SELECT k.ctid FROM unnest($4::text::bigint[]) AS x(id)
-                             CROSS JOIN LATERAL (SELECT q.ctid FROM queue_leases q WHERE q.id = x.id
-                                                 FOR UPDATE SKIP LOCKED) AS k))
-      AND (SELECT count(*) FROM queue_jobs j
-           WHERE j.partition_id = l.partition_id AND j."offset" BETWEEN l.first_offset AND l.last_offset
-             AND NOT j.detached)
-        = (SELECT count(*) FROM d
-           WHERE d.partition_id = l.partition_id AND d."offset" BETWEEN l.first_offset AND l.last_offset
-             AND NOT d.detached)
+    WHERE l.ctid = ANY(ARRAY(
+        SELECT ll.at FROM ll
+        WHERE (SELECT count(*) FROM queue_jobs j
+               WHERE j.partition_id = ll.partition_id AND j."offset" BETWEEN ll.first_offset AND ll.last_offset
+                 AND NOT j.detached)
+            = (SELECT count(*) FROM d
+               WHERE d.partition_id = ll.partition_id AND d."offset" BETWEEN ll.first_offset AND ll.last_offset
+                 AND NOT d.detached)))
 )
 SELECT partition_id, "offset" FROM d
 """
