@@ -27,12 +27,19 @@ async def _generic_plan(conn: asyncpg.Connection, sql: str, args: str) -> str:
 
 async def test_an_ack_finds_its_jobs_and_leases_by_key(b: bus.Bus, dsn: str, schema: str) -> None:
     await b.create_topic("jobs", partitions=2, semantics="queue")
-    await b.publish_many("jobs", [{"n": i} for i in range(2000)])
+    for _ in range(5):
+        await b.publish_many("jobs", [{"n": i} for i in range(2000)])
     async with b.queue_consumer("jobs") as q:
         for _ in range(100):  # range leases held
             assert await q.take(max_messages=10, timeout=1.0)
         conn = await db.connect(dsn, schema)
         try:
+            # The size a held snapshot gives the lease table (here in live rows: the plan is the same).
+            await conn.execute(
+                "INSERT INTO queue_leases (topic, partition_id, first_offset, last_offset, leased_by, visible_at)"
+                " SELECT 'jobs', p.id, -g, -g, 'other', clock_timestamp() + interval '1 hour'"
+                " FROM partitions p, generate_series(1, 10000) AS g WHERE p.topic = 'jobs'"
+            )
             await conn.execute("ANALYZE queue_jobs; ANALYZE queue_leases")
             plan = await _generic_plan(conn, queue_sql.ACK_MANY, "'{1,2}', '{5,6}', '{0,0}', '{7,8}'")
         finally:
