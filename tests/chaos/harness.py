@@ -179,7 +179,7 @@ PGBOUNCER = ROOT / "scripts" / "pgbouncer.sh"
 ONLY_PATTERNS = frozenset(p for p in os.environ.get("CHAOS_PATTERNS", "").split(",") if p)
 
 SAMPLE = """
-SELECT o.group_name, p.topic, p.name, o.committed, o.owner, o.lease_epoch
+SELECT o.group_name, p.topic, p.name, o.committed, o.owner, o.lease_epoch, inet_server_port()
 FROM offsets o JOIN partitions p ON p.id = o.partition_id
 """
 LAGGING = """
@@ -366,7 +366,7 @@ class ChaosRun:
                     conn = await self._connect("chaos-sampler")
                 rows = await conn.fetch(SAMPLE)
                 t = time.time()
-                self.samples.extend(Sample(t, r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows)
+                self.samples.extend(Sample(t, r[0], r[1], r[2], r[3], r[4], r[5], r[6] or 0) for r in rows)
             except Exception:  # the observer must outlive any fault: drop the connection, reconnect
                 if conn is not None:
                     conn.terminate()

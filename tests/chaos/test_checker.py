@@ -114,6 +114,22 @@ def test_a_committed_offset_moving_backwards_is_flagged() -> None:
     assert any(v.startswith("backwards:") and "committed 4" in v and "then 3" in v for v in r.violations)
 
 
+def test_a_commit_only_the_old_primary_showed_is_not_a_step_backwards() -> None:
+    old, new = 5432, 5433
+    samples = [
+        Sample(100.0, "g", "t", "0", 0, "m1", 1, old),
+        Sample(101.0, "g", "t", "0", 4, "m1", 1, old),  # its wait for the standby cut by the failover
+        Sample(101.1, "g", "t", "0", 3, "m1", 1, new),
+        Sample(102.0, "g", "t", "0", 5, "m1", 1, new),
+    ]
+    r = check(_history(_deliver([0, 1, 2, 3, 4]), samples))
+    assert not any(v.startswith("backwards:") for v in r.violations)
+    again = [*samples[2:], Sample(102.5, "g", "t", "0", 4, "m1", 1, new)]  # on one server: flagged
+    assert any(
+        v.startswith("backwards:") for v in check(_history(_deliver([0, 1, 2, 3, 4]), again)).violations
+    )
+
+
 def test_a_commit_ahead_of_the_deliveries_is_flagged() -> None:
     r = check(_history(_deliver([0, 1, 2, 3, 4], t0=100.0), _samples([(99.0, 0), (100.015, 4)])))
     assert any(v.startswith("commit ahead of work:") and "offset 2" in v for v in r.violations)
