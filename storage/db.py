@@ -638,14 +638,23 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
             await conn.execute(versions.RECORD, version, name, versions.checksum(sql))
             applied_now.append(version)
             log.info("migration_applied", schema=schema, version=version, name=name)
-        row = await conn.fetchrow(versions.READ_RELEASE)
         # A schema this library creates never had an older release on it: nothing to stay
         # compatible with. One an older release made keeps that release able to run on it
         # until `finalize`.
-        floor = versions.LIBRARY_RELEASE if not rows else versions.MIN_COMPATIBLE_RELEASE
-        if row is None or versions.later(row["min_release"], floor) != row["min_release"]:
-            await conn.execute(versions.WRITE_RELEASE, floor, versions.LIBRARY_RELEASE)
+        await _raise_min_release(
+            conn, versions.LIBRARY_RELEASE if not rows else versions.MIN_COMPATIBLE_RELEASE
+        )
     return applied_now
+
+
+async def _raise_min_release(conn: asyncpg.Connection, floor: str) -> str:
+    """Raise the schema's minimum release to `floor` (never lower it); the minimum now."""
+    row = await conn.fetchrow(versions.READ_RELEASE)
+    current = None if row is None else str(row["min_release"])
+    wanted = floor if current is None else versions.later(current, floor)
+    if wanted != current:
+        await conn.execute(versions.WRITE_RELEASE, wanted, versions.LIBRARY_RELEASE)
+    return wanted
 
 
 async def finalize(conn: asyncpg.Connection, schema: str) -> str:
@@ -667,11 +676,9 @@ async def finalize(conn: asyncpg.Connection, schema: str) -> str:
                 f"{versions.LIBRARY_RELEASE} in group(s) {groups}; finalize once every process runs "
                 f"pgactorbus {versions.LIBRARY_RELEASE} or later"
             )
-        row = await conn.fetchrow(versions.READ_RELEASE)
-        if row is None or versions.later(row["min_release"], versions.LIBRARY_RELEASE) != row["min_release"]:
-            await conn.execute(versions.WRITE_RELEASE, versions.LIBRARY_RELEASE, versions.LIBRARY_RELEASE)
-            log.info("schema_finalized", schema=schema, min_release=versions.LIBRARY_RELEASE)
-        return str(await conn.fetchval("SELECT min_release FROM bus_schema_release"))
+        floor = await _raise_min_release(conn, versions.LIBRARY_RELEASE)
+        log.info("schema_finalized", schema=schema, min_release=floor)
+        return floor
 
 
 def migration_file(version: int, name: str) -> str:

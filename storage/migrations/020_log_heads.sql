@@ -191,10 +191,7 @@ SELECT p.id AS partition_id,
              COALESCE((SELECT MIN(j."offset") FROM queue_jobs j WHERE j.partition_id = p.id),
                       e.next_offset)) AS low_watermark
 FROM partitions p
-CROSS JOIN LATERAL (
-    SELECT COALESCE((SELECT h.next_offset FROM log_heads h WHERE h.partition_id = p.id
-                     ORDER BY h.generation DESC LIMIT 1), p.next_offset) AS next_offset
-) e
+CROSS JOIN LATERAL (SELECT p.log_end AS next_offset OFFSET 0) e
 LEFT JOIN group_topics gt ON gt.topic = p.topic
 LEFT JOIN groups g ON g.name = gt.group_name AND g.status IN ('active', 'stopped')
 LEFT JOIN offsets o ON o.group_name = g.name AND o.partition_id = p.id
