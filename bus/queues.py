@@ -203,6 +203,7 @@ class _QueueWriter:
     ) -> asyncio.Future[list[sql.TakenJob]]:
         """Lease up to `limit` jobs of `topic` to `consumer`; the future holds the rows."""
         future: asyncio.Future[list[sql.TakenJob]] = asyncio.get_running_loop().create_future()
+        self.expiry(topic).leasing(visibility_timeout)
         key = (topic, visibility_timeout, ordered)
         lane = self._takes.get(key)
         if lane is None:

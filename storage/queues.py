@@ -652,24 +652,28 @@ PARTITIONS = "SELECT id, name FROM partitions WHERE topic = $1"
 
 # Seconds until the topic's next job becomes visible (a nacked job's delay, a
 # delayed publish's time or a lease running out; <= 0: one is visible
-# already), NULL when there is none or the queue is paused.
+# already): the jobs' and the range leases' answers apart, each NULL when there
+# is none; both NULL when the queue is paused.
 # Nobody sends a NOTIFY for those moments, so an idle consumer sleeps until then.
 # $2: now (NULL: the server's clock; see TAKE's $7); $3: the consumer's expiry bound (range
 # leases below it were reclaimed, their jobs are detached; NULL: none, see ExpiryBound); $4: the
 # longest the caller sleeps anyway (NULL: no limit): a range lease running out later than that
 # is not looked for, so the look does not walk the leases acked within a visibility timeout,
-# which a snapshot held elsewhere keeps in the index.
+# which a snapshot held elsewhere keeps in the index; $5: whether to look at range leases at all
+# (ExpiryBound.lease_look: not while an earlier look found none ending before it sleeps out).
 SECONDS_UNTIL_VISIBLE = """
-SELECT EXTRACT(EPOCH FROM min(t) - COALESCE($2::timestamptz, clock_timestamp()))::float8 FROM (
-    SELECT min(visible_at) AS t FROM queue_jobs WHERE topic = $1 AND detached AND NOT cancelled
+SELECT EXTRACT(EPOCH FROM min(t) FILTER (WHERE NOT lease) - COALESCE($2::timestamptz, clock_timestamp()))::float8,
+       EXTRACT(EPOCH FROM min(t) FILTER (WHERE lease) - COALESCE($2::timestamptz, clock_timestamp()))::float8
+FROM (
+    SELECT min(visible_at) AS t, false AS lease FROM queue_jobs WHERE topic = $1 AND detached AND NOT cancelled
     UNION ALL
-    SELECT min(visible_at) FROM queue_jobs WHERE topic = $1 AND cancelled
+    SELECT min(visible_at), false FROM queue_jobs WHERE topic = $1 AND cancelled
     UNION ALL
-    SELECT min(visible_at) FROM queue_leases
-    WHERE topic = $1 AND visible_at >= COALESCE($3::timestamptz, '-infinity'::timestamptz)
+    SELECT min(visible_at), true FROM queue_leases
+    WHERE $5 AND topic = $1 AND visible_at >= COALESCE($3::timestamptz, '-infinity'::timestamptz)
       AND visible_at <= COALESCE($2::timestamptz, clock_timestamp()) + COALESCE($4::float8, 1e9) * interval '1 second'
     UNION ALL
-    SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second' FROM queue_frontiers f
+    SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second', false FROM queue_frontiers f
     WHERE f.topic = $1
       AND (SELECT j."offset" FROM queue_jobs j
            WHERE j.partition_id = f.partition_id AND j."offset" >= f.frontier AND NOT j.detached
@@ -747,7 +751,7 @@ class ExpiryBound:
     which sends every take of the topic, and read by its consumers' idle waits.
     """
 
-    __slots__ = ("_clock", "_full_due", "_full_every", "_last", "bound")
+    __slots__ = ("_clock", "_full_due", "_full_every", "_last", "_quiet_until", "_shortest", "bound")
 
     def __init__(
         self, full_every: float = EXPIRY_FULL_SCAN_EVERY, clock: Callable[[], float] = time.monotonic
@@ -759,6 +763,11 @@ class ExpiryBound:
         # The time the last scan that left nothing behind judged by, and `clock` then: a take
         # judged less than EXPIRY_SCAN_EVERY after it skips its scan.
         self._last: tuple[datetime, float] | None = None
+        # `clock` time before which no range lease the idle looks could see runs out: a look on
+        # the server's clock that found none ending within the time its consumer sleeps anyway
+        # spares the looks after it the walk (see lease_look).
+        self._quiet_until = float("-inf")
+        self._shortest = float("inf")  # the shortest visibility timeout a take of this Bus leased for
 
     def _usable(self, now: datetime | None) -> datetime | None:
         bound = self.bound
@@ -785,6 +794,42 @@ class ExpiryBound:
         """The start of a look for the next lease's end (seconds_until_visible); None: from the start."""
         bound = self._usable(now)
         return None if self._full_due == float("-inf") else bound
+
+    def clock(self) -> float:
+        """The bound's clock (seconds; monotonic unless a test gave another)."""
+        return self._clock()
+
+    def lease_look(self, now: datetime | None) -> bool:
+        """Whether an idle look at `now` (None: the server's clock) must look at the range leases.
+
+        Not while an earlier look on the server's clock found none running out before the
+        time its consumer slept out, and no take of this Bus leased for less since (`leasing`):
+        on a busy queue the idle looks come one per empty take, and each would walk the leases
+        acked within that time, which a snapshot held elsewhere keeps in the index. A lease
+        another process takes for less than that is noticed when this one ends (at most the
+        consumer's fallback poll later), or by the next take's expiry scan. Looks judged by a
+        test's clock always look.
+        """
+        return now is not None or self._clock() >= self._quiet_until
+
+    def looked(
+        self, now: datetime | None, started: float, lease_in: float | None, within: float | None
+    ) -> None:
+        """A look at the range leases begun at `clock` time `started` found the next one running out
+        `lease_in` seconds on (None: none within `within` seconds).
+
+        A lease a take of this Bus makes after the look's snapshot runs out no sooner than its
+        shortest visibility timeout after it.
+        """
+        if now is None and lease_in is None and within is not None:
+            self._quiet_until = started + min(within, self._shortest)
+        else:
+            self._quiet_until = float("-inf")
+
+    def leasing(self, visibility_timeout: float) -> None:
+        """A take of this Bus is about to lease for `visibility_timeout` seconds."""
+        self._shortest = min(self._shortest, visibility_timeout)
+        self._quiet_until = min(self._quiet_until, self._clock() + visibility_timeout)
 
     def scanned(self, started_at: datetime | None, reclaimed: int, judged_at: datetime) -> None:
         """A take whose scan started at `started_at` (None: full) reclaimed `reclaimed` leases judged at `judged_at`."""
@@ -1087,12 +1132,19 @@ async def seconds_until_visible(
     """Seconds from `now` (None: the server's clock) until the next job of `topic` is free to take.
 
     <= 0: one is free now; None when it has no jobs. `expiry`: the takes' bound, where the
-    look at range leases starts (None: at the topic's first). `within`: a range lease running
-    out later than that many seconds from now is not looked for (None when it is the only one).
+    look at range leases starts (None: at the topic's first), and what earlier looks found of
+    them. `within`: a range lease running out later than that many seconds from now is not
+    looked for (None when it is the only one).
     """
-    bound = None if expiry is None else expiry.for_read(now)
-    value = await conn.fetchval(SECONDS_UNTIL_VISIBLE, topic, now, bound, within)
-    return None if value is None else float(value)
+    bound, leases = (None, True) if expiry is None else (expiry.for_read(now), expiry.lease_look(now))
+    started = None if expiry is None else expiry.clock()
+    row = await conn.fetchrow(SECONDS_UNTIL_VISIBLE, topic, now, bound, within, leases)
+    assert row is not None  # an aggregate
+    jobs, lease = row[0], row[1]
+    if expiry is not None and started is not None and leases:
+        expiry.looked(now, started, lease, within)
+    values = [float(v) for v in (jobs, lease) if v is not None]
+    return min(values) if values else None
 
 
 async def ack(conn: Conn, partition_id: int, offset: int, epoch: int) -> bool:

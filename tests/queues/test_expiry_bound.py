@@ -321,11 +321,11 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
             assert full >= pages >= 10, (pages, full, bounded)
             assert bounded * 10 <= full, (pages, full, bounded)
             until_full, _ = _buffers(
-                await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, None, None),
+                await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, None, None, True),
                 "queue_leases",
             )
             until_bounded, _ = _buffers(
-                await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, bound, None),
+                await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, bound, None, True),
                 "queue_leases",
             )
             assert until_full >= pages and until_bounded * 10 <= until_full, (
@@ -336,7 +336,7 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
             # Both see the same live lease.
             at = await _server_now(conn)
             until = [
-                await conn.fetchval(queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", at, x, None)
+                (await conn.fetchrow(queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", at, x, None, True))[1]
                 for x in (None, bound)
             ]
             assert until[0] == until[1] and 29 < until[0] <= 30
@@ -369,3 +369,62 @@ def test_takes_judged_within_a_quarter_second_of_the_last_scan_skip_theirs() -> 
     # A scan that may have left leases behind is followed by another at once.
     expiry.scanned(bound, queue_sql.EXPIRY_BATCH, t0 + timedelta(seconds=0.3))
     assert expiry.for_take(t0 + timedelta(seconds=0.31)) == bound
+
+
+def test_an_idle_look_that_found_no_lease_ending_soon_spares_the_next_ones_the_walk() -> None:
+    ticks = _Ticks()
+    expiry = queue_sql.ExpiryBound(clock=ticks)
+    assert expiry.lease_look(None)  # nothing known yet
+    expiry.leasing(30.0)
+    expiry.looked(None, started=0.0, lease_in=None, within=2.0)
+    # No lease the look saw runs out before it sleeps out, and none of this Bus's before 30 s.
+    ticks.t = 1.9
+    assert not expiry.lease_look(None)
+    ticks.t = 2.0
+    assert expiry.lease_look(None)
+    # A look judged by a test's clock always looks.
+    expiry.looked(None, started=2.0, lease_in=None, within=2.0)
+    assert not expiry.lease_look(None)
+    assert expiry.lease_look(datetime.now(UTC))
+    # A take for less than the memo's rest makes the next look look again once that lease may end.
+    expiry.leasing(0.5)
+    ticks.t = 2.4
+    assert not expiry.lease_look(None)
+    ticks.t = 2.5
+    assert expiry.lease_look(None)
+    # ...and from now on a memo lasts no longer than that shortest timeout.
+    expiry.looked(None, started=2.5, lease_in=None, within=2.0)
+    ticks.t = 2.99
+    assert not expiry.lease_look(None)
+    ticks.t = 3.0
+    assert expiry.lease_look(None)
+    # A look that found a lease running out soon, or had no limit, leaves no memo.
+    expiry.looked(None, started=3.0, lease_in=1.0, within=2.0)
+    assert expiry.lease_look(None)
+    expiry.looked(None, started=3.0, lease_in=None, within=None)
+    assert expiry.lease_look(None)
+
+
+async def test_an_idle_look_on_the_server_clock_sees_a_lease_another_bus_left_once_its_memo_ends(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
+    await b.create_topic("jobs", partitions=1, semantics="queue")
+    await b.publish("jobs", b"a")
+    ticks = _Ticks()
+    expiry = queue_sql.ExpiryBound(clock=ticks)
+    conn = await db.connect(dsn, schema)
+    try:
+        assert await queue_sql.seconds_until_visible(conn, "jobs", None, expiry, 2.0) is not None
+        # Another process leases the job for 1 s (it never acks): this Bus's memo of an empty look
+        # does not see it...
+        other = await queue_sql.take(conn, "jobs", 1, 1.0, "other", ordered=False)
+        assert len(other) == 1
+        assert await queue_sql.seconds_until_visible(conn, "jobs", None, expiry, 2.0) is None
+        assert not expiry.lease_look(None)
+        # ...until the memo ends (the time the consumer slept out anyway): then the look finds it.
+        ticks.t = 2.0
+        until = await queue_sql.seconds_until_visible(conn, "jobs", None, expiry, 2.0)
+        assert until is not None and 0 < until <= 1.0
+        assert expiry.lease_look(None)  # found one: the next look looks again
+    finally:
+        await conn.close()
