@@ -287,3 +287,36 @@ async def test_the_migration_moves_existing_history_into_a_segment(
         assert await b.pool.fetchval("SELECT to_regclass('messages_unsegmented')") is None
         [m] = await b.publish_many("old", [b"m3"])
         assert m.offset == 3
+
+
+async def test_the_sweep_finds_rows_below_the_log_start_by_key_without_reading_the_whole_segment(
+    connect: Connect,
+) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("keep", partitions=2)  # no retention: its rows stay in the DEFAULT partition
+    await b.create_topic("t", partitions=2, retention=SHORT)
+    for _ in range(3):
+        await b.publish_many("keep", [bus.Outgoing(b"x", partition=str(i % 2)) for i in range(1000)])
+    await b.publish_many("t", [bus.Outgoing(b"y", partition=str(i % 2)) for i in range(10)])
+    assert await _leaf_of(b, "keep", 0) == await _leaf_of(b, "t", 0) == "messages_default"
+    async with b.pool.acquire() as conn:
+        await conn.execute("ANALYZE messages_default")
+        async with conn.transaction():
+            # As retention would: partition "0" of t has its log start past 3 of its 5 rows.
+            await conn.execute("UPDATE partitions SET log_start = 3 WHERE topic = 't' AND name = '0'")
+            swept = await conn.fetchval(segments.SWEEP, "messages_default", 2)
+            assert swept == 2  # the limit
+            swept += await conn.fetchval(segments.SWEEP, "messages_default", 10_000)
+            assert swept == 3
+            assert await conn.fetchval(segments.SWEEP, "messages_default", 10_000) == 0
+            scans = await conn.fetchrow(
+                "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relid = 'messages_default'::regclass"
+            )
+            # Three sweeps read by key; none read the 3,010 rows of the segment.
+            assert scans["seq_scan"] == 0 and scans["idx_scan"] > 0, dict(scans)
+    rows = await b.pool.fetch(
+        'SELECT p.name, m."offset" FROM messages m JOIN partitions p ON p.id = m.partition_id '
+        "WHERE p.topic = 't' ORDER BY 1, 2"
+    )
+    assert [(r["name"], r["offset"]) for r in rows] == [("0", 3), ("0", 4)] + [("1", i) for i in range(5)]
+    assert await _stored(b) == 3007
