@@ -111,7 +111,7 @@ OBSERVED = {
     "abandoned": "a queue job left unacked (its visibility timeout brings it back, by design)",
     "guard_conflict": "an event-store append refused by its guard; the claim released (by design)",
     "slow_work": "a claim worked on past its lease, then extended (another worker may take it: by design)",
-    "ack_failed": "a claim, job or event-store ack that failed (unknown outcome: the messages may come again)",
+    "ack_failed": "a claim, job or event-store ack, or an async commit, that failed (the messages may come again)",
 }
 #: Patterns whose deliveries have no order (competing consumers) / sparse positions (event store).
 UNORDERED = frozenset({"queue", "lqueue"})

@@ -141,6 +141,7 @@ EVENT_FAULTS = {
     "claim_failed": "ack_failed",
     "queue_failed": "ack_failed",
     "es_failed": "ack_failed",
+    "commit_failed": "ack_failed",
 }
 
 # role -> (processes, index of the slow one or -1, [(group, pattern, assignor)]): one process runs

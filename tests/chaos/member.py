@@ -55,6 +55,7 @@ message block the whole process (time.sleep, heartbeats included) for
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
@@ -276,9 +277,11 @@ async def run_poll(ctx: Ctx, style: str) -> None:
         except bus.errors.BusError as exc:
             rec.error("revoke_commit", exc)
 
-    def async_done(task: asyncio.Task[None]) -> None:
+    def async_done(since: float, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             rec.error("commit_async", task.exception())  # type: ignore[arg-type]
+            # Fire and forget: what it was to commit comes again to the partition's next owner.
+            rec.mark("commit_failed", group=ctx.group, since=f"{since:.6f}")
 
     options: dict[str, Any] = {"auto_commit": style == "auto"}
     if style == "poll":
@@ -300,7 +303,7 @@ async def run_poll(ctx: Ctx, style: str) -> None:
             if not batch or style == "auto":
                 continue
             if style == "commit-async":
-                c.commit_async().add_done_callback(async_done)
+                c.commit_async().add_done_callback(functools.partial(async_done, time.time()))
                 continue
             try:
                 await c.commit()

@@ -445,3 +445,24 @@ def test_a_tick_published_twice_or_left_out_is_flagged() -> None:
     assert any(v.startswith("tick twice:") for v in twice.violations), twice.summary()
     gap = check(_limited([], ticks=[*ticks, ("s", "2026-01-01T00:00:03+00:00")], tick_every=1.0))
     assert any(v.startswith("tick missed:") for v in gap.violations), gap.summary()
+
+
+def test_a_duplicate_after_an_async_commit_that_failed_is_explained_by_it(tmp_path: Path) -> None:
+    from tests.chaos.harness import read_history
+
+    # P-1 handled 0..1 and fired a commit that failed (the partition had moved on); P-0, its new
+    # owner, reads them again from the last commit.
+    (tmp_path / "groups.tsv").write_text("g-async\tcommit-async\n")
+    (tmp_path / "acks-0.tsv").write_text("A\torders\t0\t0\tp-0\t99.0\nA\torders\t0\t1\tp-6\t99.0\n")
+    handled = "D\tg-async\torders\t0\t0\tp-0\t{pid}\t{m}\t{g}\t{t0}\nD\tg-async\torders\t0\t1\tp-6\t{pid}\t{m}\t{g}\t{t1}\n"
+    failed = "V\t101.8\tcommit_failed\tgroup=g-async since=101.100000\n"
+    (tmp_path / "P-0-1.tsv").write_text(handled.format(pid=2, m="m2", g=2, t0=102.2, t1=102.3))
+    (tmp_path / "P-1-1.tsv").write_text(handled.format(pid=1, m="m1", g=1, t0=101.0, t1=101.1) + failed)
+    h = read_history(tmp_path, [], [])
+    commit = next(f for f in h.faults if f.kind == "ack_failed")
+    assert (commit.start, commit.end, commit.pid, commit.groups) == (101.1, 101.8, 1, frozenset({"g-async"}))
+    r = check(h)
+    assert r.ok and r.duplicates == 2 and r.explained_by["ack_failed"] == 2
+    (tmp_path / "P-1-1.tsv").write_text(handled.format(pid=1, m="m1", g=1, t0=101.0, t1=101.1))
+    unexplained = check(read_history(tmp_path, [], []))
+    assert unexplained.unexplained_duplicates == 2 and not unexplained.ok
