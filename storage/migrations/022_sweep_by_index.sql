@@ -1,10 +1,10 @@
 -- The sweep of a segment (or of the DEFAULT partition) that cannot be retired
 -- whole finds the rows below their partitions' log starts through each
--- partition's key, from its lowest offset up to its log start, instead of
--- reading the whole segment: a segment of topics without retention (or with
--- a long one) holds nothing to sweep, and the maintenance pass that swept it
--- read every row of it each time, however large it grew. Only partitions
--- whose log start moved can hold such rows; the rows go by their addresses.
+-- partition's key, from its lowest offset up to its log start, never by
+-- reading the whole segment: a segment of topics without retention (or with a
+-- long one) holds nothing to sweep however large it grows, and a maintenance
+-- pass sweeps it at every tick. Only partitions whose log start moved can hold
+-- such rows; the rows go by their addresses.
 CREATE OR REPLACE FUNCTION message_segment_sweep(p_name text, p_limit integer) RETURNS bigint
 LANGUAGE plpgsql AS $fn$
 DECLARE
