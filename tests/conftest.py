@@ -214,77 +214,141 @@ _HAND_OUT = [
 ]
 
 
-_POOL_SESSION = {"application_name": "bus-tests-schema-pool"}
+# The pool's own sessions: its commits need not wait for the disk (the schemas are a test's).
+_POOL_SESSION = {"application_name": "bus-tests-schema-pool", "synchronous_commit": "off"}
+_KEEP = 2  # schemas kept ready: one handed out while the previous test's is being reset
 
 
 class SchemaPool:
-    """Migrated schemas of one worker, reset after a test and handed to the next (module docstring)."""
+    """Migrated schemas of one worker, reset after a test and handed to a later one (module docstring).
 
-    def __init__(self, dsn: str, conn: asyncpg.Connection, fingerprint: str, rows: str) -> None:
+    Resets, drops and new schemas are made by a task of the session's loop on a session of their
+    own, while the next test runs; a hand-out waits for them only when no schema is ready.
+    """
+
+    def __init__(self, dsn: str, fingerprint: str, rows: str) -> None:
         self._dsn = dsn
-        self._conn = conn
         self._fingerprint = fingerprint
         self._rows = rows
-        self._free: list[str] = []
+        self._sessions: dict[str, asyncpg.Connection] = {}
+        self._ready: list[str] = []
+        self._work: asyncio.Queue[str | None] = asyncio.Queue()  # a name to reset, or None: make one
+        self._worker: asyncio.Task[None] | None = None
+        self._stuck: list[str] = []  # still locked by a session of their test: dropped at the end
         self.recycled = 0
         self.dropped = 0
 
     @classmethod
-    async def start(cls, dsn: str) -> SchemaPool:
+    async def start(cls, dsn: str, *, background: bool = True) -> SchemaPool:
         """Migrate a reference schema (the first one handed out) and note what it looks like."""
         conn = await asyncpg.connect(dsn, server_settings=_POOL_SESSION)
-        name = "t_" + uuid.uuid4().hex[:12]
-        await db.migrate(conn, name)
-        pool = cls(dsn, conn, await conn.fetchval(_FINGERPRINT, name, _SEGMENT), await pool_rows(conn, name))
+        try:
+            name = "t_" + uuid.uuid4().hex[:12]
+            await db.migrate(conn, name)
+            pool = cls(dsn, await conn.fetchval(_FINGERPRINT, name, _SEGMENT), await pool_rows(conn, name))
+        finally:
+            await conn.close()
         if not await pool._reset(name):  # its first segment goes: the hand-out makes one
             raise AssertionError(f"schema {name} just migrated does not look like itself")
-        pool._free.append(name)
+        pool._ready.append(name)
+        if background:
+            pool._worker = asyncio.create_task(pool._serve())
         return pool
 
+    async def _session(self, role: str) -> asyncpg.Connection:
+        """The pool's session for `role` ("front": hand-outs, "back": the rest), opened again if a test ended it."""
+        conn = self._sessions.get(role)
+        if conn is None or conn.is_closed():
+            conn = self._sessions[role] = await asyncpg.connect(self._dsn, server_settings=_POOL_SESSION)
+        return conn
+
     async def take(self, name: str) -> bool:
-        """Make a reset schema the schema `name` (True), unless none is free or `name` exists."""
-        if not self._free:
-            return False
-        if self._conn.is_closed():  # a test may end the sessions of its database
-            self._conn = await asyncpg.connect(self._dsn, server_settings=_POOL_SESSION)
-        free = self._free[-1]
+        """Make a reset schema the schema `name` (True), unless none is ready or `name` exists."""
         db.validate_schema(name)
+        if not self._ready:
+            await self.settle()
+        if not self._ready:
+            return False
+        free = self._ready.pop()  # before any await: the background task adds to the list meanwhile
+        conn = await self._session("front")
         try:
-            async with self._conn.transaction():
+            async with conn.transaction():
                 # DDL takes no bind parameters: both names are validated identifiers, quoted.
-                await self._conn.execute(f'ALTER SCHEMA "{free}" RENAME TO "{name}"')
-                for row in await self._conn.fetch(_PINNED, name):
+                await conn.execute(f'ALTER SCHEMA "{free}" RENAME TO "{name}"')
+                for row in await conn.fetch(_PINNED, name):
                     # As the migrations pinned it (SET search_path FROM CURRENT), with the new name.
-                    await self._conn.execute(db.SET_LOCAL_SEARCH_PATH, row["path"].replace(free, name))
-                    await self._conn.execute(f"ALTER FUNCTION {row['function']} SET search_path FROM CURRENT")
-                await self._conn.execute(db.SET_LOCAL_SEARCH_PATH, db.search_path(name))
+                    await conn.execute(db.SET_LOCAL_SEARCH_PATH, row["path"].replace(free, name))
+                    await conn.execute(f"ALTER FUNCTION {row['function']} SET search_path FROM CURRENT")
+                await conn.execute(db.SET_LOCAL_SEARCH_PATH, db.search_path(name))
                 for statement in _HAND_OUT:
-                    await self._conn.execute(statement)
+                    await conn.execute(statement)
         except asyncpg.DuplicateSchemaError:
+            self._ready.append(free)
             return False  # a fixture made the test's schema already: it keeps that one
-        self._free.pop()
+        except Exception:  # noqa: BLE001 - the test migrates its schema itself, as without the pool
+            self._stuck.append(free)
+            return False
+        if not self._ready and self._work.empty():
+            self._work.put_nowait(None)  # one ready for the next test, made while this one runs
         return True
 
     async def give_back(self, name: str) -> None:
-        """Reset `name` for a later test, or drop it when it cannot be."""
+        """Reset `name` for a later test (in the background unless started without), or drop it."""
         db.validate_schema(name)
-        if self._conn.is_closed():
-            self._conn = await asyncpg.connect(self._dsn, server_settings=_POOL_SESSION)
-        conn = self._conn
-        if not await conn.fetchval("SELECT true FROM pg_namespace WHERE nspname = $1", name):
-            return
+        self._work.put_nowait(name)
+        if self._worker is None:
+            await self._drain()
+
+    async def settle(self) -> None:
+        """Wait until every reset, drop and new schema asked for is done."""
+        if self._worker is None:
+            await self._drain()
+        else:
+            await self._work.join()
+
+    async def _serve(self) -> None:
+        while True:
+            name = await self._work.get()
+            await self._recycle_or_leave(name)
+            self._work.task_done()
+
+    async def _drain(self) -> None:
+        while not self._work.empty():
+            name = self._work.get_nowait()
+            await self._recycle_or_leave(name)
+            self._work.task_done()
+
+    async def _recycle_or_leave(self, name: str | None) -> None:
         try:
-            if await self._reset(name):
-                self._free.append(name)
+            await self._recycle(name)
+        except Exception:  # noqa: BLE001 - the pool goes on (a lost session: close() drops the schema)
+            if name is not None:
+                self._stuck.append(name)
+
+    async def _recycle(self, name: str | None) -> None:
+        conn = await self._session("back")
+        if name is None:
+            name = "t_" + uuid.uuid4().hex[:12]
+            await db.migrate(conn, name)
+        elif not await conn.fetchval("SELECT true FROM pg_namespace WHERE nspname = $1", name):
+            return  # the test dropped it
+        try:
+            if len(self._ready) < _KEEP and await self._reset(name):
+                self._ready.append(name)
                 self.recycled += 1
                 return
         except asyncpg.PostgresError:
             pass  # a lock held past the timeout, or a schema too changed to reset: dropped below
         self.dropped += 1
-        await db.drop_schema(conn, name)
+        try:
+            async with conn.transaction():
+                await conn.execute(db.SET_LOCAL_LOCK_TIMEOUT, "5s")
+                await db.drop_schema(conn, name)
+        except asyncpg.LockNotAvailableError:
+            self._stuck.append(name)
 
     async def _reset(self, name: str) -> bool:
-        conn = self._conn
+        conn = await self._session("back")
         async with conn.transaction():
             # A session of the test still in a transaction on the schema: not worth waiting for.
             await conn.execute(db.SET_LOCAL_LOCK_TIMEOUT, "200ms")
@@ -305,12 +369,17 @@ class SchemaPool:
         return True
 
     async def close(self) -> None:
-        """Drop the free schemas."""
+        """Finish the work asked for, drop every schema left, close the sessions."""
         try:
-            for name in self._free:
-                await db.drop_schema(self._conn, name)
+            await self.settle()
+            if self._worker is not None:
+                self._worker.cancel()
+            conn = await self._session("back")
+            for name in self._ready + self._stuck:
+                await db.drop_schema(conn, name)
         finally:
-            await self._conn.close()
+            for conn in self._sessions.values():
+                await conn.close()
 
 
 async def pool_rows(conn: asyncpg.Connection, name: str) -> str:

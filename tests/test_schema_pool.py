@@ -27,6 +27,10 @@ _TIMES = {"bus_migrations": {"applied_at"}, "bus_schema_release": {"updated_at"}
 _TIMES["message_segments"] = {"name", "hi", "created_at"}
 
 
+async def _exists(conn: asyncpg.Connection, schema: str) -> bool:
+    return bool(await conn.fetchval("SELECT true FROM pg_namespace WHERE nspname = $1", schema))
+
+
 def _name() -> str:
     return "t_" + uuid.uuid4().hex[:12]
 
@@ -58,8 +62,8 @@ async def _state(conn: asyncpg.Connection, schema: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def pool(dsn: str) -> Any:
-    """A pool of its own (the worker's stays untouched), its reference schema free."""
-    p = await SchemaPool.start(dsn)
+    """A pool of its own (the worker's stays untouched), its reference schema ready, resetting at once."""
+    p = await SchemaPool.start(dsn, background=False)
     yield p
     await p.close()
 
@@ -92,10 +96,10 @@ async def test_a_recycled_schema_looks_like_one_just_migrated(dsn: str, pool: Sc
         await b.close()
     assert (await _state(conn, used))["tables"]["partitions"] > 0
     await pool.give_back(used)
-    assert pool.recycled == 1
+    assert await _exists(conn, used)  # kept, reset
 
-    assert await pool.take(again)
-    assert not await conn.fetchval("SELECT true FROM pg_namespace WHERE nspname = $1", used)
+    assert await pool.take(again)  # the schema given back last
+    assert not await _exists(conn, used)
     assert await _state(conn, again) == await _state(conn, fresh)
     # The migration rows carry the time of the hand-out, as a migration then would have written them.
     times = await conn.fetch(
@@ -127,14 +131,13 @@ async def test_a_schema_changed_structurally_or_in_its_migration_rows_is_dropped
     assert await pool.take(altered)
     await conn.execute(f'ALTER TABLE "{altered}".topics ADD COLUMN extra int')
     await pool.give_back(altered)
-    assert (pool.recycled, pool.dropped) == (0, 1)
-    assert not await conn.fetchval("SELECT true FROM pg_namespace WHERE nspname = $1", altered)
+    assert not await _exists(conn, altered)
 
     await db.migrate(conn, downgraded)
     await conn.execute(f"UPDATE \"{downgraded}\".bus_schema_release SET min_release = '0.1.0'")
     await pool.give_back(downgraded)
-    assert (pool.recycled, pool.dropped) == (0, 2)
-    assert not await conn.fetchval("SELECT true FROM pg_namespace WHERE nspname = $1", downgraded)
+    assert not await _exists(conn, downgraded)
+    assert pool.dropped == 2
 
 
 async def test_a_bus_left_open_does_not_reach_the_next_tests_schema(
@@ -172,3 +175,30 @@ async def test_other_tests_get_their_schema_migrated(dsn: str, schema: str, drop
         assert await db.migrate(conn, schema) == []
     finally:
         await conn.close()
+
+
+async def test_schemas_are_reset_in_the_background_and_a_new_one_is_made_while_a_test_runs(
+    dsn: str, admin: Any
+) -> None:
+    conn, made = admin
+    pool = await SchemaPool.start(dsn)
+    try:
+        first, second, third = _name(), _name(), _name()
+        made += [first, second, third]
+        assert await pool.take(first)
+        await pool.settle()  # the next one is made while the first test runs
+        assert await pool.take(second)
+        b = await bus.connect(dsn, schema=second)
+        await b.create_topic("orders", partitions=2)
+        await b.close()
+        await pool.give_back(first)
+        await pool.give_back(second)
+        await pool.settle()
+        # Made while the tests ran: one after each hand-out that left none ready. Two are kept.
+        assert (pool.recycled, pool.dropped) == (3, 1)
+        assert [await _exists(conn, name) for name in (first, second)] == [True, False]
+        assert await pool.take(third)
+        assert await conn.fetchval(f'SELECT count(*) FROM "{third}".topics') == 0
+        assert await conn.fetchval(f'SELECT count(*) FROM "{third}".message_segments') == 1
+    finally:
+        await pool.close()
