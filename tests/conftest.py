@@ -32,9 +32,17 @@ owners and privileges; segment names aside) or its migration rows differ from
 those of a schema migrated at the start of the session (migration, version
 and rolling-deploy tests, tests that alter or drop things), its tables were
 analyzed (statistics a fresh table has not), or its reset waits for a lock a
-session still holds. A test that needs a schema nobody has migrated (it runs
-the migrations itself and checks what they did, or creates the schema with an
-older release) is marked `@pytest.mark.fresh_schema`.
+session still holds. (With two schemas ready, one given back is dropped too.)
+
+The resets, drops and the migrations of new schemas (one is made whenever a
+hand-out leaves none ready) run on the pool's own session in a task of the
+session's event loop, while the next test runs; a hand-out waits for them only
+when no schema is ready. The `schema` fixture is still a new name per test and
+`drop_schema` still means "the test's schema is gone after it": a test that
+uses `drop_schema` (directly, or through `connect` and `b`) finds its schema
+migrated before it starts. A test that needs a schema nobody has migrated (it
+runs the migrations itself and checks what they did, or creates the schema
+with an older release) is marked `@pytest.mark.fresh_schema`.
 """
 
 from __future__ import annotations
