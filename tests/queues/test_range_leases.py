@@ -230,6 +230,7 @@ INSERT INTO queue_jobs (partition_id, "offset", topic) SELECT partition_id, "off
 """
 
 
+@pytest.mark.fresh_schema  # made by the migrations before 013
 async def test_jobs_of_a_schema_made_before_range_leases_keep_their_state(
     dsn: str, schema: str, drop_schema: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

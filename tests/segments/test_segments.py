@@ -246,6 +246,7 @@ async def test_the_cleaner_actor_makes_segments_and_retires_them(connect: Connec
     assert await _stored(b) == 0
 
 
+@pytest.mark.fresh_schema  # made by the migrations before 007
 async def test_the_migration_moves_existing_history_into_a_segment(
     dsn: str, schema: str, drop_schema: None
 ) -> None:

@@ -18,6 +18,9 @@ from storage import db, versions
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The tests migrate their schemas themselves and check what the migrations did.
+pytestmark = pytest.mark.fresh_schema
+
 
 async def _conn(dsn: str, schema: str) -> asyncpg.Connection:
     return await db.connect(dsn, schema)
