@@ -8,7 +8,7 @@ of its own on the server (what a test reads server-wide, such as the sessions
 it terminates, stays within it), the tests of one file run on one worker (its
 module fixtures are built once), and the slow multi-process, chaos and Spark
 tests run one after another on a single worker, so two of them never compete
-for the cores.
+for the cores (xdist groups them only on pytest below 9.2: see pyproject.toml).
 
 Fresh schemas are recycled. Migrating a new schema costs far more than most
 tests, so a schema a test is done with is reset and handed to a later test of
