@@ -12,8 +12,11 @@ and the partial index `offsets_pending` orders the pending cursors.
 
 Every statement that recomputes `pending_since` first locks the partition
 row FOR SHARE: a publisher holds that row's lock until it commits, so the
-recomputation either sees the new message or the publisher's trigger sees
-the cursor already caught up. No wake-up is lost.
+recomputation either sees the new message or the publisher's wake-up sees
+the cursor already caught up. No wake-up is lost. The recomputation reads the
+first unread message in `claim_first_unread_at` (migration 023), whose
+snapshot is taken after the lock was granted: the statement's own snapshot,
+taken before it waited, would miss the message of the publisher it waited for.
 """
 
 from __future__ import annotations
@@ -85,13 +88,12 @@ ORDER BY "offset"
 LIMIT $3
 """
 
-# Recompute pending_since from the cursor (a stale candidate: nothing to read).
+# Recompute pending_since from the cursor (a stale candidate: nothing to read). The first unread
+# message is read after the partition's lock is granted (claim_first_unread_at, migration 023).
 REFRESH_PENDING = """
 WITH p AS (SELECT id, log_start FROM partitions WHERE id = $2 FOR SHARE)
 UPDATE offsets o
-SET pending_since = (SELECT m.created_at FROM messages m
-                     WHERE m.partition_id = p.id AND m."offset" >= GREATEST(o.committed, p.log_start)
-                     ORDER BY m."offset" LIMIT 1)
+SET pending_since = claim_first_unread_at(p.id, GREATEST(o.committed, p.log_start))
 FROM p
 WHERE o.group_name = $1 AND o.partition_id = p.id
 """
@@ -114,15 +116,14 @@ UPDATE groups SET last_active_at = clock_timestamp()
 WHERE name = $1 AND last_active_at < clock_timestamp() - interval '1 second'
 """
 
-# Ack: advance (never backwards), release, recompute pending_since. Fenced on owner+epoch.
+# Ack: advance (never backwards), release, recompute pending_since (as REFRESH_PENDING). Fenced
+# on owner+epoch.
 ACK = """
 WITH p AS (SELECT id, log_start FROM partitions WHERE id = $2 FOR SHARE)
 UPDATE offsets o
 SET committed = GREATEST(o.committed, $5), committed_at = clock_timestamp(),
     owner = NULL, lease_expires_at = NULL,
-    pending_since = (SELECT m.created_at FROM messages m
-                     WHERE m.partition_id = p.id AND m."offset" >= GREATEST(o.committed, $5, p.log_start)
-                     ORDER BY m."offset" LIMIT 1)
+    pending_since = claim_first_unread_at(p.id, GREATEST(o.committed, $5, p.log_start))
 FROM p
 WHERE o.group_name = $1 AND o.partition_id = p.id AND o.owner = $3 AND o.lease_epoch = $4
 RETURNING o.committed

@@ -62,7 +62,6 @@ import bus
 from bus.testing import FAST
 from storage import db
 
-
 HEAVY = "slow tests, one at a time"
 
 
