@@ -214,8 +214,13 @@ WHERE n.nspname = $1 AND c LIKE 'search_path=%'
 """
 # What migrating the schema at the hand-out would have written at that time: the migration rows' times
 # and the first segment (up to now: storage/migrations/007_segments.sql).
+# The migration rows are written anew into an emptied table (an update of every row would leave the
+# table a page larger than a fresh schema's once the versions outgrow one page).
 _HAND_OUT = [
-    "UPDATE bus_migrations SET applied_at = now()",
+    "CREATE TEMP TABLE pool_migrations ON COMMIT DROP AS SELECT * FROM bus_migrations",
+    "UPDATE pool_migrations SET applied_at = now()",
+    "TRUNCATE bus_migrations",
+    "INSERT INTO bus_migrations SELECT * FROM pool_migrations",
     "UPDATE bus_schema_release SET updated_at = now()",
     "SELECT message_segment_create(NULL, clock_timestamp())",
 ]
