@@ -72,6 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the marks into the node ids' groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Where xdist runs each test (`--dist loadgroup`): slow ones on one worker, a file's tests together."""
     for item in items:
