@@ -61,10 +61,10 @@ UPDATE partitions p SET claimed = true FROM l WHERE p.id = l.id AND NOT p.claime
 # The caller holds the partitions' row locks (MARK_CLAIMED; see the module docstring).
 SET_PENDING_FOR_NEW = """
 UPDATE offsets o
-SET pending_since = (SELECT m.created_at FROM messages m JOIN partitions p ON p.id = m.partition_id
-                     WHERE m.partition_id = o.partition_id AND m."offset" >= GREATEST(o.committed, p.log_start)
-                     ORDER BY m."offset" LIMIT 1)
-WHERE o.group_name = $1 AND o.partition_id = ANY($2::bigint[]) AND o.pending_since IS NULL
+SET pending_since = claim_first_unread_at(p.id, GREATEST(o.committed, p.log_start))
+FROM partitions p
+WHERE p.id = o.partition_id AND o.group_name = $1 AND o.partition_id = ANY($2::bigint[])
+  AND o.pending_since IS NULL
 """
 
 # The free cursor with the earliest pending message, locked (SKIP LOCKED: two

@@ -1136,12 +1136,14 @@ async def seconds_until_visible(
     them. `within`: a range lease running out later than that many seconds from now is not
     looked for (None when it is the only one).
     """
-    bound, leases = (None, True) if expiry is None else (expiry.for_read(now), expiry.lease_look(now))
-    started = None if expiry is None else expiry.clock()
+    if expiry is None:
+        bound, leases, started = None, True, 0.0
+    else:
+        bound, leases, started = expiry.for_read(now), expiry.lease_look(now), expiry.clock()
     row = await conn.fetchrow(SECONDS_UNTIL_VISIBLE, topic, now, bound, within, leases)
     assert row is not None  # an aggregate
     jobs, lease = row[0], row[1]
-    if expiry is not None and started is not None and leases:
+    if expiry is not None and leases:
         expiry.looked(now, started, lease, within)
     values = [float(v) for v in (jobs, lease) if v is not None]
     return min(values) if values else None
