@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 
 from benchmarks import xmin
@@ -40,3 +41,16 @@ async def test_xmin_benchmark_reports_free_held_and_after_with_dead_versions_of_
     table = delivered.extra["table"]
     assert table[0] == ["measurement", "free", "held", "after", "held/free", "after/free"]
     assert delivered.extra["errors"] == 0
+    # What says how far the machine can be trusted in each phase, and a p99 less moved by a stretch of it.
+    labels = [row[0] for row in table]
+    assert "bench event loop lag p99 ms" in labels and "CPU time stolen by the hypervisor %" in labels
+    assert any(n.startswith("publish p99 (median of 10 s windows), held") for n in by_name)
+    conn = await asyncpg.connect(dsn)
+    try:
+        may_checkpoint = await conn.fetchval(
+            "SELECT rolsuper OR pg_has_role(current_user, 'pg_checkpoint', 'USAGE') FROM pg_roles"
+            " WHERE rolname = current_user"
+        )
+    finally:
+        await conn.close()
+    assert delivered.extra["checkpoint_per_phase"] is may_checkpoint
