@@ -18,11 +18,11 @@ the offered load), and timed. Three phases run back to back:
 
 Each phase starts with a `CHECKPOINT` (when the role may run one: a superuser
 or `pg_checkpoint`), so each meets the server's checkpoint cycle at the same
-point. Without it the comparison is skewed by the server, not by the hold: the
-first timed checkpoint comes `checkpoint_timeout` (5 min) after the server
-starts, which falls in the held phase on every run, and after a checkpoint the
-first change to each page writes the whole page to the WAL, which every
-commit then waits to flush.
+point. Without it the comparison is skewed by the server, not by the hold: a
+server the bench starts itself has its first timed checkpoint
+`checkpoint_timeout` (5 min) later, which falls in the held phase on every
+such run, and after a checkpoint the first change to each page writes the
+whole page to the WAL, which commits then wait to flush.
 
 Per phase: delivered messages/s (handler calls), queue jobs acked/s, publish
 p50/p99 (every publish of both topics), and per table the dead tuples at the
