@@ -69,3 +69,40 @@ async def test_an_idle_poll_asks_the_log_for_one_message_by_key(b: bus.Bus, dsn:
         assert "Seq Scan on messages" in await _generic_plan(conn, old, args)
     finally:
         await conn.close()
+
+
+HEAD_SCANS = """
+SELECT relname, seq_scan, idx_scan FROM pg_stat_xact_user_tables
+WHERE schemaname = current_schema() AND relname IN ('log_heads', 'queue_frontier_heads')
+"""
+
+
+async def test_publishes_and_takes_find_their_partitions_head_rows_by_key(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
+    # A heads table holds a few live rows, so a plan sized by its statistics scans it; a held snapshot
+    # then fills it with a dead version per publish or take, and every such scan reads them all.
+    await b.create_topic("t", partitions=2)
+    await b.create_topic("jobs", partitions=2, semantics="queue")
+    for i in range(20):
+        await b.publish("t", {"i": i})
+        await b.publish("jobs", {"i": i})
+    conn = await db.connect(dsn, schema)
+    try:
+        await conn.execute("ANALYZE log_heads")
+        await conn.execute("ANALYZE queue_frontier_heads")
+        assert await conn.fetchval("SELECT relpages FROM pg_class WHERE oid = 'log_heads'::regclass") <= 2
+        pid = await conn.fetchval("SELECT min(id) FROM partitions WHERE topic = 't'")
+        qid = await conn.fetchval("SELECT min(partition_id) FROM queue_frontiers")
+        async with conn.transaction():  # pg_stat_xact_user_tables: this transaction's scans
+            for _ in range(8):  # past the first plans made for the parameters: the kept generic one too
+                await conn.fetchval("SELECT base FROM log_take_offsets($1, 1)", pid)
+                await conn.fetchval("SELECT p.log_end FROM partitions p WHERE p.id = $1", pid)
+                at = await conn.fetchval("SELECT queue_frontier_lock($1)", qid)
+                await conn.fetchval("SELECT queue_frontier_move($1, $2)", qid, at + 1)
+                await conn.fetchval("SELECT f.frontier FROM queue_frontiers f WHERE f.partition_id = $1", qid)
+            counts = {r["relname"]: (r["seq_scan"], r["idx_scan"]) for r in await conn.fetch(HEAD_SCANS)}
+    finally:
+        await conn.close()
+    assert counts["log_heads"][0] == 0 and counts["log_heads"][1] > 0, counts
+    assert counts["queue_frontier_heads"][0] == 0 and counts["queue_frontier_heads"][1] > 0, counts
