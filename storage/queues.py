@@ -114,7 +114,7 @@ WITH r AS (
 ), x AS (
     -- from the caller's bound on (see ExpiryBound): the leases below it were reclaimed, and
     -- an index scan from the topic's start would visit each deleted lease a held snapshot keeps
-    SELECT l.id, l.partition_id, l.first_offset, l.last_offset, l.leased_by, l.visible_at
+    SELECT l.id, l.partition_id, l.first_offset, l.last_offset, l.leased_by, l.visible_at, l.ctid AS at
     FROM queue_leases l
     WHERE l.topic = $1 AND l.visible_at >= COALESCE({bound}::timestamptz, '-infinity'::timestamptz)
       AND l.visible_at <= statement_timestamp()
@@ -122,7 +122,9 @@ WITH r AS (
     LIMIT 16  -- EXPIRY_BATCH
     FOR UPDATE SKIP LOCKED
 ), xd AS (
-    DELETE FROM queue_leases l USING x WHERE l.id = x.id
+    -- by the row addresses x locked (migration 025: a join with x may be planned as a walk of the
+    -- whole lease index, which visits every lease a held snapshot keeps); read by the SCANNED row
+    SELECT queue_leases_delete(ARRAY(SELECT x.at FROM x)) AS deleted
 ), xj AS (
     UPDATE queue_jobs j
     SET detached = true, attempts = 1, leased_by = x.leased_by, visible_at = x.visible_at
@@ -163,7 +165,7 @@ SELECT u.request, u.partition_id, u."offset", u.attempts, u.lease_epoch, NULL::b
 FROM u
 JOIN messages m ON m.partition_id = u.partition_id AND m."offset" = u."offset"
 UNION ALL
-SELECT -5, 0, 0, (SELECT count(*) FROM x)::int, 0, NULL, NULL, NULL, NULL,
+SELECT -5, 0, 0, (SELECT xd.deleted FROM xd), 0, NULL, NULL, NULL, NULL,
        LEAST(statement_timestamp(), transaction_timestamp()), true, 0
 """
 
