@@ -103,7 +103,6 @@ class Phase:
     windows: dict[int, list[float]] = field(default_factory=dict)  # the same, per WINDOW seconds
     cpu: list[tuple[float, int, int]] = field(default_factory=list)  # (at, stolen, total) per second
     lags: list[float] = field(default_factory=list)  # the bench's event loop, ms late per TICK
-    steal: float | None = None  # share of the CPUs' time the hypervisor took (Linux), or None
     started: float = 0.0
     dead: dict[str, int] = field(default_factory=dict)  # at the end of the phase
     versions: dict[str, int] = field(default_factory=dict)  # updates + deletes during the phase
@@ -118,6 +117,12 @@ class Phase:
 
     def quantile(self, q: float) -> float:
         return _quantile(self.latencies, q)
+
+    @property
+    def steal(self) -> float | None:
+        """The share of the CPUs' time the hypervisor took during the phase (Linux), or None."""
+        total = sum(t for _, _, t in self.cpu)
+        return sum(s for _, s, _ in self.cpu) / total if total else None
 
     def calm_windows(self) -> list[int]:
         """The phase's windows in which the hypervisor took less than STEAL_LIMIT of the CPU time."""
@@ -273,14 +278,10 @@ async def measure(
                 await holder.fetchval("SELECT count(*) FROM pg_class")  # takes the snapshot
             checkpointed = await _checkpoint(stats_conn)
             _, versions_before = await _table_stats(stats_conn, schema)
-            cpu_before = _cpu_times()
             phase.started = started = time.perf_counter()
             current[0] = phase
             await asyncio.sleep(seconds)
             phase.seconds = time.perf_counter() - started
-            cpu_after = _cpu_times()
-            if cpu_before and cpu_after and cpu_after[1] > cpu_before[1]:
-                phase.steal = (cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1])
             current[0] = Phase("tail")
             phase.dead, versions_after = await _table_stats(stats_conn, schema)
             phase.versions = {t: versions_after.get(t, 0) - versions_before.get(t, 0) for t in versions_after}
