@@ -5,6 +5,8 @@ Checked on generic plans, the kind the bus's lent connections use."""
 
 from __future__ import annotations
 
+import json
+
 import asyncpg
 
 import bus
@@ -135,3 +137,68 @@ async def test_a_take_deletes_the_leases_that_ran_out_by_address_not_by_a_walk_o
                 assert scans["seq_scan"] == 8, dict(scans)
         finally:
             await conn.close()
+
+
+async def _buffers(conn: asyncpg.Connection, sql: str, *args: object) -> int:
+    """The shared buffers one run of `sql` touched, its functions' statements included."""
+    plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + sql, *args)
+    top = json.loads(plan)[0]["Plan"]
+    return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
+
+
+async def test_a_head_is_found_from_the_end_of_its_index_in_a_table_a_held_snapshot_filled(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
+    # Analyzed during a hold, a heads table has many pages and two live rows per partition: a bitmap
+    # plan of `max(generation)` then reads every page holding a version of the partition's heads.
+    await b.create_topic("t", partitions=1)
+    await b.create_topic("jobs", partitions=1, semantics="queue")
+    await b.publish("t", {"i": 0})
+    await b.publish_many("jobs", [{"i": i} for i in range(6000)])
+    hold = await db.connect(dsn, schema)
+    conn = await db.connect(dsn, schema)
+    try:
+        pid = await conn.fetchval("SELECT id FROM partitions WHERE topic = 't'")
+        qid = await conn.fetchval("SELECT partition_id FROM queue_frontiers")
+        async with hold.transaction(isolation="repeatable_read"):
+            await hold.fetchval("SELECT 1")  # the snapshot that keeps every version below
+            for _ in range(5000):
+                await conn.fetchval("SELECT base FROM log_take_offsets($1, 1)", pid)
+            async with conn.transaction():
+                for _ in range(5000):
+                    at = await conn.fetchval("SELECT queue_frontier_lock($1)", qid)
+                    await conn.fetchval("SELECT queue_frontier_move($1, $2)", qid, at + 1)
+            await conn.execute("ANALYZE log_heads; ANALYZE queue_frontier_heads")
+            pages = await conn.fetchval(
+                "SELECT min(relpages) FROM pg_class WHERE oid IN ('log_heads'::regclass, 'queue_frontier_heads'::regclass)"
+            )
+            assert pages >= 30  # what the hold left behind
+            async with conn.transaction():  # each lookup twice: the second one on the cached plan
+                touched = {
+                    "publish": [
+                        await _buffers(conn, "SELECT base FROM log_take_offsets($1, 1)", pid)
+                        for _ in range(3)
+                    ],
+                    "log end": [
+                        await _buffers(conn, "SELECT p.log_end FROM partitions p WHERE p.id = $1", pid)
+                        for _ in range(3)
+                    ],
+                    "frontier lock": [
+                        await _buffers(conn, "SELECT queue_frontier_lock($1)", qid) for _ in range(3)
+                    ],
+                    "frontier": [
+                        await _buffers(
+                            conn, "SELECT f.frontier FROM queue_frontiers f WHERE f.partition_id = $1", qid
+                        )
+                        for _ in range(3)
+                    ],
+                }
+                at = await conn.fetchval("SELECT queue_frontier_lock($1)", qid)
+                touched["frontier move"] = [
+                    await _buffers(conn, "SELECT queue_frontier_move($1, $2)", qid, at + k) for k in (1, 2, 3)
+                ]
+    finally:
+        await hold.close()
+        await conn.close()
+    # a few index pages and the head's own: a bitmap plan read all of the pages above
+    assert all(max(runs[1:]) <= 15 for runs in touched.values()), (pages, touched)
