@@ -30,14 +30,22 @@ import asyncpg
 
 from storage.db import Conn, Connection
 
-# Partitions with something below the watermark, from partition id $1 on.
-SELECT_CANDIDATES = """
-SELECT w.partition_id, t.retention_seconds
-FROM partition_watermarks w JOIN topics t ON t.name = w.topic
-WHERE t.cleanup = 'delete' AND t.retention_seconds IS NOT NULL
-  AND w.log_start < w.low_watermark AND w.partition_id > $1
-ORDER BY w.partition_id
+# The partitions of topics with retention, from partition id $1 on, in id order.
+RETENTION_PARTITIONS = """
+SELECT p.id AS partition_id, t.retention_seconds
+FROM partitions p JOIN topics t ON t.name = p.topic
+WHERE t.cleanup = 'delete' AND t.retention_seconds IS NOT NULL AND p.id > $1
+ORDER BY p.id
 LIMIT $2
+"""
+
+# Those of partitions $1 with something below the watermark. The watermark is worked out for them
+# only (the condition on the view's grouping column is pushed into it): it reads each partition's
+# first queue job, and a snapshot held elsewhere keeps every job acked since it began in front of
+# that one, so a pass that worked it out for every partition read more the longer the hold lasted.
+BELOW_WATERMARK = """
+SELECT w.partition_id FROM partition_watermarks w
+WHERE w.partition_id = ANY ($1::bigint[]) AND w.log_start < w.low_watermark
 """
 
 LOCK_PARTITION = (
@@ -125,14 +133,23 @@ async def clean_partition(conn: Connection, partition_id: int, retention_seconds
 async def clean_some(
     conn: asyncpg.Connection, after_id: int, *, max_partitions: int, batch: int
 ) -> tuple[int, int]:
-    """One bounded retention pass over partitions with id > after_id.
+    """One bounded retention pass over the partitions with retention and id > after_id (at most
+    `max_partitions` of them, each retiring at most `batch` offsets).
 
     Returns (the id to continue after next time (0: start over), offsets retired).
     """
-    rows = await conn.fetch(SELECT_CANDIDATES, after_id, max_partitions)
+    rows = await conn.fetch(RETENTION_PARTITIONS, after_id, max_partitions)
+    below = (
+        {r[0] for r in await conn.fetch(BELOW_WATERMARK, [r["partition_id"] for r in rows])}
+        if rows
+        else set()
+    )
     deleted = 0
     for row in rows:
-        deleted += await clean_partition(conn, row["partition_id"], float(row["retention_seconds"]), batch)
+        if row["partition_id"] in below:
+            deleted += await clean_partition(
+                conn, row["partition_id"], float(row["retention_seconds"]), batch
+            )
     next_after = rows[-1]["partition_id"] if len(rows) == max_partitions else 0
     return int(next_after), deleted
 

@@ -200,3 +200,29 @@ async def test_cleaner_work_per_pass_is_bounded(connect: Connect) -> None:
     async with b.pool.acquire() as conn:
         _, deleted = await retention.clean_some(conn, 0, max_partitions=10, batch=20)
     assert deleted == 20 and await _log_start(b) == 20
+
+
+async def test_a_pass_works_out_watermarks_only_for_the_partitions_of_topics_with_retention(
+    connect: Connect,
+) -> None:
+    # A partition's watermark reads its first queue job, and a snapshot held elsewhere keeps every
+    # job acked since it began in front of it: a pass must not read them for topics it cannot trim.
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("jobs", partitions=2, semantics="queue")
+    await b.create_topic("t", partitions=3, retention=SHORT)
+    await b.publish_many("jobs", [{"n": i} for i in range(10)])
+    await b.publish_many("t", [b"x"] * 30)
+    await asyncio.sleep(0.05)
+    async with b.pool.acquire() as conn, conn.transaction():  # pg_stat_xact_user_tables: this transaction's
+        after, deleted = await retention.clean_some(conn, 0, max_partitions=2, batch=100)
+        reads = await conn.fetchval(
+            "SELECT idx_tup_fetch + seq_tup_read FROM pg_stat_xact_user_tables"
+            " WHERE schemaname = current_schema() AND relname = 'queue_jobs'"
+        )
+        first_two = await conn.fetchval(
+            "SELECT (array_agg(id ORDER BY id))[2] FROM partitions WHERE topic = 't'"
+        )
+    assert reads in (0, None)  # the retention topic's partitions have no jobs; the queue's were not read
+    assert after == first_two and deleted > 0  # two of the retention topic's partitions, then on from there
+    async with b.pool.acquire() as conn:
+        assert await retention.clean_some(conn, after, max_partitions=2, batch=100) == (0, 30 - deleted)
