@@ -723,8 +723,12 @@ EXPIRY_BATCH = 16
 # its timeout. A slower one is found by the next full scan.
 EXPIRY_MARGIN = timedelta(seconds=2)
 # Seconds between the full scans of a bound: they find the leases a take that failed or rolled
-# back had locked (every other scan skipped them), and any the margin missed.
+# back had locked (every other scan skipped them), and any the margin missed. A full scan walks
+# every lease acked since a snapshot held elsewhere began (the index keeps them all), so while
+# full scans find nothing, each waits twice as long as the one before, up to
+# EXPIRY_FULL_SCAN_LONGEST; one that reclaims a lease brings the period back to the shortest.
 EXPIRY_FULL_SCAN_EVERY = 10.0
+EXPIRY_FULL_SCAN_LONGEST = 60.0
 # The least time a bound's scans are apart, by the time they judge leases by: a lease that ran
 # out is taken again that much later at most. Busy consumers take many times a second, and each
 # scan walks the leases acked within the margin, which a snapshot held elsewhere keeps in the
@@ -743,7 +747,8 @@ class ExpiryBound:
     whose scan, from the bound up to the time it judged leases by, reclaimed
     fewer than EXPIRY_BATCH leases (so none it could see was left): to that
     time less EXPIRY_MARGIN. The first take, one every `full_every` seconds
-    of `clock`, and one whose `now` is below the bound scan fully (NULL)
+    of `clock` (doubled after each full scan that reclaimed nothing, up to
+    `longest`), and one whose `now` is below the bound scan fully (NULL)
     until a full scan leaves nothing behind. The time a take reports is
     never past the server's clock at its start: a Bus whose test clock runs
     ahead does not lift its bound over the leases that Buses on the
@@ -753,13 +758,28 @@ class ExpiryBound:
     which sends every take of the topic, and read by its consumers' idle waits.
     """
 
-    __slots__ = ("_clock", "_full_due", "_full_every", "_last", "_quiet_until", "_shortest", "bound")
+    __slots__ = (
+        "_clock",
+        "_full_due",
+        "_full_every",
+        "_full_period",
+        "_last",
+        "_longest",
+        "_quiet_until",
+        "_shortest",
+        "bound",
+    )
 
     def __init__(
-        self, full_every: float = EXPIRY_FULL_SCAN_EVERY, clock: Callable[[], float] = time.monotonic
+        self,
+        full_every: float = EXPIRY_FULL_SCAN_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+        longest: float = EXPIRY_FULL_SCAN_LONGEST,
     ) -> None:
         self.bound: datetime | None = None  # None: no bound yet (a full scan)
         self._full_every = full_every
+        self._longest = max(longest, full_every)
+        self._full_period = full_every  # until the next full scan: doubled while they find nothing
         self._clock = clock  # seconds, for the full scans' period (leases are judged by `now`)
         self._full_due = float("-inf")  # `clock` time of the next full scan
         # The time the last scan that left nothing behind judged by, and `clock` then: a take
@@ -777,6 +797,7 @@ class ExpiryBound:
             # The judged time went back (a test's clock): new leases may end below the bound.
             self.bound = bound = None
             self._full_due = float("-inf")
+            self._full_period = self._full_every
         return bound
 
     def for_take(self, now: datetime | None) -> datetime | None:
@@ -842,7 +863,11 @@ class ExpiryBound:
             return  # more may have run out behind them: the next scan starts from the same place
         self._last = (judged_at, self._clock())
         if started_at is None:
-            self._full_due = self._clock() + self._full_every
+            if reclaimed:
+                self._full_period = self._full_every
+            self._full_due = self._clock() + self._full_period
+            if not reclaimed:
+                self._full_period = min(self._full_period * 2, self._longest)
         moved = judged_at - EXPIRY_MARGIN
         if self.bound is None or moved > self.bound:
             self.bound = moved

@@ -428,3 +428,25 @@ async def test_an_idle_look_on_the_server_clock_sees_a_lease_another_bus_left_on
         assert expiry.lease_look(None)  # found one: the next look looks again
     finally:
         await conn.close()
+
+
+def test_full_scans_that_find_nothing_come_less_often_and_one_that_reclaims_brings_them_back() -> None:
+    # A full scan walks every lease acked since a snapshot held elsewhere began: while they find
+    # nothing (no take failed holding leases), each waits twice as long, up to the longest period.
+    ticks = _Ticks()
+    expiry = queue_sql.ExpiryBound(full_every=10.0, clock=ticks, longest=60.0)
+    judged = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def full_scans_until(end: float, reclaim_at: float | None = None) -> list[float]:
+        at: list[float] = []
+        while ticks.t <= end:
+            start = expiry.for_take(judged)
+            if start is None:
+                at.append(ticks.t)
+            expiry.scanned(start, 1 if start is None and ticks.t == reclaim_at else 0, judged)
+            ticks.t += 1.0
+        return at
+
+    assert full_scans_until(300.0) == [0.0, 10.0, 30.0, 70.0, 130.0, 190.0, 250.0]
+    # One that reclaims a lease (a take let go of leases it had locked): every 10 s again.
+    assert full_scans_until(400.0, reclaim_at=310.0) == [310.0, 320.0, 330.0, 350.0, 390.0]
