@@ -102,18 +102,20 @@ RETURNING name
 # every owned partition's cursor row at every beat would be, at thousands of partitions and short
 # heartbeats, most of what the server writes for an idle group (each beat of each process
 # rewriting the rows of its hundred partitions). A lease still held has three quarters of its time
-# left, less one heartbeat, at worst.
+# left, less one heartbeat, at worst. Only the leases of the partitions assigned to the member are
+# renewed: one whose release failed when a rebalance moved it away (the database was away) runs out
+# and goes to its new owner, instead of being kept by the old one's beats while nobody reads it.
 HEARTBEAT = """
 WITH hb AS (
     UPDATE members m SET last_heartbeat = COALESCE($4::timestamptz, clock_timestamp())
     FROM unnest($1::text[], $2::text[]) AS u(g, mid)
     WHERE m.group_name = u.g AND m.member_id = u.mid
       AND m.last_heartbeat > COALESCE($4::timestamptz, clock_timestamp()) - make_interval(secs => m.session_timeout)
-    RETURNING m.group_name, m.member_id, m.generation
+    RETURNING m.group_name, m.member_id, m.generation, m.assignment
 ), leases AS (
     UPDATE offsets o SET lease_expires_at = COALESCE($4::timestamptz, clock_timestamp()) + make_interval(secs => $3)
     FROM hb
-    WHERE o.group_name = hb.group_name AND o.owner = hb.member_id
+    WHERE o.group_name = hb.group_name AND o.owner = hb.member_id AND o.partition_id = ANY (hb.assignment)
       AND o.lease_expires_at > COALESCE($4::timestamptz, clock_timestamp())
       AND o.lease_expires_at < COALESCE($4::timestamptz, clock_timestamp()) + make_interval(secs => $3 * 0.75)
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import pytest
 
@@ -159,3 +160,25 @@ async def test_a_heartbeat_renews_only_its_members_leases_and_finds_them_by_owne
     assert {r["renewed"] for r in renewed if r["owner"] == member} == {True}
     assert {r["renewed"] for r in renewed if r["owner"] != member} == {False}
     await c.close()
+
+
+async def test_a_lease_on_a_partition_no_longer_assigned_to_the_member_is_not_renewed(connect, fast) -> None:
+    # A rebalance moved the partition away and the old owner's release failed (the database was
+    # away): its heartbeats must not keep the lease, or the new owner never gets the partition.
+    b = await connect(**{**fast, "lease_time": 1.0})
+    await b.create_topic("t", partitions=2)
+    c = await b.consumer("g", topics=["t"]).start()
+    owned = "SELECT count(*) FROM offsets WHERE group_name = 'g' AND owner IS NOT NULL AND lease_expires_at > now()"
+    await eventually(lambda: _equals(b.pool.fetchval(owned), 2))
+    kept, moved = await b.pool.fetchval("SELECT array_agg(id ORDER BY id) FROM partitions WHERE topic = 't'")
+    # The member's assignment as a rebalance writes it, before the member has heard of it.
+    await b.pool.execute("UPDATE members SET assignment = ARRAY[$1::bigint] WHERE group_name = 'g'", kept)
+    live = "SELECT lease_expires_at > now() FROM offsets WHERE group_name = 'g' AND partition_id = $1"
+    await eventually(lambda: _equals(b.pool.fetchval(live, moved), False), timeout=5.0)
+    await asyncio.sleep(1.2)  # more than a lease: the kept one is still renewed
+    assert await b.pool.fetchval(live, kept)
+    await c.close()
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected

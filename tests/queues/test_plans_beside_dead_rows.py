@@ -162,12 +162,16 @@ async def test_a_head_is_found_from_the_end_of_its_index_in_a_table_a_held_snaps
         qid = await conn.fetchval("SELECT partition_id FROM queue_frontiers")
         async with hold.transaction(isolation="repeatable_read"):
             await hold.fetchval("SELECT 1")  # the snapshot that keeps every version below
-            for _ in range(5000):
-                await conn.fetchval("SELECT base FROM log_take_offsets($1, 1)", pid)
-            async with conn.transaction():
-                for _ in range(5000):
-                    at = await conn.fetchval("SELECT queue_frontier_lock($1)", qid)
-                    await conn.fetchval("SELECT queue_frontier_move($1, $2)", qid, at + 1)
+            # 5000 publishes' and takes' moves of the heads, each a statement of its own function call
+            await conn.fetchval(
+                "SELECT count(*) FROM generate_series(1, 5000) AS g CROSS JOIN LATERAL log_take_offsets($1, 1 + 0 * g)",
+                pid,
+            )
+            await conn.fetchval(
+                "SELECT count(queue_frontier_move($1, queue_frontier_lock($1) + 1 + 0 * g))"
+                " FROM generate_series(1, 5000) AS g",
+                qid,
+            )
             await conn.execute("ANALYZE log_heads; ANALYZE queue_frontier_heads")
             pages = await conn.fetchval(
                 "SELECT min(relpages) FROM pg_class WHERE oid IN ('log_heads'::regclass, 'queue_frontier_heads'::regclass)"
