@@ -6,8 +6,8 @@ STAMP  := $(VENV)/.installed
 # Spark needs Java 17; Debian's openjdk-17 is the supported JDK.
 export JAVA_HOME ?= $(firstword $(wildcard /usr/lib/jvm/java-17-openjdk-amd64 /usr/lib/jvm/java-17-openjdk-arm64 /usr/lib/jvm/java-17-openjdk))
 PYTEST_ARGS ?=
-# pytest-xdist workers (tests/conftest.py: a database per worker, the slow tests one at a time on one
-# worker, a file's tests together). TEST_WORKERS=0 runs everything in one process.
+# pytest-xdist workers (tests/conftest.py: a database per worker, the tests marked `alone` and the Spark
+# tests one at a time on one worker, a file's tests together). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 

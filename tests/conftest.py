@@ -6,9 +6,12 @@ and the database can be shared (also with a PostgreSQL 15 server: see README).
 `make test` runs the suite on pytest-xdist workers. Each worker has a database
 of its own on the server (what a test reads server-wide, such as the sessions
 it terminates, stays within it), the tests of one file run on one worker (its
-module fixtures are built once), and the slow multi-process, chaos and Spark
-tests run one after another on a single worker, so two of them never compete
-for the cores (xdist groups them only on pytest below 9.2: see pyproject.toml).
+module fixtures are built once), and the tests that need the cores to
+themselves (marked `alone`: chaos, failover, benchmark and browser tests, and
+the Spark tests) run one after another on a single worker, so two of them
+never compete for the cores; the other slow tests (processes of the CLI, the
+embedded server's lifecycle, the test plugin) go with their files (xdist
+groups tests only on pytest below 9.2: see pyproject.toml).
 
 Fresh schemas are recycled. Migrating a new schema costs far more than most
 tests, so a schema a test is done with is reset and handed to a later test of
@@ -62,7 +65,7 @@ import bus
 from bus.testing import FAST
 from storage import db
 
-HEAVY = "slow tests, one at a time"
+HEAVY = "tests that need the cores, one at a time"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,10 +77,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the marks into the node ids' groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Where xdist runs each test (`--dist loadgroup`): slow ones on one worker, a file's tests together."""
+    """Where xdist runs each test (`--dist loadgroup`): `alone` and Spark ones one at a time on one worker,
+    a file's tests together."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            group = HEAVY if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
+            alone = item.get_closest_marker("alone") or item.get_closest_marker("spark")
+            group = HEAVY if alone else item.nodeid.split("::")[0]
             item.add_marker(pytest.mark.xdist_group(group))
 
 

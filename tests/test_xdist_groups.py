@@ -1,6 +1,7 @@
-"""`make test` relies on xdist's `--dist loadgroup` (tests/conftest.py): the slow tests one at a time on
-one worker, a file's tests together. On pytest 9.2 pytest-xdist 3.8 silently stops grouping (the group
-never reaches the test's node id), so the slow tests would run beside each other: this fails then."""
+"""`make test` relies on xdist's `--dist loadgroup` (tests/conftest.py): the tests that need the cores to
+themselves one at a time on one worker, a file's tests together. On pytest 9.2 pytest-xdist 3.8 silently
+stops grouping (the group never reaches the test's node id), so those tests would run beside each
+other: this fails then."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import groups
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 async def test_groups_benchmark_reports_throughput_latency_failover_and_rebalance_rows(

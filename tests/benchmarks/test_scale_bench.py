@@ -73,6 +73,7 @@ def test_a_kept_partitions_pause_is_the_longest_wait_of_its_messages_published_d
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 async def test_scale_benchmark_runs_every_step_of_a_small_group(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import xmin
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 async def test_xmin_benchmark_reports_free_held_and_after_with_dead_versions_of_the_hold(

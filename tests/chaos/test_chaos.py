@@ -18,7 +18,7 @@ from tests.chaos.harness import KINDS, RECORDED_AS, describe, run_chaos
 # The bounded run's faults go on past SECONDS until every kind has fired once (`every_kind`).
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "25"))
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 @pytest.mark.timeout(SECONDS + 240)

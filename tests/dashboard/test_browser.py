@@ -25,7 +25,7 @@ import pytest
 import bus
 from tests.dashboard.helpers import TOKEN, dead_letter_one, populate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException  # noqa: E402

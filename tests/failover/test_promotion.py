@@ -33,6 +33,7 @@ PG15 = Path(os.environ.get("PG15_BIN", "/usr/lib/postgresql/15/bin"))
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone,
     pytest.mark.skipif(
         not (PG15 / "postgres").exists(), reason="needs PostgreSQL 15 (scripts/ensure-pg15.sh)"
     ),

@@ -15,7 +15,7 @@ import pytest
 import bus
 from bus.testing import FAST, eventually
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 ROOT = Path(__file__).resolve().parents[2]
 

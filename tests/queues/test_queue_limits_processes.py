@@ -15,7 +15,7 @@ import pytest
 import bus
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 def _start(dsn: str, schema: str, topic: str, out: Path, work: float, idle: float) -> subprocess.Popen[bytes]:

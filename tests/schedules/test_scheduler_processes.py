@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import Connect
 from tests.schedules.test_schedules import EVERY_SECOND, ticks, wait_ticks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 ROOT = Path(__file__).resolve().parents[2]
 
