@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -86,17 +87,20 @@ class Prepared:
         self.timing: log_sql.Timing | None = None  # None: no message of the call is delayed or prioritized
         self.nbytes = 0
 
-    def keyed(self) -> log_sql.Keyed | None:
-        """The idempotency side of this call alone, if any message has a key."""
+    def keyed(self, now: datetime | None = None) -> log_sql.Keyed | None:
+        """The idempotency side of this call alone, if any message has a key (windows judged at `now`)."""
         if self.ikeys is None:
             return None
         n = len(self.ikeys)
-        return log_sql.Keyed([self.topic] * n, self.ikeys, [self.window] * n, self.names)
+        return log_sql.Keyed([self.topic] * n, self.ikeys, [self.window] * n, self.names, now)
 
-    async def append(self, conn: log_sql.Target, notify: str | None = None) -> list[log_sql.Placed | None]:
+    async def append(
+        self, conn: log_sql.Target, notify: str | None = None, now: datetime | None = None
+    ) -> list[log_sql.Placed | None]:
         """Write this call alone (with keys, `conn` is a connection inside a transaction).
 
-        `notify`: the channel to wake listeners on, with the write's commit.
+        `notify`: the channel to wake listeners on, with the write's commit. `now`: when the
+        idempotency windows are judged and start (None: the server's clock).
         """
         return await log_sql.append(
             conn,
@@ -105,7 +109,7 @@ class Prepared:
             self.headers,
             self.payloads,
             queue=self.queue,
-            keyed=self.keyed(),
+            keyed=self.keyed(now),
             notify=notify,
             timing=self.timing,
         )
@@ -157,6 +161,7 @@ class Producer(Actor[Publish]):
         settings: ProducerSettings,
         stats: ProducerStats | None = None,
         channel: str | None = None,
+        now: Callable[[], datetime | None] | None = None,
     ) -> None:
         # Connections of its own, not the pool's: a pool connection costs a reset round trip on
         # every release, which would be one more round trip per flush.
@@ -166,6 +171,7 @@ class Producer(Actor[Publish]):
         self._announce = announce
         self._channel = channel
         self._settings = settings
+        self._now = now  # when idempotency windows are judged (None, or None from it: the server's clock)
         self.stats = stats if stats is not None else ProducerStats()
         self._pending: deque[Publish] = deque()
         self._pending_messages = 0
@@ -424,7 +430,9 @@ class Producer(Actor[Publish]):
                         headers,
                         payloads,
                         queue=queue,
-                        keyed=log_sql.Keyed(topics, ikeys, windows, names),
+                        keyed=log_sql.Keyed(
+                            topics, ikeys, windows, names, self._now() if self._now else None
+                        ),
                         notify=notify,
                     )
             else:

@@ -161,7 +161,12 @@ class Bus:
         pooler = cast("db.Pooler", c.pooler)
         self._producer = system.root.spawn(
             lambda: Producer(
-                lambda: db.connect(dsn, schema, pooler=pooler), announce, settings, stats, channel
+                lambda: db.connect(dsn, schema, pooler=pooler),
+                announce,
+                settings,
+                stats,
+                channel,
+                now=lambda: self.context.now(),  # a test's Clock moves the idempotency windows
             ),
             "producer",
         )
@@ -582,10 +587,12 @@ class Bus:
                 if connection is not None:
                     # A savepoint inside the caller's transaction; the wake-up is sent by its commit.
                     async with db.on_schema(connection, self.config.schema):
-                        placed = await call.append(connection, notify=self.channels.messages)
+                        placed = await call.append(
+                            connection, notify=self.channels.messages, now=self.context.now()
+                        )
                 elif call.ikeys is not None:
                     async with self.pool.acquire() as conn, conn.transaction():
-                        placed = await call.append(conn)
+                        placed = await call.append(conn, now=self.context.now())
                 else:
                     placed = await call.append(self.pool)
             system = self.context.system

@@ -25,16 +25,18 @@ from storage.db import Conn
 from storage.errors import ValidationError
 from storage.names import utf8_text
 
-# $1 topics, $2 keys, $3 windows (seconds, NULL: for ever); distinct (topic, key) pairs.
-# A conflicting row still inside its window is locked and left alone (not returned).
+# $1 topics, $2 keys, $3 windows (seconds, NULL: for ever); distinct (topic, key) pairs; $4 now
+# (NULL: the server's clock). A conflicting row still inside its window at $4 is locked and left
+# alone (not returned).
 CLAIM = """
 INSERT INTO idempotency_keys (topic, key, expires_at)
-SELECT u.t, u.k, clock_timestamp() + make_interval(secs => u.w)
+SELECT u.t, u.k, COALESCE($4::timestamptz, clock_timestamp()) + make_interval(secs => u.w)
 FROM unnest($1::text[], $2::text[], $3::float8[]) AS u(t, k, w)
 ORDER BY u.t, u.k
 ON CONFLICT (topic, key) DO UPDATE
 SET expires_at = EXCLUDED.expires_at, partition_id = NULL, "offset" = NULL, created_at = NULL
-WHERE idempotency_keys.expires_at IS NOT NULL AND idempotency_keys.expires_at <= clock_timestamp()
+WHERE idempotency_keys.expires_at IS NOT NULL
+  AND idempotency_keys.expires_at <= COALESCE($4::timestamptz, clock_timestamp())
 RETURNING topic, key
 """
 
@@ -100,9 +102,11 @@ async def claim(
     topics: list[str],
     keys: list[str],
     windows: list[float | None],
+    now: datetime | None = None,
 ) -> set[tuple[str, str]]:
-    """Claim distinct (topic, key) pairs inside the caller's transaction; the pairs claimed (new or expired)."""
-    rows = await conn.fetch(CLAIM, topics, keys, windows)
+    """Claim distinct (topic, key) pairs inside the caller's transaction; the pairs claimed (new or
+    expired at `now`; None: the server's clock, which also starts the new windows)."""
+    rows = await conn.fetch(CLAIM, topics, keys, windows, now)
     return {(r[0], r[1]) for r in rows}
 
 

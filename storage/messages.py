@@ -200,15 +200,21 @@ class Keyed:
     The names let a repeat of a key earlier in the same input report the partition its original went to.
     """
 
-    __slots__ = ("keys", "names", "topics", "windows")
+    __slots__ = ("keys", "names", "now", "topics", "windows")
 
     def __init__(
-        self, topics: list[str], keys: list[str | None], windows: list[float | None], names: list[str]
+        self,
+        topics: list[str],
+        keys: list[str | None],
+        windows: list[float | None],
+        names: list[str],
+        now: datetime | None = None,
     ) -> None:
         self.topics = topics
         self.keys = keys
         self.windows = windows
         self.names = names
+        self.now = now  # when the windows are judged and start (None: the server's clock)
 
 
 async def _append(
@@ -300,7 +306,11 @@ async def append(
             first.setdefault((keyed.topics[i], ikey), i)
     pairs = list(first)
     claimed = await idempotency.claim(
-        conn, [t for t, _ in pairs], [k for _, k in pairs], [keyed.windows[first[p]] for p in pairs]
+        conn,
+        [t for t, _ in pairs],
+        [k for _, k in pairs],
+        [keyed.windows[first[p]] for p in pairs],
+        keyed.now,
     )
     write = [
         i

@@ -12,6 +12,7 @@ import pytest
 
 import bus
 from actors.cleaner import CleanNow
+from bus.testing import Clock
 from storage import idempotency
 from tests.conftest import Connect
 
@@ -250,3 +251,27 @@ async def test_a_producer_retrying_through_terminated_backends_writes_each_messa
     for p in range(3):  # offsets stay dense
         offsets = [m.offset for m in msgs if m.partition == str(p)]
         assert sorted(offsets) == list(range(len(offsets)))
+
+
+async def test_a_bus_clock_moved_past_the_window_lets_the_key_publish_again(connect: Connect) -> None:
+    # Windows are judged by the Bus's clock (bus.testing.Clock), as leases are: no sleeping them out.
+    b = await connect()
+    clock = Clock(b)
+    await b.create_topic("t", dedupe_window=3600)
+    first = await b.publish("t", b"1", idempotency_key="k")
+    assert await b.publish("t", b"2", idempotency_key="k") == first
+    async with b.pool.acquire() as conn, conn.transaction():
+        outboxed = await b.publish("t", b"o1", idempotency_key="o", connection=conn)
+    clock.advance(3599)
+    assert await b.publish("t", b"3", idempotency_key="k") == first  # still inside the window
+    clock.advance(2)
+    second = await b.publish("t", b"4", idempotency_key="k")  # through the Producer
+    assert second.offset > outboxed.offset
+    assert await b.publish("t", b"5", idempotency_key="k") == second
+    async with b.pool.acquire() as conn, conn.transaction():  # in the caller's transaction (outbox)
+        again = await b.publish("t", b"o2", idempotency_key="o", connection=conn)
+    assert again.offset == second.offset + 1
+    # The new windows start at the moved time: an hour from it.
+    clock.advance(3599)
+    assert await b.publish("t", b"6", idempotency_key="k") == second
+    assert [m.payload for m in await _all(b, "t")] == [b"1", b"o1", b"4", b"o2"]
