@@ -7,11 +7,11 @@ and the database can be shared (also with a PostgreSQL 15 server: see README).
 of its own on the server (what a test reads server-wide, such as the sessions
 it terminates, stays within it), the tests of one file run on one worker (its
 module fixtures are built once), and the tests that need the cores to
-themselves (marked `alone`: chaos, failover, benchmark and browser tests, and
-the Spark tests) run one after another on a single worker, so two of them
-never compete for the cores; the other slow tests (processes of the CLI, the
-embedded server's lifecycle, the test plugin) go with their files (xdist
-groups tests only on pytest below 9.2: see pyproject.toml).
+themselves (marked `alone`: chaos, failover, benchmark and browser tests,
+embedded servers of their own, the demo; and the Spark tests) run one after
+another on a single worker, so two of them never compete for the cores; the
+other slow tests (processes of the CLI, the test plugin) go with their files
+(xdist groups tests only on pytest below 9.2: see pyproject.toml).
 
 Fresh schemas are recycled. Migrating a new schema costs far more than most
 tests, so a schema a test is done with is reset and handed to a later test of

@@ -11,7 +11,7 @@ import uuid
 import asyncpg
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 async def test_demo_runs_to_completion_with_a_member_killed_and_nothing_lost(dsn: str) -> None:

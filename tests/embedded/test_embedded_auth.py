@@ -22,6 +22,9 @@ from bus.server import embedded
 from bus.compaction.spark import jdbc_target
 from tests.embedded.helpers import private_home
 
+# Servers of their own, started and stopped by processes: one at a time, with the cores to themselves.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture
 def home() -> Iterator[Path]:

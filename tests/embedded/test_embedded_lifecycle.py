@@ -23,6 +23,9 @@ from bus.server import embedded
 from bus.testing import eventually
 from tests.embedded.helpers import postmasters_under, private_home, wait_until_stopped
 
+# Servers of their own, started and stopped by processes: one at a time, with the cores to themselves.
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # A process that uses the server the way a service does (bus.connect() with no DSN), then exits.

@@ -13,7 +13,7 @@ from tests.embedded.helpers import postmasters_under, private_home
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow  # three `bus` processes and a server start
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # three `bus` processes and a server start
 
 
 def _snippet() -> str:

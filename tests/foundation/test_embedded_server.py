@@ -18,6 +18,9 @@ import bus
 from bus.server import embedded
 from tests.embedded.helpers import private_home, wait_until_stopped
 
+# Servers of their own, started and stopped by processes: one at a time, with the cores to themselves.
+pytestmark = pytest.mark.alone
+
 
 async def test_connect_without_dsn_uses_the_embedded_server_under_bus_home(
     monkeypatch: pytest.MonkeyPatch, schema: str, drop_schema: None
