@@ -161,7 +161,7 @@ class Producer(Actor[Publish]):
         settings: ProducerSettings,
         stats: ProducerStats | None = None,
         channel: str | None = None,
-        now: Callable[[], datetime | None] | None = None,
+        now: Callable[[], datetime | None] = lambda: None,
     ) -> None:
         # Connections of its own, not the pool's: a pool connection costs a reset round trip on
         # every release, which would be one more round trip per flush.
@@ -171,7 +171,7 @@ class Producer(Actor[Publish]):
         self._announce = announce
         self._channel = channel
         self._settings = settings
-        self._now = now  # when idempotency windows are judged (None, or None from it: the server's clock)
+        self._now = now  # when idempotency windows are judged (None from it: the server's clock)
         self.stats = stats if stats is not None else ProducerStats()
         self._pending: deque[Publish] = deque()
         self._pending_messages = 0
@@ -430,9 +430,7 @@ class Producer(Actor[Publish]):
                         headers,
                         payloads,
                         queue=queue,
-                        keyed=log_sql.Keyed(
-                            topics, ikeys, windows, names, self._now() if self._now else None
-                        ),
+                        keyed=log_sql.Keyed(topics, ikeys, windows, names, self._now()),
                         notify=notify,
                     )
             else:
