@@ -67,6 +67,13 @@ from storage import db
 
 HEAVY = "tests that need the cores, one at a time"
 
+# The Spark JVMs the tests start (the session, `spark-submit`, `bus compact`) run jobs over a few
+# thousand rows: most of their time is start-up, where the optimizing compiler and the parallel
+# collector's threads compete for two cores. The client compiler and the serial collector start them
+# in about two thirds of the time. Production keeps `DEFAULT_DRIVER_JAVA_OPTIONS`.
+SPARK_TEST_JAVA_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+os.environ.setdefault("BUS_SPARK_JAVA_OPTS", SPARK_TEST_JAVA_OPTIONS)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(

@@ -24,6 +24,7 @@ import pytest
 
 import bus
 from bus.compaction import run_compaction
+from tests.conftest import SPARK_TEST_JAVA_OPTIONS
 from tests.compaction.compaction_model import archive_rows, load, log_starts, make_group, present
 
 # Three cluster JVMs, a driver and two executors on a 2-core machine: minutes when it is busy.
@@ -82,6 +83,10 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         "SPARK_DAEMON_MEMORY": "256m",
         "PYSPARK_PYTHON": sys.executable,
     }
+    if os.environ.get("BUS_CLUSTER_JVM_DEFAULTS") is None:
+        # The master, the workers and the executors they start (which inherit the workers'
+        # environment) start on the client compiler and the serial collector, as the driver does.
+        env["JAVA_TOOL_OPTIONS"] = SPARK_TEST_JAVA_OPTIONS
     port = _free_port()
     url = f"spark://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []

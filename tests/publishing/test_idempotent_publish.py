@@ -129,24 +129,30 @@ async def test_concurrent_publishes_of_one_key_write_once_and_agree(connect: Con
 
 async def test_the_window_expires_and_the_cleaner_deletes_expired_keys(connect: Connect) -> None:
     b = await connect(cleaner_interval=0.05)
-    info = await b.create_topic("t", dedupe_window=0.3)
-    assert info.dedupe_window == timedelta(seconds=0.3)
+    clock = Clock(b)
+    info = await b.create_topic("t", dedupe_window=60)
+    assert info.dedupe_window == timedelta(seconds=60)
     forever = await b.create_topic("f", dedupe_window=None)
     assert forever.dedupe_window is None
     first = await b.publish("t", b"1", idempotency_key="k")
     await b.publish("f", b"1", idempotency_key="k")
     assert await b.publish("t", b"2", idempotency_key="k") == first
-    await asyncio.sleep(0.4)
-    # Past the window (cleaned or not yet): a new publish.
+    clock.advance(61)
+    # Past the window: a new publish, and a new window from then on.
     second = await b.publish("t", b"3", idempotency_key="k")
     assert second.offset == first.offset + 1
     assert await b.publish("t", b"4", idempotency_key="k") == second
-    await asyncio.sleep(0.4)
-    for _ in range(100):
-        if await _keys(b, "t") == 0:
+    assert await b.publish("f", b"2", idempotency_key="k") != second  # no window: still the first
+    # The cleaner deletes keys whose window has passed on the server's clock.
+    clock.reset()
+    await b.create_topic("short", dedupe_window=0.2)
+    await b.publish("short", b"1", idempotency_key="k")
+    for _ in range(200):
+        if await _keys(b, "short") == 0:
             break
         await asyncio.sleep(0.05)
-    assert await _keys(b, "t") == 0
+    assert await _keys(b, "short") == 0
+    assert await _keys(b, "t") == 1  # its window ends two minutes past the server's clock
     assert await _keys(b, "f") == 1  # no window: kept
 
 
