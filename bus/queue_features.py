@@ -135,7 +135,7 @@ async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | tim
 
     with db.translate_errors():
         async with ctx.pool.acquire() as conn:
-            await sql.expire(conn)
+            await sql.expire(conn, now=ctx.now())
             # LISTEN needs a session of its own: through a transaction pooler the result is polled for.
             listens = ctx.config.pooler != "transaction"
             if listens:
@@ -143,7 +143,7 @@ async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | tim
             try:
                 while True:
                     rung.clear()
-                    row = await sql.outcome(conn, pid, offset)
+                    row = await sql.outcome(conn, pid, offset, ctx.now())
                     status = row["status"]
                     if status == "done":
                         return None if row["result"] is None else _decoder.decode(row["result"])

@@ -611,7 +611,13 @@ class QueueConsumer:
             return
         with db.translate_errors():
             ok = await controls.ack_with_result(
-                self._ctx.lender, lease[0], msg.offset, lease[1], result, self._ctx.channels.results
+                self._ctx.lender,
+                lease[0],
+                msg.offset,
+                lease[1],
+                result,
+                self._ctx.channels.results,
+                self._ctx.now(),
             )
         self._in_flight.pop(key, None)
         if not ok:
@@ -700,6 +706,7 @@ class QueueConsumer:
                 None,
                 _encoder.encode(errors).decode(),
                 self._ctx.channels.results,
+                self._ctx.now(),
             )
             last_error = str(errors[-1].get("error", "")) if errors else "unknown"
             headers = dict(r.headers)

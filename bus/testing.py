@@ -21,8 +21,8 @@ committed everything published to its topics before the call;
 `await eventually(check)` waits for a condition instead of a blind sleep;
 `Clock(b).advance(seconds)` moves the time b's leases and expiries are judged
 by (claims, event store claims, queue visibility timeouts and delays, group
-partition leases and member sessions, idempotency windows), so a test
-expires one without sleeping past it.
+partition leases and member sessions, idempotency windows, queue job
+results' result_ttl), so a test expires one without sleeping past it.
 
     from bus.testing import wait_consumed
 
@@ -81,7 +81,9 @@ class Clock:
     hands them out, a nacked job comes back), and a queue's rate window;
     consumer groups' partition leases and member sessions (b's heartbeats,
     session sweeps, rebalances and fenced commits); the dedupe windows of
-    b's publishes with an idempotency key. Leases and sessions b
+    b's publishes with an idempotency key; the result_ttl of the job results
+    and dead-letter outcomes b's queue consumers write, and what `b.job_result`
+    still finds (expired results are deleted when it looks). Leases and sessions b
     writes from then on start at the moved time too: past an advance shorter
     than a session, b's beating members stay while a silent one expires; an
     advance longer than `lease_time` also ends the leases b's own workers hold.

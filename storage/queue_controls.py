@@ -72,12 +72,13 @@ WHERE partition_id = $1 AND "offset" = $2
 """
 
 # $1 partition id, $2 offset, $3 topic, $4 status, $5 result (JSON text), $6 errors (JSON text),
-# $7 the results channel. An earlier outcome (a cancel) is kept.
+# $7 the results channel, $8 now (NULL: the server's clock; the result_ttl runs from it). An earlier
+# outcome (a cancel) is kept.
 RECORD = """
 WITH r AS (
     INSERT INTO queue_results (partition_id, "offset", topic, status, result, errors, expires_at)
     SELECT $1, $2, $3, $4, $5::text::jsonb, $6::text::jsonb,
-           clock_timestamp() + make_interval(secs => COALESCE(
+           COALESCE($8::timestamptz, clock_timestamp()) + make_interval(secs => COALESCE(
                (SELECT result_ttl FROM queue_settings WHERE topic = $3), 86400))
     ON CONFLICT (partition_id, "offset") DO NOTHING
     RETURNING 1
@@ -85,7 +86,7 @@ WITH r AS (
 SELECT pg_notify($7, $1::text || ':' || $2::text)
 """
 
-# The ack of one job with its result, fenced like every ack.
+# The ack of one job with its result, fenced like every ack; $6 now (NULL: the server's clock).
 ACK_WITH_RESULT = """
 WITH d AS (
     DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch = $3
@@ -93,7 +94,7 @@ WITH d AS (
 ), r AS (
     INSERT INTO queue_results (partition_id, "offset", topic, status, result, expires_at)
     SELECT d.partition_id, d."offset", d.topic, 'done', $4::text::jsonb,
-           clock_timestamp() + make_interval(secs => COALESCE(
+           COALESCE($6::timestamptz, clock_timestamp()) + make_interval(secs => COALESCE(
                (SELECT result_ttl FROM queue_settings WHERE topic = d.topic), 86400))
     FROM d
     ON CONFLICT (partition_id, "offset") DO NOTHING
@@ -101,17 +102,20 @@ WITH d AS (
 SELECT d."offset", pg_notify($5, d.partition_id::text || ':' || d."offset"::text) FROM d
 """
 
-# What a job_result waits on: the outcome (if any) and whether the job is still there.
+# What a job_result waits on: the outcome (if any, and not expired at $3 now, NULL: the server's
+# clock) and whether the job is still there.
 OUTCOME = """
 SELECT r.status, r.result::text AS result, r.errors::text AS errors,
        EXISTS (SELECT 1 FROM queue_jobs j WHERE j.partition_id = $1 AND j."offset" = $2) AS pending
 FROM (SELECT 1) AS one
-LEFT JOIN queue_results r ON r.partition_id = $1 AND r."offset" = $2 AND r.expires_at > clock_timestamp()
+LEFT JOIN queue_results r ON r.partition_id = $1 AND r."offset" = $2
+    AND r.expires_at > COALESCE($3::timestamptz, clock_timestamp())
 """
 
+# $1 how many at most, $2 now (NULL: the server's clock).
 EXPIRE = """
 DELETE FROM queue_results WHERE ctid IN (
-    SELECT ctid FROM queue_results WHERE expires_at <= clock_timestamp() LIMIT $1)
+    SELECT ctid FROM queue_results WHERE expires_at <= COALESCE($2::timestamptz, clock_timestamp()) LIMIT $1)
 """
 
 
@@ -160,7 +164,7 @@ async def cancel(
         await conn.execute(MARK_CANCELLED, pid, offset, row["range_by"], row["range_until"])
     else:
         await conn.execute(DELETE_JOB, pid, offset)
-    await conn.fetchval(RECORD, pid, offset, topic, "cancelled", None, row["errors"], channel)
+    await conn.fetchval(RECORD, pid, offset, topic, "cancelled", None, row["errors"], channel, now)
     return True
 
 
@@ -173,21 +177,26 @@ async def record(
     result: str | None,
     errors: str | None,
     channel: str,
+    now: datetime | None = None,
 ) -> None:
-    """Keep a job's outcome for its topic's result_ttl and announce it."""
-    await conn.fetchval(RECORD, pid, offset, topic, status, result, errors, channel)
+    """Keep a job's outcome for its topic's result_ttl from `now` (None: the server's clock) and announce it."""
+    await conn.fetchval(RECORD, pid, offset, topic, status, result, errors, channel, now)
 
 
-async def ack_with_result(conn: Conn, pid: int, offset: int, epoch: int, result: str, channel: str) -> bool:
-    """Ack the job if this lease still holds it, keeping `result` (JSON text); False if the lease was lost."""
-    return await conn.fetchval(ACK_WITH_RESULT, pid, offset, epoch, result, channel) is not None
+async def ack_with_result(
+    conn: Conn, pid: int, offset: int, epoch: int, result: str, channel: str, now: datetime | None = None
+) -> bool:
+    """Ack the job if this lease still holds it, keeping `result` (JSON text) for the result_ttl from
+    `now` (None: the server's clock); False if the lease was lost."""
+    return await conn.fetchval(ACK_WITH_RESULT, pid, offset, epoch, result, channel, now) is not None
 
 
-async def outcome(conn: Conn, pid: int, offset: int) -> Any:
-    """(status, result JSON, errors JSON, pending) of a job; status None while there is no outcome."""
-    return await conn.fetchrow(OUTCOME, pid, offset)
+async def outcome(conn: Conn, pid: int, offset: int, now: datetime | None = None) -> Any:
+    """(status, result JSON, errors JSON, pending) of a job; status None while there is no outcome
+    (or it expired before `now`, None: the server's clock)."""
+    return await conn.fetchrow(OUTCOME, pid, offset, now)
 
 
-async def expire(conn: Conn, limit: int = 1000) -> None:
-    """Forget results past their result_ttl."""
-    await conn.execute(EXPIRE, limit)
+async def expire(conn: Conn, limit: int = 1000, now: datetime | None = None) -> None:
+    """Forget results past their result_ttl at `now` (None: the server's clock)."""
+    await conn.execute(EXPIRE, limit, now)

@@ -177,6 +177,26 @@ async def test_job_result_returns_the_acked_value_woken_by_notify(
         await b.job_result("jobs", other, timeout=0.2)
 
 
+async def test_a_result_and_a_dead_letter_outcome_are_kept_for_the_result_ttl_then_forgotten(b: bus.Bus) -> None:
+    clock = Clock(b)
+    await _queue(b, partitions=1, result_ttl=60.0)
+    done = await b.publish("jobs", {"x": 1})
+    poison = await b.publish("jobs", b"poison")
+    async with b.queue_consumer("jobs", max_attempts=1) as q:
+        first, second = await q.take(max_messages=2, timeout=1.0)
+        await q.ack(first, result={"rows": 42})
+        await q.nack(second, error="bad")
+    clock.advance(59)  # within the ttl: both outcomes are there
+    assert await b.job_result("jobs", done, timeout=0) == {"rows": 42}
+    with pytest.raises(bus.JobFailedError):
+        await b.job_result("jobs", poison, timeout=0)
+    assert await b.pool.fetchval("SELECT count(*) FROM queue_results") == 2
+    clock.advance(2)  # past it: forgotten (the job is gone, so there is nothing to wait for) and deleted
+    assert await b.job_result("jobs", done, timeout=0) is None
+    assert await b.job_result("jobs", poison, timeout=0) is None
+    assert await b.pool.fetchval("SELECT count(*) FROM queue_results") == 0
+
+
 async def test_job_result_raises_job_failed_for_a_dead_lettered_job(b: bus.Bus) -> None:
     await _queue(b, partitions=1)
     rec = await b.publish("jobs", b"poison")
