@@ -24,8 +24,8 @@ import pytest
 
 import bus
 from bus.compaction import run_compaction
-from tests.conftest import SPARK_TEST_JAVA_OPTIONS
 from tests.compaction.compaction_model import archive_rows, load, log_starts, make_group, present
+from tests.conftest import SPARK_TEST_JAVA_OPTIONS
 
 # Three cluster JVMs, a driver and two executors on a 2-core machine: minutes when it is busy.
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900)]

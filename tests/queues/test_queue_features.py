@@ -177,7 +177,9 @@ async def test_job_result_returns_the_acked_value_woken_by_notify(
         await b.job_result("jobs", other, timeout=0.2)
 
 
-async def test_a_result_and_a_dead_letter_outcome_are_kept_for_the_result_ttl_then_forgotten(b: bus.Bus) -> None:
+async def test_a_result_and_a_dead_letter_outcome_are_kept_for_the_result_ttl_then_forgotten(
+    b: bus.Bus,
+) -> None:
     clock = Clock(b)
     await _queue(b, partitions=1, result_ttl=60.0)
     done = await b.publish("jobs", {"x": 1})
