@@ -85,7 +85,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     }
     if os.environ.get("BUS_CLUSTER_JVM_DEFAULTS") is None:
         # The master, the workers and the executors they start (which inherit the workers'
-        # environment) start on the client compiler and the serial collector, as the driver does.
+        # environment) start on the client compiler and the serial collector, as the driver does
+        # (tests/conftest.py). BUS_CLUSTER_JVM_DEFAULTS=1 keeps the JVMs' defaults, to compare.
         env["JAVA_TOOL_OPTIONS"] = SPARK_TEST_JAVA_OPTIONS
     port = _free_port()
     url = f"spark://127.0.0.1:{port}"
