@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
+
 import bus
 from benchmarks.result import Result
+from storage import db
 
 SCENARIO = "pooler"
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pgbouncer.sh"
@@ -104,9 +107,13 @@ async def _side(dsn: str, what: str, n: int, **config: Any) -> float:
         run = {"publish": _publish, "consume": _consume, "drain": _drain}[what]
         return await run(b, n)
     finally:
-        async with b.pool.acquire() as conn:
-            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')  # generated bench schema name
+        # Closed first: its scheduler and members release their rows before the schema goes.
         await b.close()
+        conn = await asyncpg.connect(config.get("direct_dsn", dsn))
+        try:
+            await db.drop_schema(conn, schema)
+        finally:
+            await conn.close()
 
 
 async def run(dsn: str, quick: bool) -> list[Result]:
@@ -128,7 +135,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
                     rate = await _side(target, what, n, **config)
                     best[(what, side)] = max(best.get((what, side), 0.0), rate)
     finally:
-        subprocess.run([str(SCRIPT), "stop", work], check=False)
+        await asyncio.to_thread(subprocess.run, [str(SCRIPT), "stop", work], check=False)
     names = {
         "publish": "publish, 8 callers",
         "consume": "consume, subscription",
