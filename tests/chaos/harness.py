@@ -60,8 +60,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import msgspec
@@ -378,13 +378,22 @@ class ChaosRun:
 
     # -- faults ----------------------------------------------------------------------
 
-    def _pick_member(self, *, slow: bool | None = None) -> Slot | None:
+    def _pick_member(self, *, slow: bool | None = None, joined: bool = False) -> Slot | None:
+        """A running member (of the slow slots or the others); with `joined`, one that has said so."""
         live = [
             s
             for s in self.slots
-            if s.proc is not None and s.proc.poll() is None and (slow is None or s.slow == slow)
+            if s.proc is not None
+            and s.proc.poll() is None
+            and (slow is None or s.slow == slow)
+            and (not joined or self._has_joined(s))
         ]
         return self.rng.choice(live) if live else None
+
+    def _has_joined(self, slot: Slot) -> bool:
+        """Whether the slot's current process printed "joined" (its SIGUSR1 handler is in place by then)."""
+        log = self.out / slot.log
+        return log.exists() and b"joined" in log.read_bytes()
 
     async def _inject(self, kind: str) -> None:
         t0 = time.time()
@@ -427,7 +436,9 @@ class ChaosRun:
                 os.kill(pid, signal.SIGCONT)
             self._record(Fault("zombie", t0, time.time(), pid, slot.name))
         elif kind == "slow":
-            slot = self._pick_member(slow=True)
+            # Not a process that has just been started (after a kill): until its handler is in place,
+            # SIGUSR1 would end it.
+            slot = self._pick_member(slow=True, joined=True)
             if slot is None or slot.proc is None:
                 return
             slot.proc.send_signal(signal.SIGUSR1)
