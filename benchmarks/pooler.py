@@ -24,11 +24,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
-
 import bus
+from benchmarks.rawpeers import drop_schema
 from benchmarks.result import Result
-from storage import db
 
 SCENARIO = "pooler"
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pgbouncer.sh"
@@ -109,11 +107,7 @@ async def _side(dsn: str, what: str, n: int, **config: Any) -> float:
     finally:
         # Closed first: its scheduler and members release their rows before the schema goes.
         await b.close()
-        conn = await asyncpg.connect(config.get("direct_dsn", dsn))
-        try:
-            await db.drop_schema(conn, schema)
-        finally:
-            await conn.close()
+        await drop_schema(config.get("direct_dsn", dsn), schema)
 
 
 async def run(dsn: str, quick: bool) -> list[Result]:
