@@ -136,8 +136,10 @@ async def test_ticks_missed_while_no_scheduler_ran_follow_catch_up(
     await b.create_topic("jobs", partitions=1)
     await b.schedule("minutely", cron="* * * * *", topic="jobs", payload={}, catch_up=catch_up)
     (info,) = await b.schedules()
-    # A scheduler whose clock says ten minutes (ten ticks) went by with no scheduler running.
-    now = info.last_tick + timedelta(minutes=10)
+    # A scheduler whose clock says ten minutes (ten ticks) went by with no scheduler running: half a
+    # minute past the tenth tick, so that none is within its grace (2 s here, twice its lease) and
+    # each one is a missed tick, whatever second of the minute the schedule was declared at.
+    now = (info.last_tick + timedelta(minutes=10)).replace(second=30, microsecond=0)
     ref = spawn(lambda: Scheduler(b.pool, b.publish, 0.1, 1.0, clock=lambda: now), "scheduler")
     try:
         await ref.ask(Check())
