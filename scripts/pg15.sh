@@ -7,6 +7,10 @@
 #
 #   BUS_TEST_DSN=$(scripts/pg15.sh dsn) .venv/bin/python -m pytest -m 'not slow' tests/foundation -q
 #
+# The server keeps Debian's default configuration (JIT on, as packaged
+# servers have it); $PG15_OPTS adds server options to a start, such as
+# "-c shared_preload_libraries=pg_stat_statements".
+#
 # Uses Debian's PostgreSQL 15 binaries (apt install postgresql-15). The
 # cluster listens on 127.0.0.1 at a free port, user "postgres", authenticated
 # like the embedded server: a random password in $BUS_HOME/pg15/password
@@ -105,7 +109,7 @@ start() {
     [ "$(id -u)" = 0 ] && chown "$RUN_USER" "$DIR/port"
     say "starting on 127.0.0.1:$(port)"
     as_server "$PGBIN/pg_ctl" -D "$DATA" -l "$DIR/log" -w -t 60 \
-        -o "-h 127.0.0.1 -p $(port) -k $DIR -c max_connections=300 -c max_locks_per_transaction=256" \
+        -o "-h 127.0.0.1 -p $(port) -k $DIR -c max_connections=300 -c max_locks_per_transaction=256 ${PG15_OPTS:-}" \
         start >/dev/null
     set_password
 }

@@ -1,0 +1,109 @@
+"""The bus on Debian's PostgreSQL 15 with its default configuration (JIT on), as packaged servers run.
+
+The embedded server's build has no JIT, so only a stock server shows a statement
+of the bus priced above `jit_above_cost` and compiled at every call.
+`pg_stat_statements` (loaded, nothing else changed) counts the functions the
+server compiled for every statement the bus ran, nested ones included.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import msgspec
+import pytest
+
+import bus
+from benchmarks import stockpg
+
+
+@pytest.fixture(scope="module")
+def stock_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not stockpg.available():
+        message = "needs Debian's PostgreSQL 15 (scripts/ensure-pg15.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    server = stockpg.StockServer(Path(tmp_path_factory.mktemp("stockpg")))
+    dsn = server.start()
+    try:
+        yield dsn
+    finally:
+        server.stop()
+
+
+class Order(msgspec.Struct):
+    id: int
+
+
+async def test_a_stock_server_with_jit_on_compiles_no_statement_of_the_bus(stock_dsn: str) -> None:
+    await stockpg.prepare_databases(stock_dsn)
+    conn = await asyncpg.connect(stock_dsn)
+    try:
+        assert await conn.fetchval("SHOW jit") == "on"  # the packaged default, kept
+    finally:
+        await conn.close()
+    dsn = stockpg.database_dsn(stock_dsn, stockpg.DEFAULT_DB)
+    async with bus.connect(dsn, schema="stock") as b:
+        await b.create_topic("orders", partitions=4)
+        await b.create_topic("jobs", partitions=2, semantics="queue")
+        await stockpg.reset_statements(stock_dsn)
+
+        for i in range(20):
+            await b.publish("orders", Order(i), key=f"c-{i % 5}")
+        await b.publish_many("orders", [bus.Outgoing(Order(i), key=f"c-{i}") for i in range(50)])
+        user = await asyncpg.connect(dsn)
+        try:
+            async with user.transaction():
+                await b.publish("orders", Order(99), key="c-1", connection=user)
+        finally:
+            await user.close()
+
+        async with b.consumer("billing", topics=["orders"], start="earliest") as c:
+            seen = 0
+            for _ in range(20):
+                seen += len(await c.poll(timeout=1.0))
+                await c.commit()
+                if seen >= 71:
+                    break
+            assert seen == 71
+
+        claim = await b.claim("reporting", topic="orders", worker_id="w-1", max_messages=10)
+        assert claim is not None
+        await claim.ack()
+
+        await b.publish_many("jobs", [bus.Outgoing({"n": i}) for i in range(40)])
+        async with b.queue_consumer("jobs", visibility_timeout=30, max_attempts=3) as q:
+            for _ in range(10):
+                (job,) = await q.take(max_messages=1, timeout=2.0)
+                await q.ack(job)
+            jobs = await q.take(max_messages=10, timeout=2.0)
+            await q.nack(jobs[0])
+            await q.ack_many(jobs[1:])
+
+        class Opened(bus.Event, tag="account.opened"):
+            account: str
+
+        store = b.event_store("accounts")
+        await store.append(Opened(account="a-1"))
+        assert len(await store.read()) == 1
+
+    compiled = await stockpg.jit_compiled(stock_dsn, stockpg.DEFAULT_DB)
+    assert compiled == [], "statements JIT-compiled on a stock server:\n" + "\n".join(
+        f"{functions} functions over {calls} calls: {query[:200]}" for query, calls, functions in compiled
+    )
+
+
+async def test_the_stock_server_bench_compares_each_row_with_jit_off(stock_dsn: str) -> None:
+    rows, compiled = await stockpg.compare(stock_dsn, stockpg.QUICK)
+
+    assert compiled == []
+    assert [r.name.split(" (")[0] for r in rows] == [name for name, _, _ in stockpg.ROWS.values()]
+    for row in rows:
+        assert row.value > 0 and row.baseline and row.baseline > 0
+        assert row.baseline_name == "same server, jit=off"
+        assert row.extra["jit_functions"] == 0
+        assert "PostgreSQL 15" in row.name
