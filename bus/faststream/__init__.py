@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import logging
+import sys
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -79,6 +81,13 @@ _ACK_AFTER = frozenset({AckPolicy.ACK, AckPolicy.NACK_ON_ERROR, AckPolicy.REJECT
 
 class _Retried(Exception):
     """A nacked pubsub message: raised to the group's worker so its Retry policy runs."""
+
+
+# The subscriber whose handler the current task runs (a stop called from a handler, FastStream's
+# StopConsume, must not wait for that handler).
+_handling: contextvars.ContextVar[BusSubscriber | None] = contextvars.ContextVar(
+    "bus_faststream_handling", default=None
+)
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -448,6 +457,9 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         self._queue: QueueConsumer | None = None
         self._acks: list[Message] = []  # queue jobs handled, their acks not written yet
         self._pipeline_key: Any = None
+        self._stopping: asyncio.Future[None] | None = None
+        self._abandoned = False  # stopped past graceful_timeout, or from a handler: give back the rest
+        self._scopes: set[asyncio.Timeout] = set()  # the group's handlers under way
         self._pipeline_built: tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]] = ((), ())
 
     @property
@@ -546,9 +558,14 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         raise SubscriberNotFound(f"There is no suitable handler for {msg=}")
 
     async def start(self) -> None:
+        self._stopping = None
+        self._abandoned = False
         await super().start()
         if self.calls:
             connection = self._outer_config.connection
+            if isinstance(connection, _InMemoryBus):
+                self._post_start()  # TestBusBroker: publishes are routed to the subscriber in memory
+                return
             info = await connection.topic(self.topic)
             if info.semantics == "queue" and self.batch:
                 raise _bus.ValidationError(
@@ -593,13 +610,34 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
         self._post_start()
 
     async def stop(self) -> None:
+        """Stop consuming; waits up to the broker's `graceful_timeout` for the handlers under way.
+
+        Called from a handler (FastStream's `StopConsume`), it returns at once: the subscriber stops
+        once that handler has returned, and nothing after it is handed to a handler or committed.
+        """
+        if self._stopping is None:
+            self._abandoned = self._abandoned or _handling.get() is self
+            self._stopping = asyncio.ensure_future(self._stop())
+        if _handling.get() is self:
+            return
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
         # A group member stops as `Subscription.stop` does: its workers hand the rest of what they
         # fetched to the handler, commit what it handled and release their partitions. The subscriber
         # is marked stopped only then: a message FastStream skipped as "not running" would count as
-        # handled, and be committed unseen.
+        # handled, and be committed unseen. After `graceful_timeout` the handlers still running are
+        # cancelled (FastStream neither acks nor nacks a cancelled message) and what the workers
+        # still hold is given back uncommitted: the group's next member gets it.
         if self._subscription is not None:
+            stopping = asyncio.ensure_future(self._subscription.stop())
+            timeout = self._outer_config.graceful_timeout
+            if not self._abandoned and timeout:
+                await asyncio.wait({stopping}, timeout=timeout)
+            if not stopping.done():
+                self._abandon()
             with suppress(Exception):
-                await self._subscription.stop()
+                await stopping
             self._subscription = None
         # Waits for the message (or batch) in hand, handled and committed or acked, then ends the loops.
         await super().stop()
@@ -613,10 +651,41 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
                 await self._queue.close()
             self._queue = None
 
+    def _abandon(self) -> None:
+        """Give back what the group's workers hold: cancel the handlers, hand nothing more to one.
+
+        A message given back raises in the worker as a nack would; its retries are made unlimited
+        first, so it is neither dead-lettered nor stops its partition: the worker stops with it
+        uncommitted.
+        """
+        self._abandoned = True
+        if self._subscription is not None:
+            handoff = self._subscription._h
+            handoff.retry = dataclasses.replace(handoff.retry, max_attempts=sys.maxsize)
+        now = asyncio.get_running_loop().time()
+        for scope in list(self._scopes):
+            scope.reschedule(now)
+
     async def _handle(self, raw: Message) -> None:
         """The group worker's handler: a nacked message raises so the group's Retry runs."""
-        verdict = await self._run(raw, None)
-        if verdict == "nack":
+        if self._abandoned:
+            raise _Retried(f"{raw.topic}/{raw.partition}@{raw.offset} given back: the subscriber stopped")
+        token = _handling.set(self)
+        scope = asyncio.timeout(None)  # cancelled by a stop once graceful_timeout has passed
+        self._scopes.add(scope)
+        try:
+            async with scope:
+                verdict = await self._run(raw, None)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            raise _Retried(
+                f"{raw.topic}/{raw.partition}@{raw.offset} cancelled: the subscriber stopped"
+            ) from None
+        finally:
+            self._scopes.discard(scope)
+            _handling.reset(token)
+        if verdict == "nack" or self._abandoned:
             raise _Retried(f"{raw.topic}/{raw.partition}@{raw.offset} nacked by its handler")
 
     async def _batch_loop(self) -> None:
@@ -1083,8 +1152,16 @@ class TestBusBroker(TestBroker[BusBroker, Any], broker=BusBroker):
         with change_producer(broker.config.broker_config, _FakeProducer(broker, self.brokers)):
             yield
 
+    def _fake_close(self, broker: BusBroker, *args: Any, **kwargs: Any) -> None:
+        super()._fake_close(broker, *args, **kwargs)
+        config = broker.config.broker_config
+        if isinstance(config.bus, _InMemoryBus):
+            config.bus = None
+
     async def _fake_connect(self, broker: BusBroker, *args: Any, **kwargs: Any) -> Any:
-        return _InMemoryBus()
+        connection = _InMemoryBus()
+        broker.config.broker_config.bus = cast("Bus", connection)  # subscribers started later see it
+        return connection
 
 
 class _InMemoryBus:
