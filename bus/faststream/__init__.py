@@ -29,6 +29,7 @@ from fast_depends.msgspec import MsgSpecSerializer
 from fast_depends.pydantic import PydanticSerializer
 from faststream._internal.broker import BrokerUsecase
 from faststream._internal.broker.registrator import Registrator
+from faststream._internal.broker.router import BrokerRouter, SubscriberRoute
 from faststream._internal.configs import (
     BrokerConfig,
     PublisherSpecificationConfig,
@@ -81,6 +82,8 @@ __all__ = [
     "BusMessage",
     "BusPublishCommand",
     "BusPublisher",
+    "BusRoute",
+    "BusRouter",
     "BusSerializer",
     "BusSubscriber",
     "TestBusBroker",
@@ -1110,7 +1113,23 @@ class BusPublisher(PublisherUsecase):
 
     _outer_config: BusBrokerConfig
 
-    def __init__(self, config: BusPublisherConfig, specification: BusPublisherSpecification) -> None:
+    def __init__(
+        self,
+        config: BusPublisherConfig | str,
+        specification: BusPublisherSpecification | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """A broker's publisher; `BusPublisher(topic, key=..., ...)` is one for a `BusRoute`.
+
+        As FastStream's routes take their publishers (`RedisPublisher` for a `RedisRoute`), a
+        `BusPublisher` built from a topic and `BusRegistrator.publisher`'s keyword arguments is
+        registered with its route's subscriber when a `BusRouter` takes the route.
+        """
+        if isinstance(config, str):
+            self.args: tuple[Any, ...] = (config,)
+            self.kwargs: dict[str, Any] = kwargs
+            return
+        assert specification is not None
         super().__init__(config, cast("PublisherSpecification[Any, Any]", specification))
         self._topic = config.topic
         self.key = config.key
@@ -1501,6 +1520,66 @@ class BusBroker(BusRegistrator, BrokerUsecase[Message, "Bus", BusBrokerConfig]):
         )
         reply: BusMessage = await self._basic_request(cmd, producer=self.config.producer)
         return reply
+
+
+# -- routers --------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class BusRouterConfig(BrokerConfig):
+    @property
+    def connection(self) -> Bus:
+        raise IncorrectState("a BusRouter has no connection of its own: include it in a BusBroker")
+
+
+class BusRoute(SubscriberRoute):
+    """A subscriber registered later, by the `BusRouter` that takes it (FastStream's `RedisRoute`)."""
+
+    def __init__(
+        self,
+        call: Callable[..., Any],
+        topic: str,
+        *,
+        publishers: Iterable[BusPublisher] = (),
+        **kwargs: Any,
+    ) -> None:
+        """`call` subscribed to `topic` with `BusRegistrator.subscriber`'s keyword arguments."""
+        super().__init__(call, topic, publishers=cast("Iterable[Any]", publishers), **kwargs)
+
+
+class BusRouter(BusRegistrator, BrokerRouter[Message, BusRouterConfig]):
+    """A router to include in a BusBroker (`broker.include_router(router)`), as FastStream's
+    `RedisRouter` is for its broker: a topic prefix, middlewares, dependencies and routes.
+
+    (`bus.faststream.fastapi.BusRouter` is FastAPI's router, which starts a broker of its own.)
+    """
+
+    def __init__(
+        self,
+        prefix: str = "",
+        handlers: Iterable[BusRoute] = (),
+        *,
+        dependencies: Sequence[Any] = (),
+        middlewares: Sequence[Any] = (),
+        routers: Iterable[Any] = (),
+        parser: Any = None,
+        decoder: Any = None,
+        include_in_schema: bool | None = None,
+        ack_policy: AckPolicy = EMPTY,
+    ) -> None:
+        super().__init__(
+            handlers=handlers,
+            config=BusRouterConfig(
+                prefix=prefix,
+                ack_policy=ack_policy,
+                broker_dependencies=dependencies,
+                broker_middlewares=middlewares,
+                broker_parser=parser,
+                broker_decoder=decoder,
+                include_in_schema=include_in_schema,
+            ),
+            routers=routers,
+        )
 
 
 # -- testing --------------------------------------------------------------------------------
