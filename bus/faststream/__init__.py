@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import logging
 import sys
 import typing
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AsyncExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -45,14 +46,14 @@ from faststream._internal.endpoint.publisher.fake import FakePublisher
 from faststream._internal.endpoint.subscriber import SubscriberSpecification, SubscriberUsecase
 from faststream._internal.endpoint.subscriber.call_item import CallsCollection
 from faststream._internal.endpoint.subscriber.mixins import TasksMixin
-from faststream._internal.endpoint.utils import process_msg
+from faststream._internal.endpoint.utils import return_input
 from faststream._internal.logger import DefaultLoggerStorage, make_logger_state
 from faststream._internal.logger.logging import get_broker_logger
 from faststream._internal.parser import DefaultCodec
 from faststream._internal.producer import ProducerProto
 from faststream._internal.testing.broker import TestBroker, change_producer
 from faststream.exceptions import IncorrectState, SubscriberNotFound
-from faststream.message import StreamMessage, decode_message, gen_cor_id
+from faststream.message import SourceType, StreamMessage, decode_message, gen_cor_id
 from faststream.middlewares import AckPolicy
 from faststream.middlewares.logging import CriticalLogMiddleware
 from faststream.response import Response, ensure_response
@@ -98,6 +99,31 @@ _json_decode = msgspec.json.Decoder().decode
 _TAKE = 10  # jobs a queue subscriber takes at a time
 _ACK_AFTER = frozenset({AckPolicy.ACK, AckPolicy.NACK_ON_ERROR, AckPolicy.REJECT_ON_ERROR})
 REPLY_TOPIC = "faststream.replies"  # requests' replies: one partition per requesting broker
+
+
+async def _process_msg(
+    msg: Any,
+    *,
+    middlewares: Iterable[Any],
+    parser: Callable[[Any], Any],
+    decoder: Callable[[Any], Any],
+    source_type: SourceType = SourceType.CONSUME,
+) -> Any:
+    """FastStream's `process_msg` (a message read outside a handler: a reply, `get_one`), parsing
+    the message as the middlewares' `on_receive` left it (a bus Message is frozen: a middleware
+    replaces it rather than changing it in place)."""
+    if msg is None:
+        return None
+    async with AsyncExitStack() as stack:
+        return_msg: Callable[[Any], Any] = return_input
+        for m in middlewares:
+            await stack.enter_async_context(m)
+            msg = getattr(m, "msg", msg)
+            return_msg = functools.partial(m.consume_scope, return_msg)
+        parsed = await parser(msg)
+        parsed.source_type = source_type
+        parsed.set_decoder(decoder)
+        return await return_msg(parsed)
 
 
 def _names_struct(annotation: Any) -> bool:
@@ -304,9 +330,10 @@ class BusPublishCommand(BatchPublishCommand):
     def from_cmd(cls, cmd: PublishCommand, *, batch: bool = False) -> BusPublishCommand:
         if isinstance(cmd, BusPublishCommand):
             return cmd
-        bodies = cmd.batch_bodies if batch else (cmd.body,)
+        body, extra = cls._parse_bodies(cmd.body, batch=batch)
         return cls(
-            *(bodies or (None,)),
+            body,
+            *extra,
             topic=cmd.destination,
             correlation_id=cmd.correlation_id,
             headers=cmd.headers,
@@ -871,7 +898,7 @@ class BusSubscriber(TasksMixin, SubscriberUsecase[Message]):
     async def _parsed_one(self, raw: Message) -> BusMessage:
         context = self._outer_config.context
         parser, decoder = self._get_parser_and_decoder()
-        msg: BusMessage = await process_msg(  # type: ignore[assignment]
+        msg: BusMessage = await _process_msg(
             msg=raw,
             middlewares=(m(raw, context=context) for m in self._broker_middlewares),
             parser=parser,
@@ -1193,7 +1220,20 @@ class BusPublisher(PublisherUsecase):
             timeout=timeout,
             _publish_type=PublishType.REQUEST,
         )
-        reply: BusMessage = await self._basic_request(cmd, producer=self._outer_config.producer)
+        request = self._outer_config.producer.request
+        for pub_m in self._build_middlewares_stack():
+            request = functools.partial(pub_m, request)
+        published = await request(cmd)
+        context = self._outer_config.context
+        reply: BusMessage = await _process_msg(
+            msg=published,
+            middlewares=(
+                m(published, context=context) for m in reversed(self._outer_config.broker_middlewares)
+            ),
+            parser=self._outer_config.producer._parser,
+            decoder=self._outer_config.producer._decoder,
+            source_type=SourceType.RESPONSE,
+        )
         return reply
 
 
@@ -1220,6 +1260,7 @@ class BusRegistrator(Registrator[Message, BusBrokerConfig]):
         dependencies: Sequence[Any] = (),
         parser: Any = None,
         decoder: Any = None,
+        codec: Any = None,
         persistent: bool = True,
         title: str | None = None,
         description: str | None = None,
@@ -1279,6 +1320,7 @@ class BusRegistrator(Registrator[Message, BusBrokerConfig]):
             parser_=parser or self._parser,
             decoder_=decoder or self._decoder,
             dependencies_=dependencies,
+            codec_=codec,
         )
 
     def publisher(  # type: ignore[override]
@@ -1518,7 +1560,19 @@ class BusBroker(BusRegistrator, BrokerUsecase[Message, "Bus", BusBrokerConfig]):
             timeout=timeout,
             _publish_type=PublishType.REQUEST,
         )
-        reply: BusMessage = await self._basic_request(cmd, producer=self.config.producer)
+        producer = self.config.producer
+        request = producer.request
+        context = self.context
+        for m in self.middlewares[::-1]:
+            request = functools.partial(m(None, context=context).publish_scope, request)
+        published = await request(cmd)
+        reply: BusMessage = await _process_msg(
+            msg=published,
+            middlewares=(m(published, context=context) for m in self.middlewares),
+            parser=producer._parser,
+            decoder=producer._decoder,
+            source_type=SourceType.RESPONSE,
+        )
         return reply
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 import pydantic
 from fast_depends.msgspec import MsgSpecSerializer
-import pytest
 from faststream import Context, FastStream
 from faststream.middlewares import AckPolicy, BaseMiddleware
 from faststream.specification import AsyncAPI
