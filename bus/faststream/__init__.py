@@ -46,12 +46,12 @@ from faststream._internal.endpoint.publisher.fake import FakePublisher
 from faststream._internal.endpoint.subscriber import SubscriberSpecification, SubscriberUsecase
 from faststream._internal.endpoint.subscriber.call_item import CallsCollection
 from faststream._internal.endpoint.subscriber.mixins import TasksMixin
-from faststream._internal.endpoint.utils import return_input
 from faststream._internal.logger import DefaultLoggerStorage, make_logger_state
 from faststream._internal.logger.logging import get_broker_logger
 from faststream._internal.parser import DefaultCodec
 from faststream._internal.producer import ProducerProto
 from faststream._internal.testing.broker import TestBroker, change_producer
+from faststream._internal.utils.functions import return_input
 from faststream.exceptions import IncorrectState, SubscriberNotFound
 from faststream.message import SourceType, StreamMessage, decode_message, gen_cor_id
 from faststream.middlewares import AckPolicy
@@ -1220,7 +1220,7 @@ class BusPublisher(PublisherUsecase):
             timeout=timeout,
             _publish_type=PublishType.REQUEST,
         )
-        request = self._outer_config.producer.request
+        request: Any = self._outer_config.producer.request
         for pub_m in self._build_middlewares_stack():
             request = functools.partial(pub_m, request)
         published = await request(cmd)
