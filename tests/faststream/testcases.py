@@ -10,14 +10,19 @@ they use on first use (`create_topics=True`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
+import msgspec
 import pytest
+from faststream import BaseMiddleware
 
 from bus.faststream import BusBroker, BusRouter, TestBusBroker
+from bus.faststream.fastapi import BusRouter as FastAPIBusRouter
 from bus.testing import FAST
 from tests.faststream.base.basic import BaseTestcaseConfig
+from tests.faststream.base.requests import RequestsTestcase
 
 _groups = itertools.count()
 
@@ -75,3 +80,33 @@ class BusMemoryTestcaseConfig(BusTestcaseConfig):
 
     def patch_broker(self, *brokers: Any, **kwargs: Any) -> Any:
         return TestBusBroker(*brokers, **kwargs)
+
+
+class FastAPIGroupPerSubscriberRouter(FastAPIBusRouter):
+    broker_class = GroupPerSubscriberBroker
+
+
+class FastAPIConfig:
+    router_class: Any
+
+    @pytest.fixture(autouse=True)
+    def _router_class(self, dsn: str, schema: str) -> None:
+        self.router_class = functools.partial(
+            FastAPIGroupPerSubscriberRouter, dsn, schema=schema, create_topics=True, **FAST
+        )
+
+
+class Mid(BaseMiddleware):
+    """Doubles the request's body on receive and again in the consume scope (FastStream's Redis test's)."""
+
+    async def on_receive(self) -> None:
+        self.msg = msgspec.structs.replace(self.msg, payload=(self.msg.payload or b"") * 2)
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        msg.body *= 2
+        return await call_next(msg)
+
+
+class BusRequestsTestcase(RequestsTestcase):
+    def get_middleware(self, **kwargs: Any) -> Any:
+        return Mid
