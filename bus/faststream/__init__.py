@@ -486,8 +486,10 @@ class _Replies:
     """The replies to a broker's requests: one partition of `REPLY_TOPIC`, read from its start.
 
     A responder publishes its reply to the partition named in the request's `reply_to`
-    ("faststream.replies/<partition>"); a reader task hands each reply to the request waiting
-    for its correlation id (a reply nobody waits for any more is dropped).
+    ("faststream.replies/<partition>"); a reader task reads the partition whenever the bus's
+    wake-up for it comes (LISTEN on a connection of the Bus's pool; through a transaction pooler,
+    every `poll_interval`), and hands each reply to the request waiting for its correlation id (a
+    reply nobody waits for any more is dropped). The topic keeps replies for an hour.
     """
 
     def __init__(self, connection: Bus) -> None:
@@ -496,35 +498,53 @@ class _Replies:
         self.reply_to = f"{REPLY_TOPIC}/{self.partition}"
         self._waiting: dict[str, asyncio.Future[Message]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._started = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._listening: Any = None  # the pool connection LISTENing for the partition's wake-ups
+        self._pid = ""
 
     async def expect(self, correlation_id: str) -> asyncio.Future[Message]:
-        if self._reader is None:
-            try:
-                info = await self.connection.topic(REPLY_TOPIC)
-            except _bus.TopicNotFoundError:
-                await _ensure_topic(self.connection, REPLY_TOPIC, None)
-            else:
-                if not info.dynamic:
-                    raise _bus.ValidationError(
-                        f"topic {REPLY_TOPIC!r} must have dynamic partitions (partitions=None) to carry replies"
-                    )
-            self._reader = asyncio.create_task(self._read())
+        async with self._started:
+            if self._reader is None:
+                await self._start()
         waiter = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = waiter
         self._wake.set()
         return waiter
 
+    async def _start(self) -> None:
+        connection = self.connection
+        try:
+            info = await connection.topic(REPLY_TOPIC)
+        except _bus.TopicNotFoundError:
+            with suppress(_bus.TopicConflictError):
+                await connection.create_topic(REPLY_TOPIC, partitions=None, retention=3600.0)
+            info = await connection.topic(REPLY_TOPIC)
+        if not info.dynamic:
+            raise _bus.ValidationError(
+                f"topic {REPLY_TOPIC!r} must have dynamic partitions (partitions=None) to carry replies"
+            )
+        self._pid = str(await connection.partition_id(info, self.partition, create=True))
+        if connection.config.pooler != "transaction":
+            listening = await connection.pool.acquire()
+            await listening.add_listener(connection.channels.messages, self._heard)
+            self._listening = listening
+        self._reader = asyncio.create_task(self._read())
+
+    def _heard(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        if payload == self._pid:
+            self._wake.set()
+
     def forget(self, correlation_id: str) -> None:
         self._waiting.pop(correlation_id, None)
 
     async def _read(self) -> None:
-        offset, idle = 0, 0.001
+        offset = 0
+        fallback = (
+            self.connection.config.fallback_poll if self._listening else self.connection.config.poll_interval
+        )
         while True:
-            if not self._waiting:
-                self._wake.clear()
-                await self._wake.wait()
-                idle = 0.001
+            self._wake.clear()
             try:
                 got = await self.connection.read(REPLY_TOPIC, self.partition, offset)
             except _bus.BusError:
@@ -534,17 +554,21 @@ class _Replies:
                 waiter = self._waiting.pop(msg.headers.get(_CORRELATION, ""), None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(msg)
-            if got:
-                idle = 0.001
-            else:
-                await asyncio.sleep(idle)
-                idle = min(idle * 2, 0.02)
+            if not got:
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(fallback if self._waiting else None):
+                        await self._wake.wait()
 
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with suppress(asyncio.CancelledError):
                 await self._reader
+        if self._listening is not None:
+            listening, self._listening = self._listening, None
+            with suppress(Exception):
+                await listening.remove_listener(self.connection.channels.messages, self._heard)
+                await self.connection.pool.release(listening)
         for waiter in self._waiting.values():
             waiter.cancel()
 
