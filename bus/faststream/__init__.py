@@ -6,6 +6,12 @@ topic it runs competing consumers (`Bus.queue_consumer`). FastStream's ack polic
 bus: an ack commits (pubsub) or acks the job (queue); a nack retries the message (the group's
 `Retry`, or the queue's nack); a reject moves on without it (pubsub commits past it, a queue job
 goes to its dead-letter topic as a last attempt would).
+
+Beside subscribers, what FastStream's other brokers have: `broker.request` (the reply comes back
+through the broker's partition of the topic `faststream.replies`), `publish_batch`, `get_one` and
+iteration of a subscriber without a handler, the broker-level `BusRouter` with `BusRoute` and
+`BusPublisher`, FastStream 0.7's broker arguments (`codec`, `id_generator`, `context`, ...), and
+`create_topics=True` for topics made on first use.
 """
 
 from __future__ import annotations
