@@ -34,6 +34,17 @@ side costs whatever else the machine runs.
   FastStream subscriber and by `b.publish` to a `subscribe` handler (both at once, alternating, on
   two topics); the p50 of handler time minus publish time (`time.time()` in one process).
   Target <= 1.3x.
+* subscriber against FastStream's ceiling: the FastStream subscriber throughput row's rate against
+  the ceiling row's, both from this run: how much of FastStream's own per-message ceiling the real
+  subscriber (parsing, delivery, commits included) reaches (no target: a row that shows the cost).
+* request/reply round trip p50 and p99: one request at a time, `broker.request` to a subscriber
+  that returns the body (the reply read from the broker's partition of faststream.replies on its
+  wake-up), against the same loop written on the bus (`b.publish`, a `subscribe` handler that
+  `b.publish`es the reply to a reply topic, the requester's consumer `poll`ing it); ms, lower is
+  better (no target).
+* get_one p50: publish one message, then `get_one` it from a subscriber without a handler (a group
+  member; it commits past the message) against a consumer that `poll`s and commits; ms, lower is
+  better (no target).
 * SQL publish: one message per call, one after the other, `SELECT publish(...)` on one connection
   against `b.publish`; the mean microseconds per message, lower is better (no target: a row that
   shows the cost).
@@ -375,6 +386,109 @@ async def _queue(dsn: str, schema: str, b: bus.Bus, jobs: int) -> tuple[float, f
     return max(fs), max(own)
 
 
+def _p(times: list[float], q: float) -> float:
+    """The q-quantile of `times` (seconds), in milliseconds."""
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def _request_reply(
+    dsn: str, schema: str, b: bus.Bus, count: int
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((FastStream p50, p99) ms, (raw loop p50, p99) ms): one request at a time, round trip.
+
+    FastStream: `broker.request` to a subscriber that returns the body (the reply goes to the
+    broker's partition of faststream.replies, read on its wake-up). Raw: the same loop written
+    on the bus: `b.publish` the request, a `subscribe` handler `b.publish`es the reply to a reply
+    topic, the requester's consumer (`poll`) reads it. Alternated rounds, each on its own topics.
+    """
+    fs_times: list[float] = []
+    own_times: list[float] = []
+
+    async def faststream_side(n: int, rounds: int) -> None:
+        topic = f"{TOPIC}.rr-fs-{n}"
+        await b.create_topic(topic, partitions=1)
+        broker = BusBroker(dsn, schema=schema, logger=None, **FAST)
+
+        @broker.subscriber(topic, group="rr-fs", start="latest")
+        async def answer(body: dict[str, int]) -> dict[str, int]:
+            return body
+
+        async with broker:
+            await broker.start()
+            for i in range(5):  # warm up: the group joined, the reply partition made
+                await broker.request({"i": i}, topic, timeout=30)
+            for i in range(rounds):
+                started = time.perf_counter()
+                await broker.request({"i": i}, topic, timeout=30)
+                fs_times.append(time.perf_counter() - started)
+
+    async def bus_side(n: int, rounds: int) -> None:
+        topic, replies = f"{TOPIC}.rr-own-{n}", f"{TOPIC}.rr-own-{n}.replies"
+        await b.create_topic(topic, partitions=1)
+        await b.create_topic(replies, partitions=1)
+
+        async def answer(m: bus.Message) -> None:
+            await b.publish(replies, m.value(dict), headers={"correlation_id": m.headers["correlation_id"]})
+
+        sub = await b.subscribe("rr-own", answer, topics=[topic], start="latest")
+        try:
+            async with b.consumer("rr-own-requester", topics=[replies], start="latest") as requester:
+
+                async def one(i: int) -> None:
+                    cid = uuid.uuid4().hex
+                    await b.publish(topic, {"i": i}, headers={"correlation_id": cid})
+                    while not any(
+                        m.headers.get("correlation_id") == cid for m in await requester.poll(timeout=30)
+                    ):
+                        pass
+
+                for i in range(5):
+                    await one(i)
+                for i in range(rounds):
+                    started = time.perf_counter()
+                    await one(i)
+                    own_times.append(time.perf_counter() - started)
+        finally:
+            await sub.stop()
+
+    for n in range(2):
+        await bus_side(n, count // 2)
+        await faststream_side(n, count // 2)
+    return (_p(fs_times, 0.5), _p(fs_times, 0.99)), (_p(own_times, 0.5), _p(own_times, 0.99))
+
+
+async def _get_one(dsn: str, schema: str, b: bus.Bus, count: int) -> tuple[float, float]:
+    """(FastStream get_one p50 ms, consumer poll p50 ms): publish, then wait for that message.
+
+    FastStream: a subscriber without a handler (a group member) `get_one`s each message just
+    published; raw: a consumer of another group `poll`s it (and commits, as `get_one` does).
+    """
+    fs_times: list[float] = []
+    own_times: list[float] = []
+    fs_topic, own_topic = TOPIC + ".one-fs", TOPIC + ".one-own"
+    await b.create_topic(fs_topic, partitions=1)
+    await b.create_topic(own_topic, partitions=1)
+    broker = BusBroker(dsn, schema=schema, logger=None, **FAST)
+    reader = broker.subscriber(fs_topic, group="one-fs", start="latest")
+    async with broker, b.consumer("one-own", topics=[own_topic], start="latest", max_poll_records=1) as c:
+        await broker.start()
+        for i in range(count + 5):  # the first five warm up
+            started = time.perf_counter()
+            await broker.publish({"i": i}, fs_topic)
+            assert await reader.get_one(timeout=30) is not None
+            if i >= 5:
+                fs_times.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await b.publish(own_topic, {"i": i})
+            while not await c.poll(timeout=30, max_records=1):
+                pass
+            await c.commit()
+            if i >= 5:
+                own_times.append(time.perf_counter() - started)
+    return _p(fs_times, 0.5), _p(own_times, 0.5)
+
+
 async def _sql_publish(dsn: str, schema: str, b: bus.Bus, count: int) -> tuple[float, float]:
     """(SQL publish us/message, b.publish us/message), one message per call, sequential."""
     topic = TOPIC + ".sql"
@@ -401,6 +515,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     schema = "bench_" + uuid.uuid4().hex[:10]
     b = await bus.connect(dsn, schema=schema, **FAST)
     messages, jobs, lat_count, sql_count = (2_000, 300, 60, 300) if quick else (20_000, 3_000, 400, 3_000)
+    rr_count = 60 if quick else 400
     try:
         await b.create_topic(TOPIC, partitions=PARTITIONS)
         fs, fs_batch, own, own_steady = await _throughput(dsn, schema, b, messages)
@@ -408,6 +523,8 @@ async def run(dsn: str, quick: bool) -> list[Result]:
         fs_queue_rate, own_queue_rate = await _queue(dsn, schema, b, jobs)
         fs_p50, own_p50 = await _latency(dsn, schema, b, lat_count, 100.0)
         sql_us, own_us = await _sql_publish(dsn, schema, b, sql_count)
+        rr_fs, rr_own = await _request_reply(dsn, schema, b, rr_count)
+        one_fs, one_own = await _get_one(dsn, schema, b, rr_count // 2)
     finally:
         async with b.pool.acquire() as conn:
             await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')  # generated bench schema name
@@ -467,6 +584,46 @@ async def run(dsn: str, quick: bool) -> list[Result]:
             "b.publish→subscribe",
             False,
             "≤ 1.3×",
+        ),
+        Result(
+            SCENARIO,
+            f"FastStream subscriber throughput against FastStream's own per-message ceiling ({messages:,} msgs)",
+            fs[0],
+            "msg/s",
+            core_ceiling[0],
+            "FastStream's ceiling (its pipeline alone, no I/O)",
+            True,
+            None,
+        ),
+        Result(
+            SCENARIO,
+            f"FastStream request/reply round trip p50 ({rr_count} requests, one at a time)",
+            rr_fs[0],
+            "ms",
+            rr_own[0],
+            "b.publish→subscribe→b.publish→consumer poll",
+            False,
+            None,
+        ),
+        Result(
+            SCENARIO,
+            f"FastStream request/reply round trip p99 ({rr_count} requests, one at a time)",
+            rr_fs[1],
+            "ms",
+            rr_own[1],
+            "b.publish→subscribe→b.publish→consumer poll",
+            False,
+            None,
+        ),
+        Result(
+            SCENARIO,
+            f"FastStream get_one p50, publish→message in hand ({rr_count // 2} msgs)",
+            one_fs,
+            "ms",
+            one_own,
+            "b.publish→consumer poll, commit",
+            False,
+            None,
         ),
         Result(
             SCENARIO,

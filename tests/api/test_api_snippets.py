@@ -668,6 +668,46 @@ async def setup_faststream(ctx: Ctx) -> Plan:
     return Plan(names={"Order": Order}, check=check)
 
 
+async def setup_faststream_ecosystem(ctx: Ctx) -> Plan:
+    # A started broker on the test's schema: a subscriber that answers "quotes", one read by get_one.
+    import msgspec
+
+    from bus.faststream import BusBroker
+
+    class Order(msgspec.Struct):
+        id: int
+        amount: int
+
+    broker = BusBroker(ctx.dsn, schema=ctx.schema, create_topics=True, **FAST)
+
+    @broker.subscriber("quotes", group="pricing")
+    async def quote(order: Order) -> dict[str, int]:
+        return {"id": order.id, "price": order.amount * 10}
+
+    sub = broker.subscriber("events", group="reader")
+    await broker.start()
+    await broker.publish({"event": 1}, "events")
+
+    async def check(got: dict[str, Any], _: str | None) -> None:
+        try:
+            assert await got["reply"].decode() == {"id": 1, "price": 30}
+            assert await got["msg"].decode() == {"event": 1}
+            assert [m.value(dict)["id"] for m in await ctx.b.read("orders")] == [1, 2, 3]
+            assert got["router"] in broker.routers
+        finally:
+            await broker.stop()
+
+    return Plan(
+        names={
+            "broker": broker,
+            "Order": Order,
+            "sub": sub,
+            **{f"o{i}": Order(id=i, amount=i) for i in (1, 2, 3)},
+        },
+        check=check,
+    )
+
+
 Setup = Callable[[Ctx], Awaitable[Plan]]
 
 # phrase (unique to one block) -> (setup, xfail reason or None)
@@ -688,6 +728,7 @@ SETUPS: dict[str, tuple[Setup, str | None]] = {
     "await c.offsets_for_times(": (setup_kafka_consumer, None),
     'pooler="transaction",': (setup_where_services_run, None),
     "from bus.faststream import BusBroker, TestBusBroker": (setup_faststream, None),
+    "router = bus.faststream.BusRouter(prefix=": (setup_faststream_ecosystem, None),
 }
 
 

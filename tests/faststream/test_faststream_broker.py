@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 import pydantic
 from fast_depends.msgspec import MsgSpecSerializer
-import pytest
 from faststream import Context, FastStream
 from faststream.middlewares import AckPolicy, BaseMiddleware
 from faststream.specification import AsyncAPI
@@ -108,7 +107,7 @@ async def test_in_memory_queue_consumers_compete() -> None:
     @broker.subscriber("jobs", title="jobs-2")
     async def second(job: dict[str, int]) -> None: ...
 
-    async with TestBusBroker(broker) as br:
+    async with TestBusBroker(broker, topics={"jobs": "queue"}) as br:
         await br.publish({"n": 1}, "jobs")
         assert first.mock.call_count + second.mock.call_count == 1  # one consumer took the job
 
