@@ -95,6 +95,10 @@ class Availability:
         """Seconds the current outage has lasted (None while the database is reachable)."""
         return None if self._since is None else self._clock() - self._since
 
+    def quiet(self, exc: BaseException) -> bool:
+        """Whether a failure of `exc` is the outage already said (log it at debug, not as a warning)."""
+        return self._since is not None and is_unavailable(exc)
+
     def lost(self, exc: BaseException) -> None:
         """A connection could not be opened because the server is away (the first time: logged)."""
         if self._since is not None:
