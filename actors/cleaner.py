@@ -17,7 +17,7 @@ from typing import Any
 
 from actors.runtime import Actor, ActorRef, Message, Supervisor
 from storage import idempotency, retention, segments
-from storage.availability import Availability
+from storage.availability import warn_unless_said
 from storage.logs import get_logger
 
 __all__ = ["CleanNow", "Cleaner", "Tick", "start_cleaner"]
@@ -34,17 +34,8 @@ class CleanNow(Message, frozen=True):
 class Cleaner(Actor[Tick | CleanNow]):
     """Deletes history below the watermark and past retention, a bounded amount per tick."""
 
-    def __init__(
-        self,
-        pool: Any,
-        interval: float,
-        *,
-        max_partitions: int = 100,
-        batch: int = 5_000,
-        availability: Availability | None = None,
-    ) -> None:
+    def __init__(self, pool: Any, interval: float, *, max_partitions: int = 100, batch: int = 5_000) -> None:
         self._pool = pool
-        self._availability = availability  # an outage it knows of is said once, not at every tick
         self._interval = interval
         self._max_partitions = max_partitions
         self._batch = batch
@@ -67,10 +58,7 @@ class Cleaner(Actor[Tick | CleanNow]):
                 try:
                     return await self._pass()
                 except Exception as exc:
-                    quiet = self._availability is not None and self._availability.quiet(exc)
-                    (self._log.debug if quiet else self._log.warning)(
-                        "retention_pass_failed", error=repr(exc)
-                    )
+                    warn_unless_said(self._log, "retention_pass_failed", exc)
                     if isinstance(message, CleanNow):
                         raise
                     return 0
@@ -92,7 +80,4 @@ class Cleaner(Actor[Tick | CleanNow]):
 
 def start_cleaner(bus: Any, supervisor: Supervisor) -> ActorRef[Tick | CleanNow]:
     """Spawn the Bus's cleaner under its supervisor, ticking every `bus.config.cleaner_interval` seconds."""
-    availability = bus.context.system.availability if bus.context.system is not None else None
-    return supervisor.spawn(
-        lambda: Cleaner(bus.pool, bus.config.cleaner_interval, availability=availability), "cleaner"
-    )
+    return supervisor.spawn(lambda: Cleaner(bus.pool, bus.config.cleaner_interval), "cleaner")

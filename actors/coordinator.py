@@ -46,7 +46,7 @@ from actors.messages import (
 from actors.runtime import Actor, ActorRef, RestartStrategy, Supervisor
 from actors.worker import PartitionWorker, Sink, WorkerSpec
 from storage import membership
-from storage.availability import is_unavailable
+from storage.availability import is_unavailable, warn_unless_said
 from storage.db import TRANSIENT_ERRORS, Lender, Now, server_clock
 from storage.logs import get_logger
 
@@ -197,7 +197,7 @@ class Coordinator(Actor[CoordinatorMessage]):
             # A heartbeat reply brings another Sync only when the generation moved, and a
             # NOTIFY only when the group changes: after a lost lease in a stable group neither
             # comes, so the retry is scheduled here (one at a time).
-            self._log.warning("coordinator_retry_later", error=repr(exc))
+            warn_unless_said(self._log, "coordinator_retry_later", exc)
             if not self._sync_due:
                 self._sync_due = True
                 self.self_ref.schedule_once(self.spec.rebalance_delay + 0.5, Sync())

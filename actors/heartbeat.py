@@ -39,7 +39,7 @@ from actors.messages import (
 from actors.rebalancer import Rebalancer
 from actors.runtime import Actor, ActorRef, Supervisor
 from storage import membership, retention
-from storage.availability import Availability, is_unavailable
+from storage.availability import Availability, is_unavailable, warn_unless_said
 from storage.db import CONNECTION_ERRORS, TRANSIENT_ERRORS, Now, server_clock
 from storage.logs import get_logger
 
@@ -171,10 +171,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
 
     def _failed(self, event: str, exc: BaseException) -> None:
         """A beat or sweep failed: a warning, unless the database is away (the Availability says that once)."""
-        if is_unavailable(exc) and not self._availability.available:
-            self._log.debug(event, error=str(exc))
-        else:
-            self._log.warning(event, error=str(exc))
+        warn_unless_said(self._log, event, exc)
 
     async def _heartbeat_on_own_connection(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
         """Beat on the monitor's own connection, opened on first use and again after it dropped."""

@@ -23,7 +23,7 @@ import asyncpg
 from actors.messages import CheckLease, PollDue, PollerMessage, Unwatch, Wake, Watch, WorkerMessage
 from actors.runtime import Actor, ActorRef, Timer
 from storage import leases
-from storage.availability import Availability
+from storage.availability import warn_unless_said
 from storage.db import TRANSIENT_ERRORS, Conn, Now, server_clock
 from storage.logs import get_logger
 
@@ -47,9 +47,8 @@ class IdlePoller(Actor[PollerMessage]):
     # Every worker of the process may report at once (a rebalance starting hundreds of them).
     mailbox_size = 100_000
 
-    def __init__(self, conn: Conn, now: Now = server_clock, availability: Availability | None = None) -> None:
-        self._conn = conn
-        self._availability = availability  # an outage it knows of is said once, not at every poll  # the Bus's Lender: one short statement, no pool acquire and reset
+    def __init__(self, conn: Conn, now: Now = server_clock) -> None:
+        self._conn = conn  # the Bus's Lender: one short statement, no pool acquire and reset
         self._now = now  # when leases are judged (a test's Clock; None from it: the server's)
         self._watched: dict[ActorRef[WorkerMessage], _Watched] = {}
         self._interval: float | None = None
@@ -106,8 +105,7 @@ class IdlePoller(Actor[PollerMessage]):
             # the workers meet an outage themselves on their next NOTIFY. Never a failure of this
             # actor: a restarted one would start with an empty table, and the idle workers, whose
             # state did not change, would not tell it again.
-            quiet = self._availability is not None and self._availability.quiet(exc)
-            (self._log.debug if quiet else self._log.warning)("idle_poll_failed", error=repr(exc))
+            warn_unless_said(self._log, "idle_poll_failed", exc)
             return
         for index, _more, held in found:  # back only when there is more, or the lease is gone
             refs[index].signal(Wake() if held else CheckLease())

@@ -26,7 +26,7 @@ from croniter import croniter
 
 from actors.runtime import Actor, ActorRef, Message, Supervisor, Timer
 from storage import schedules
-from storage.availability import Availability
+from storage.availability import warn_unless_said
 from storage.logs import get_logger
 
 __all__ = ["Check", "Scheduler", "plan", "start_scheduler"]
@@ -80,10 +80,8 @@ class Scheduler(Actor[Check]):
         interval: float,
         lease_time: float,
         clock: Callable[[], datetime] | None = None,
-        availability: Availability | None = None,
     ) -> None:
         self._pool = pool
-        self._availability = availability  # an outage it knows of is said once, not at every pass
         self._publish = publish
         self._interval = interval
         self._lease_time = lease_time
@@ -115,8 +113,7 @@ class Scheduler(Actor[Check]):
         try:
             delay = await self._pass()
         except Exception as exc:
-            quiet = self._availability is not None and self._availability.quiet(exc)
-            (self._log.debug if quiet else self._log.warning)("scheduler_pass_failed", error=repr(exc))
+            warn_unless_said(self._log, "scheduler_pass_failed", exc)
         self._timer = self.self_ref.schedule_once(max(0.0, min(delay, self._interval)), Check())
         return None
 
@@ -164,7 +161,4 @@ def start_scheduler(bus: Any, supervisor: Supervisor) -> ActorRef[Check]:
     """Spawn the Bus's scheduler under its supervisor, checking every `bus.config.scheduler_interval` s."""
     interval = bus.config.scheduler_interval
     lease = max(5 * interval, 1.0)
-    availability = bus.context.system.availability if bus.context.system is not None else None
-    return supervisor.spawn(
-        lambda: Scheduler(bus.pool, bus.publish, interval, lease, availability=availability), "scheduler"
-    )
+    return supervisor.spawn(lambda: Scheduler(bus.pool, bus.publish, interval, lease), "scheduler")

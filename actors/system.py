@@ -100,8 +100,7 @@ class GroupSystem:
             lambda: HeartbeatMonitor(cfg, self._pool, notifier, self._notify, self.availability), "heartbeat"
         )
         lender = self._lender
-        availability = self.availability
-        self.poller = self.root.spawn(lambda: IdlePoller(lender, cfg.now, availability), "poller")
+        self.poller = self.root.spawn(lambda: IdlePoller(lender, cfg.now), "poller")
 
     def spawn_member(self, spec: MemberSpec, sink: MemberSink) -> ActorRef[CoordinatorMessage]:
         """Start a Coordinator for a new local member of `spec.group`."""

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 
@@ -84,6 +86,7 @@ class Availability:
         #: Outages that ended since the Bus opened, and how long the last one lasted.
         self.outages = 0
         self.last_outage: float | None = None
+        _watching.add(self)
 
     @property
     def available(self) -> bool:
@@ -94,10 +97,6 @@ class Availability:
     def unavailable_for(self) -> float | None:
         """Seconds the current outage has lasted (None while the database is reachable)."""
         return None if self._since is None else self._clock() - self._since
-
-    def quiet(self, exc: BaseException) -> bool:
-        """Whether a failure of `exc` is the outage already said (log it at debug, not as a warning)."""
-        return self._since is not None and is_unavailable(exc)
 
     def lost(self, exc: BaseException) -> None:
         """A connection could not be opened because the server is away (the first time: logged)."""
@@ -123,6 +122,25 @@ class Availability:
         self.outages += 1
         self.last_outage = lasted
         log.warning("database_recovered", outage_seconds=round(lasted, 1))
+
+
+# Every Availability of the process, for `said`.
+_watching: weakref.WeakSet[Availability] = weakref.WeakSet()
+
+
+def said(exc: BaseException) -> bool:
+    """Whether a failure of `exc` is an outage a Bus of this process has already logged.
+
+    The actors that retry a statement at every tick log such a failure at debug
+    instead of as a warning (`warn_unless_said`): during an outage they would
+    otherwise log the same news several times a second until it ends.
+    """
+    return is_unavailable(exc) and any(not a.available for a in list(_watching))
+
+
+def warn_unless_said(logger: Any, event: str, exc: BaseException, **context: object) -> None:
+    """Log a failure as a warning, or at debug when it is an outage already said (`said`)."""
+    (logger.debug if said(exc) else logger.warning)(event, error=repr(exc), **context)
 
 
 class _PoolFloorRetries(logging.Filter):
