@@ -78,8 +78,12 @@ async def run(down: float, samples: int) -> dict[str, float]:
     }
     print(f"outage of {down:.0f} s, {samples} samples each, median publish -> waiting take:")
     print(f"  before the outage            {result['before_ms']:8.1f} ms")
-    print(f"  after, the open consumer     {result['after_ms']:8.1f} ms  ({result['after_ms'] / result['before_ms']:.2f}x)")
-    print(f"  after, a new queue consumer  {result['new_consumer_ms']:8.1f} ms  ({result['new_consumer_ms'] / result['before_ms']:.2f}x)")
+    print(
+        f"  after, the open consumer     {result['after_ms']:8.1f} ms  ({result['after_ms'] / result['before_ms']:.2f}x)"
+    )
+    print(
+        f"  after, a new queue consumer  {result['new_consumer_ms']:8.1f} ms  ({result['new_consumer_ms'] / result['before_ms']:.2f}x)"
+    )
     print(f"  first statement {back:.2f} s after the server was back; health after: {health}")
     return result
 

@@ -168,16 +168,12 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
         assert records.count(noise) == 0, (noise, records.lines)
 
 
-async def test_a_bus_rides_out_a_five_second_outage(
-    server: tuple[Path, str], records: _Records
-) -> None:
+async def test_a_bus_rides_out_a_five_second_outage(server: tuple[Path, str], records: _Records) -> None:
     await _ride_out(*server, 5.0, records)
 
 
 @pytest.mark.slow
-async def test_a_bus_rides_out_a_thirty_second_outage(
-    server: tuple[Path, str], records: _Records
-) -> None:
+async def test_a_bus_rides_out_a_thirty_second_outage(server: tuple[Path, str], records: _Records) -> None:
     await _ride_out(*server, 30.0, records)
 
 
