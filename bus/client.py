@@ -247,6 +247,9 @@ class Bus:
             ),
             self.channels.messages,
         )
+        schema = c.schema
+        system.availability.on_change = lambda up, ended: _metrics.database_available(schema, up, ended)
+        _metrics.database_available(schema, True)
         await system.start()
         self.context.system = system
         return system

@@ -78,8 +78,14 @@ class Availability:
     Read by `Bus.health()`, the metrics and the dashboard.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[bool, bool], None] | None = None,
+    ) -> None:
         self._clock = clock
+        #: Called with (available, whether an outage just ended) at each change (the metrics).
+        self.on_change = on_change
         self._since: float | None = None  # on `clock`, while the server is away
         self.unavailable_since: datetime | None = None
         self.error: str | None = None
@@ -105,6 +111,8 @@ class Availability:
         self._since = self._clock()
         self.unavailable_since = datetime.now(UTC)
         self.error = f"{type(exc).__name__}: {exc}"
+        if self.on_change is not None:
+            self.on_change(False, False)
         log.warning(
             "database_unavailable",
             error=self.error,
@@ -121,6 +129,8 @@ class Availability:
         self.error = None
         self.outages += 1
         self.last_outage = lasted
+        if self.on_change is not None:
+            self.on_change(True, True)
         log.warning("database_recovered", outage_seconds=round(lasted, 1))
 
 

@@ -21,9 +21,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 import bus
+import bus.metrics
+from bus.dashboard import app as dashboard_app
 from bus.errors import StorageUnavailableError
 from bus.server.embedded import ensure_server, restart_server, stop_server
 from bus.testing import FAST, eventually
@@ -104,7 +107,11 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
 
         sub = await b.subscribe("mail", handler, topics=["orders"], start="earliest")
         jobs_done: set[str] = set()
-        async with b.queue_consumer("jobs") as q:
+        transport = httpx.ASGITransport(app=dashboard_app(b))
+        async with (
+            b.queue_consumer("jobs") as q,
+            httpx.AsyncClient(transport=transport, base_url="http://dash") as dashboard,
+        ):
             before = await _wake_seconds(b, q, jobs_done, "before")
             assert before < WAKE_BOUND
             published += [await b.publish("orders", {"n": i}) for i in range(10)]
@@ -129,6 +136,12 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
             during = await eventually(lambda: (h := b.health()).status == "degraded" and h, timeout=down)
             assert not during.database_available and during.unavailable_since is not None
             assert any("database cannot be reached" in p for p in during.problems)
+            # The metrics and the dashboard read the same.
+            schema = b.config.schema
+            if bus.metrics.ENABLED:
+                assert bus.metrics.value("bus_database_available", schema=schema) == 0
+            healthz = (await dashboard.get("/healthz")).json()
+            assert healthz["status"] == "degraded" and not healthz["database_available"]
             await outage
             after = await eventually(lambda: (h := b.health()).ok and h, timeout=15)
             stop_publishing.set()
@@ -136,6 +149,10 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
             assert after.outages == 1 and after.last_outage_seconds is not None
             assert after.last_outage_seconds >= down * 0.8
             assert after.failed_actors == []
+            if bus.metrics.ENABLED:
+                assert bus.metrics.value("bus_database_available", schema=schema) == 1
+                assert bus.metrics.value("bus_database_outages_total", schema=schema) == 1
+            assert (await dashboard.get("/healthz")).json()["status"] == "healthy"
 
             # The queue consumer that stayed open is woken again, not left to its poll.
             assert await _wake_seconds(b, q, jobs_done, "after") < WAKE_BOUND
