@@ -48,6 +48,8 @@ from storage.errors import StorageUnavailableError
 from storage.logs import get_logger
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
+#: channel -> key (None: any) -> [(subscriber's ref, the message it gets)]
+Subscriptions = dict[str, dict[str | None, list[tuple[Any, Any]]]]
 
 # A LISTEN or UNLISTEN that takes longer than this is given up (the connection is dropped and the
 # periodic check reconnects): the Notifier must never hang behind a half-dead connection.
@@ -74,6 +76,7 @@ class Notifier(Actor[NotifierMessage]):
         lazy: frozenset[str] = frozenset(),
         availability: Availability | None = None,
         reconnect: Backoff = RECONNECT,
+        table: Subscriptions | None = None,
     ) -> None:
         self._connect = connect
         self._availability = availability if availability is not None else Availability()
@@ -86,13 +89,18 @@ class Notifier(Actor[NotifierMessage]):
         self._conn: asyncpg.Connection | None = None
         self._listening: set[str] = set()  # channels LISTENed to on `_conn`
         # channel -> key (None: any) -> [(ref, message)]
-        self._subs: dict[str, dict[str | None, list[tuple[Any, Any]]]] = {c: {} for c in channels}
+        # The subscription table; given by the owner (`table`), it outlives a restart of this actor
+        # as its mailbox does, so a restarted Notifier still wakes everyone who subscribed.
+        self._subs: Subscriptions = table if table is not None else {}
+        for channel in channels:
+            self._subs.setdefault(channel, {})
         # What the NOTIFY callback reads: a copy of `_subs` never changed once made; None while stale.
         self._routes: dict[str, dict[str | None, tuple[tuple[Any, Any], ...]]] | None = None
         self._log = get_logger(__name__, actor="notifier")
 
     async def on_start(self) -> None:
-        await self._ensure_connected(wake_all=False)
+        # A restarted instance finds subscribers in the table: what it missed meanwhile, they look for.
+        await self._ensure_connected(wake_all=any(self._subs.values()))
         self.self_ref.schedule_every(self._check_interval, CheckConnection())
 
     async def on_stop(self) -> None:
@@ -104,6 +112,15 @@ class Notifier(Actor[NotifierMessage]):
                 await self._conn.close(timeout=2)
             except Exception:  # closing a broken connection must not fail the stop
                 self._conn.terminate()
+        self._conn = None
+        self._listening.clear()
+
+    async def on_failure(self, exc: BaseException) -> None:
+        # The instance that replaces this one opens its own connection: this one must not go on
+        # listening (its callback would ring every subscriber a second time).
+        if self._conn is not None:
+            self._conn.remove_termination_listener(self._on_lost)
+            self._conn.terminate()
         self._conn = None
         self._listening.clear()
 

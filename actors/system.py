@@ -19,7 +19,7 @@ from actors.announcer import Announce, Announcer
 from actors.coordinator import Coordinator, MemberSink, MemberSpec
 from actors.heartbeat import HeartbeatMonitor, MonitorConfig
 from actors.messages import CoordinatorMessage, MonitorMessage, NotifierMessage, PollerMessage, SweepNow
-from actors.notifier import Notifier
+from actors.notifier import Notifier, Subscriptions
 from actors.poller import IdlePoller
 from actors.runtime import ActorRef, RestartStrategy, Supervisor
 from storage.availability import Availability, is_unavailable
@@ -85,12 +85,14 @@ class GroupSystem:
 
     async def start(self) -> None:
         cfg = self.monitor_config
+        table: Subscriptions = {}  # the Notifier's subscriptions, kept across its restarts
         self.notifier = self.root.spawn(
             lambda: Notifier(
                 self._listen,
                 [self.messages_channel, cfg.groups_channel, cfg.topics_channel],
                 lazy=frozenset({self.messages_channel}),
                 availability=self.availability,
+                table=table,
             ),
             "notifier",
         )

@@ -8,9 +8,9 @@ from typing import Any
 
 import asyncpg
 
-from actors import Actor, Backoff, Message, spawn
-from actors.messages import Subscribe, Unsubscribe
-from actors.notifier import Notifier
+from actors import Actor, Backoff, Message, Supervisor, spawn
+from actors.messages import Notified, Subscribe, Unsubscribe
+from actors.notifier import Notifier, Subscriptions
 from bus.testing import eventually
 from storage import db
 from storage.availability import Availability
@@ -200,3 +200,37 @@ async def test_while_the_server_is_away_the_notifier_answers_and_retries_then_li
         await sender.close()
         await bell.stop()
         await notifier.stop()
+
+
+class CrashingNotifier(Notifier):
+    """A Notifier with a bug: a notification on channel "crash" makes it fail."""
+
+    async def _receive(self, message: Any) -> None:
+        if isinstance(message, Notified) and message.channel == "crash":
+            raise RuntimeError("a bug in the notifier")
+        await super()._receive(message)
+
+
+async def test_a_restarted_notifier_keeps_its_subscribers_and_wakes_them(dsn: str) -> None:
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(dsn)
+
+    table: Subscriptions = {}
+    sup = Supervisor("test")
+    notifier = sup.spawn(lambda: CrashingNotifier(connect, ["busy"], table=table), "notifier")
+    rings: list[Rang] = []
+    bell = spawn(lambda: Bell(rings), "bell")
+    sender = await asyncpg.connect(dsn)
+    try:
+        await notifier.ask(Subscribe("busy", None, bell, Rang(), catch_up=False))
+        notifier.signal(Notified("crash", ""))
+        # The new instance listens again and wakes the subscriber it found in the table.
+        await eventually(lambda: len(rings) == 1)
+        assert notifier.is_alive and not sup.escalated.is_set()
+        await notifier.ask(Unsubscribe(None))  # a round trip: the new instance has started
+        await sender.execute("SELECT pg_notify('busy', 'x')")
+        await eventually(lambda: len(rings) == 2)
+    finally:
+        await sender.close()
+        await bell.stop()
+        await sup.stop()
