@@ -7,18 +7,23 @@ afterwards the wake-ups work again (a publish wakes a waiting take well
 within the poll interval, which is 5 s here), every kind of consumer opens
 and delivers, and every publish that returned a Record is delivered.
 
-Each test runs its own embedded server (stopping the shared one would
-disturb every other test).
+Each test runs a server of its own (stopping the shared one would disturb
+every other test): the embedded one, and for the 5 s outage Debian's
+PostgreSQL 15 with its default configuration too (scripts/pg15.sh), the
+server users run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -56,16 +61,57 @@ class _Records(logging.Handler):
         return sum(text in line for line in self.lines)
 
 
-@pytest.fixture
-def server() -> Iterator[tuple[Path, str]]:
+ROOT = Path(__file__).resolve().parents[2]
+PG15 = Path(os.environ.get("PG15_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+@dataclass
+class Server:
+    """A server of the test's own, and how to take it away for a while (then start it on the same port)."""
+
+    dsn: str
+    outage: Callable[[float], object]
+
+
+def _embedded() -> Iterator[Server]:
     # Not under pytest's tmp_path, which is owner-only: the server runs as another user under root.
     home = Path(tempfile.mkdtemp(prefix="bus-outage-"))
     home.chmod(0o755)
     try:
-        yield home, ensure_server(home).dsn
+        yield Server(ensure_server(home).dsn, lambda down: restart_server(home, down=down))
     finally:
         stop_server(home)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _pg15() -> Iterator[Server]:
+    if not (PG15 / "postgres").exists():
+        pytest.skip("needs PostgreSQL 15 (scripts/ensure-pg15.sh)")
+    home = Path(tempfile.mkdtemp(prefix="bus-outage-pg15-"))
+    home.chmod(0o755)
+
+    def pg15(*args: str) -> str:
+        env = dict(os.environ, BUS_HOME=str(home))
+        script = str(ROOT / "scripts" / "pg15.sh")
+        return subprocess.run(
+            ["sh", script, *args], env=env, check=True, capture_output=True, text=True
+        ).stdout
+
+    try:
+        yield Server(pg15("start").strip(), lambda down: pg15("outage", str(down)))
+    finally:
+        pg15("stop")
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(params=["embedded", "pg15"])
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    yield from (_embedded() if request.param == "embedded" else _pg15())
+
+
+@pytest.fixture
+def embedded() -> Iterator[Server]:
+    yield from _embedded()
 
 
 @pytest.fixture
@@ -80,7 +126,17 @@ async def records() -> AsyncIterator[_Records]:
 
 
 async def _wake_seconds(b: bus.Bus, q: bus.QueueConsumer, acked: set[str], tag: str) -> float:
-    """From a publish to the return of a take that was waiting for it."""
+    """From a publish to the return of a take that was waiting for it (the second of two).
+
+    The first one warms up: on fresh connections the statements are planned (and on a server with
+    JIT on, as Debian's PostgreSQL 15 by default, compiled) the first time, which is not what is
+    checked here; a lost wake-up makes both wait for the poll.
+    """
+    await _one_wake(b, q, acked, tag + "-warm-up")
+    return await _one_wake(b, q, acked, tag)
+
+
+async def _one_wake(b: bus.Bus, q: bus.QueueConsumer, acked: set[str], tag: str) -> float:
     take = asyncio.ensure_future(q.take(1, timeout=3 * POLL))
     await asyncio.sleep(0.2)  # the take is waiting
     t0 = time.monotonic()
@@ -93,8 +149,8 @@ async def _wake_seconds(b: bus.Bus, q: bus.QueueConsumer, acked: set[str], tag: 
     return seconds
 
 
-async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> None:
-    async with bus.connect(dsn, **{**FAST, "max_poll_interval": POLL}) as b:
+async def _ride_out(server: Server, down: float, records: _Records) -> None:
+    async with bus.connect(server.dsn, **{**FAST, "max_poll_interval": POLL}) as b:
         await b.create_topic("orders", partitions=2)
         await b.create_topic("jobs", partitions=2, semantics="queue")
         store = b.event_store("courses")
@@ -117,6 +173,8 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
             published += [await b.publish("orders", {"n": i}) for i in range(10)]
             await eventually(lambda: len(delivered) == 10)
             assert b.health().status == "healthy"
+            schema = b.config.schema
+            outages_before = bus.metrics.value("bus_database_outages_total", schema=schema)
 
             # Publishing goes on through the outage: what returned a Record must be delivered.
             stop_publishing = asyncio.Event()
@@ -132,12 +190,11 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
                 return failed
 
             publisher = asyncio.ensure_future(keep_publishing())
-            outage = asyncio.ensure_future(asyncio.to_thread(restart_server, home, down=down))
+            outage = asyncio.ensure_future(asyncio.to_thread(server.outage, down))
             during = await eventually(lambda: (h := b.health()).status == "degraded" and h, timeout=down)
             assert not during.database_available and during.unavailable_since is not None
             assert any("database cannot be reached" in p for p in during.problems)
             # The metrics and the dashboard read the same.
-            schema = b.config.schema
             if bus.metrics.ENABLED:
                 assert bus.metrics.value("bus_database_available", schema=schema) == 0
             healthz = (await dashboard.get("/healthz")).json()
@@ -151,7 +208,7 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
             assert after.failed_actors == []
             if bus.metrics.ENABLED:
                 assert bus.metrics.value("bus_database_available", schema=schema) == 1
-                assert bus.metrics.value("bus_database_outages_total", schema=schema) == 1
+                assert bus.metrics.value("bus_database_outages_total", schema=schema) == outages_before + 1
             assert (await dashboard.get("/healthz")).json()["status"] == "healthy"
 
             # The queue consumer that stayed open is woken again, not left to its poll.
@@ -159,7 +216,7 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
         # A new queue consumer opens and is woken too.
         async with b.queue_consumer("jobs") as q2:
             assert await _wake_seconds(b, q2, jobs_done, "new") < WAKE_BOUND
-        assert jobs_done == {"before", "after", "new"}
+        assert {"before", "after", "new"} <= jobs_done and len(jobs_done) == 6
 
         # The subscription that stayed open delivers everything published and acknowledged.
         published.append(await b.publish("orders", {"n": "last"}))
@@ -185,23 +242,22 @@ async def _ride_out(home: Path, dsn: str, down: float, records: _Records) -> Non
         assert records.count(noise) == 0, (noise, records.lines)
 
 
-async def test_a_bus_rides_out_a_five_second_outage(server: tuple[Path, str], records: _Records) -> None:
-    await _ride_out(*server, 5.0, records)
+async def test_a_bus_rides_out_a_five_second_outage(server: Server, records: _Records) -> None:
+    await _ride_out(server, 5.0, records)
 
 
 @pytest.mark.slow
-async def test_a_bus_rides_out_a_thirty_second_outage(server: tuple[Path, str], records: _Records) -> None:
-    await _ride_out(*server, 30.0, records)
+async def test_a_bus_rides_out_a_thirty_second_outage(embedded: Server, records: _Records) -> None:
+    await _ride_out(embedded, 30.0, records)
 
 
 async def test_a_bus_that_does_not_listen_says_degraded_and_healthy_again(
-    server: tuple[Path, str], records: _Records
+    embedded: Server, records: _Records
 ) -> None:
     """Without LISTEN (a transaction pooler, no direct DSN) the HeartbeatMonitor tells the outage."""
-    home, dsn = server
-    async with bus.connect(dsn, **FAST, pooler="transaction") as b:
+    async with bus.connect(embedded.dsn, **FAST, pooler="transaction") as b:
         await b.create_topic("orders", partitions=1)
-        outage = asyncio.ensure_future(asyncio.to_thread(restart_server, home, down=3.0))
+        outage = asyncio.ensure_future(asyncio.to_thread(embedded.outage, 3.0))
         await eventually(lambda: b.health().status == "degraded", timeout=3.0)
         await outage
         await eventually(lambda: b.health().ok, timeout=15)
