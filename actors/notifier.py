@@ -154,7 +154,9 @@ class Notifier(Actor[NotifierMessage]):
         wanted = [c for c in self._channels if c not in self._lazy or self._subs.get(c)]
         conn: asyncpg.Connection | None = None
         try:
-            conn = await self._connect()
+            # Bounded: a server that drops packets (a network cut) must not hold up the subscriptions.
+            async with asyncio.timeout(_LISTEN_TIMEOUT):
+                conn = await self._connect()
             for channel in wanted:
                 async with asyncio.timeout(_LISTEN_TIMEOUT):
                     await conn.add_listener(channel, self._on_notify)
@@ -184,7 +186,7 @@ class Notifier(Actor[NotifierMessage]):
         delay = self._reconnect.delay(self._attempts)
         self._retry_at = time.monotonic() + delay
         self.self_ref.schedule_once(delay, CheckConnection())
-        if is_unavailable(exc):
+        if is_unavailable(exc) or isinstance(exc, TimeoutError):  # refused, lost, or no answer at all
             self._availability.lost(exc)
             self._log.debug("listen_connect_failed", error=str(exc), attempt=self._attempts, retry_in=delay)
         else:
