@@ -104,14 +104,21 @@ def _pg15() -> Iterator[Server]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.fixture(params=["embedded", "pg15"])
-def server(request: pytest.FixtureRequest) -> Iterator[Server]:
-    yield from (_embedded() if request.param == "embedded" else _pg15())
-
-
-@pytest.fixture
+# One server of each kind for the module: every test leaves it running, and works in a schema of its own.
+@pytest.fixture(scope="module")
 def embedded() -> Iterator[Server]:
     yield from _embedded()
+
+
+@pytest.fixture(scope="module")
+def pg15() -> Iterator[Server]:
+    yield from _pg15()
+
+
+@pytest.fixture(params=["embedded", "pg15"])
+def server(request: pytest.FixtureRequest) -> Server:
+    found: Server = request.getfixturevalue(request.param)
+    return found
 
 
 @pytest.fixture
@@ -149,8 +156,8 @@ async def _one_wake(b: bus.Bus, q: bus.QueueConsumer, acked: set[str], tag: str)
     return seconds
 
 
-async def _ride_out(server: Server, down: float, records: _Records) -> None:
-    async with bus.connect(server.dsn, **{**FAST, "max_poll_interval": POLL}) as b:
+async def _ride_out(server: Server, schema: str, down: float, records: _Records) -> None:
+    async with bus.connect(server.dsn, schema=schema, **{**FAST, "max_poll_interval": POLL}) as b:
         await b.create_topic("orders", partitions=2)
         await b.create_topic("jobs", partitions=2, semantics="queue")
         store = b.event_store("courses")
@@ -242,20 +249,22 @@ async def _ride_out(server: Server, down: float, records: _Records) -> None:
         assert records.count(noise) == 0, (noise, records.lines)
 
 
-async def test_a_bus_rides_out_a_five_second_outage(server: Server, records: _Records) -> None:
-    await _ride_out(server, 5.0, records)
+async def test_a_bus_rides_out_a_five_second_outage(server: Server, schema: str, records: _Records) -> None:
+    await _ride_out(server, schema, 5.0, records)
 
 
 @pytest.mark.slow
-async def test_a_bus_rides_out_a_thirty_second_outage(embedded: Server, records: _Records) -> None:
-    await _ride_out(embedded, 30.0, records)
+async def test_a_bus_rides_out_a_thirty_second_outage(
+    embedded: Server, schema: str, records: _Records
+) -> None:
+    await _ride_out(embedded, schema, 30.0, records)
 
 
 async def test_a_bus_that_does_not_listen_says_degraded_and_healthy_again(
-    embedded: Server, records: _Records
+    embedded: Server, schema: str, records: _Records
 ) -> None:
     """Without LISTEN (a transaction pooler, no direct DSN) the HeartbeatMonitor tells the outage."""
-    async with bus.connect(embedded.dsn, **FAST, pooler="transaction") as b:
+    async with bus.connect(embedded.dsn, schema=schema, **FAST, pooler="transaction") as b:
         await b.create_topic("orders", partitions=1)
         outage = asyncio.ensure_future(asyncio.to_thread(embedded.outage, 3.0))
         await eventually(lambda: b.health().status == "degraded", timeout=3.0)
