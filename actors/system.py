@@ -125,3 +125,4 @@ class GroupSystem:
 
     async def stop(self) -> None:
         await self.root.stop()
+        self.availability.close()

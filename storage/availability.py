@@ -104,6 +104,10 @@ class Availability:
         """Seconds the current outage has lasted (None while the database is reachable)."""
         return None if self._since is None else self._clock() - self._since
 
+    def close(self) -> None:
+        """Its Bus is closed: an outage it saw no longer quiets anyone's warnings (`said`)."""
+        _watching.discard(self)
+
     def lost(self, exc: BaseException) -> None:
         """A connection could not be opened because the server is away (the first time: logged)."""
         if self._since is not None:
