@@ -17,6 +17,7 @@ from typing import Any
 
 from actors.runtime import Actor, ActorRef, Message, Supervisor
 from storage import idempotency, retention, segments
+from storage.availability import warn_unless_said
 from storage.logs import get_logger
 
 __all__ = ["CleanNow", "Cleaner", "Tick", "start_cleaner"]
@@ -57,7 +58,7 @@ class Cleaner(Actor[Tick | CleanNow]):
                 try:
                     return await self._pass()
                 except Exception as exc:
-                    self._log.warning("retention_pass_failed", error=repr(exc))
+                    warn_unless_said(self._log, "retention_pass_failed", exc)
                     if isinstance(message, CleanNow):
                         raise
                     return 0

@@ -23,6 +23,7 @@ from typing import Any
 
 from actors.runtime import Actor, ActorStoppedError, Message
 from storage import leases
+from storage.availability import warn_unless_said
 from storage.db import Lender, Now, server_clock
 from storage.logs import get_logger
 
@@ -127,7 +128,7 @@ class Committer(Actor[Commit]):
                     )
                     applied.update((pid, entries[pid][1]) for pid in done)
         except Exception as exc:
-            self._log.warning("commit_failed", partitions=len(furthest), error=repr(exc))
+            warn_unless_said(self._log, "commit_failed", exc, partitions=len(furthest))
             for c in commits:
                 if not c.reply.done():
                     c.reply.set_exception(exc)

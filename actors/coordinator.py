@@ -46,6 +46,7 @@ from actors.messages import (
 from actors.runtime import Actor, ActorRef, RestartStrategy, Supervisor
 from actors.worker import PartitionWorker, Sink, WorkerSpec
 from storage import membership
+from storage.availability import is_unavailable, warn_unless_said
 from storage.db import TRANSIENT_ERRORS, Lender, Now, server_clock
 from storage.logs import get_logger
 
@@ -121,6 +122,7 @@ class Coordinator(Actor[CoordinatorMessage]):
             f"workers-{self.spec.group}",
             on_escalate=self._worker_gave_up,
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
+            outage=is_unavailable,  # a worker waits out the database's outage, however long
         )
         if self._sink.handler_mode:
             lender, spec = self._lender, self.spec
@@ -195,7 +197,7 @@ class Coordinator(Actor[CoordinatorMessage]):
             # A heartbeat reply brings another Sync only when the generation moved, and a
             # NOTIFY only when the group changes: after a lost lease in a stable group neither
             # comes, so the retry is scheduled here (one at a time).
-            self._log.warning("coordinator_retry_later", error=repr(exc))
+            warn_unless_said(self._log, "coordinator_retry_later", exc)
             if not self._sync_due:
                 self._sync_due = True
                 self.self_ref.schedule_once(self.spec.rebalance_delay + 0.5, Sync())

@@ -39,6 +39,7 @@ from actors.messages import (
 from actors.rebalancer import Rebalancer
 from actors.runtime import Actor, ActorRef, Supervisor
 from storage import membership, retention
+from storage.availability import Availability, is_unavailable, warn_unless_said
 from storage.db import CONNECTION_ERRORS, TRANSIENT_ERRORS, Now, server_clock
 from storage.logs import get_logger
 
@@ -68,8 +69,12 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         pool: asyncpg.Pool,
         notifier: ActorRef[NotifierMessage],
         connect: Callable[[], Awaitable[asyncpg.Connection]],
+        availability: Availability | None = None,
     ) -> None:
         self.config = config
+        # Told when the own connection cannot be opened (the server is away) and when a sweep
+        # succeeds again: the outage detector of a Bus that does not LISTEN.
+        self._availability = availability if availability is not None else Availability()
         self._pool = pool
         # The beat's and the sweep's own connection (`connect`). A process's workers, takeovers
         # and rebalances may hold every pool connection for a while (a large group on a small pool, a
@@ -86,7 +91,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         self._log = get_logger(__name__, actor="heartbeat")
 
     async def on_start(self) -> None:
-        self._supervisor = Supervisor("rebalancers")
+        self._supervisor = Supervisor("rebalancers", outage=is_unavailable)
         self.self_ref.schedule_every(self.config.heartbeat_interval, Beat())
 
     async def on_stop(self) -> None:
@@ -132,7 +137,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             rows = await self._heartbeat(keys)
         except TRANSIENT_ERRORS as exc:
             # Missing a beat is survivable (the session is longer); the next one retries.
-            self._log.warning("heartbeat_failed", error=str(exc))
+            self._failed("heartbeat_failed", exc)
             return
         seen = set()
         for row in rows:
@@ -156,8 +161,17 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
 
     async def _own_connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await self._connect()
+            try:
+                self._conn = await self._connect()
+            except TRANSIENT_ERRORS as exc:
+                if is_unavailable(exc):
+                    self._availability.lost(exc)
+                raise
         return self._conn
+
+    def _failed(self, event: str, exc: BaseException) -> None:
+        """A beat or sweep failed: a warning, unless the database is away (the Availability says that once)."""
+        warn_unless_said(self._log, event, exc)
 
     async def _heartbeat_on_own_connection(self, args: tuple[Any, ...]) -> list[asyncpg.Record]:
         """Beat on the monitor's own connection, opened on first use and again after it dropped."""
@@ -182,8 +196,9 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
             )
             dead = await retention.mark_dead_groups(conn, self.config.group_heartbeat_timeout)
         except TRANSIENT_ERRORS as exc:  # a closed own connection is opened again on next use
-            self._log.warning("sweep_failed", error=str(exc))
+            self._failed("sweep_failed", exc)
             return 0
+        self._availability.reached()
         for group, member in gone:
             self._log.info("member_expired", group=group, member=member)
         for group in dead:

@@ -222,6 +222,23 @@ LAG_SECONDS = _gauge(
 LAG_UPDATED = _gauge(
     "bus_lag_last_update_timestamp_seconds", "When update_lag last set the lag gauges (unix time).", []
 )
+DATABASE_AVAILABLE = _gauge(
+    "bus_database_available",
+    "1 while this process's Buses reach their database, 0 during an outage (Bus.health() degraded), per schema.",
+    ["schema"],
+)
+DATABASE_OUTAGES = _counter(
+    "bus_database_outages",
+    "Database outages this process's Buses rode out (counted when each ends), per schema.",
+    ["schema"],
+)
+
+
+def database_available(schema: str, available: bool, ended_outage: bool = False) -> None:
+    """A Bus on `schema` reaches its database again (`ended_outage`: after an outage), or no longer does."""
+    child(DATABASE_AVAILABLE, schema).set(1 if available else 0)
+    if ended_outage:
+        child(DATABASE_OUTAGES, schema).inc()
 
 
 # -- cheap hot-path helpers: one dict lookup for a cached child, then inc/observe ----------

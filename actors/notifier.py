@@ -5,6 +5,14 @@ on a timer, so a notification lost while the connection was down (or
 dropped because a mailbox was full) only delays work by one poll interval.
 After a reconnect every subscriber is woken once to catch up.
 
+A server that is away is retried for as long as it is away, never given up
+on: the n-th failed attempt in a row waits a capped, jittered backoff
+(`RECONNECT`) before the next, meanwhile (un)subscriptions go on in the
+table, and the reconnect LISTENs to every wanted channel and wakes every
+subscriber, so nothing published during the outage waits for a poll. The
+Notifier reports to the Bus's `Availability` (one line when the server
+cannot be reached, one when it is back), which `Bus.health()` reads.
+
 A NOTIFY goes from the connection's callback straight into the subscribers'
 mailboxes, through `_routes`: an immutable copy of the subscription table
 that the Notifier makes in its own turn once a burst of (un)subscriptions is
@@ -26,22 +34,33 @@ knows the LISTEN is in place when the answer comes.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import asyncpg
 
 from actors.messages import CheckConnection, Notified, NotifierMessage, Subscribe, Unsubscribe
-from actors.runtime import Actor
+from actors.runtime import Actor, Backoff
+from storage.availability import Availability, is_unavailable
 from storage.db import CONNECTION_ERRORS
+from storage.errors import StorageUnavailableError
 from storage.logs import get_logger
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
+#: channel -> key (None: any) -> [(subscriber's ref, the message it gets)]
+Subscriptions = dict[str, dict[str | None, list[tuple[Any, Any]]]]
 
 # A LISTEN or UNLISTEN that takes longer than this is given up (the connection is dropped and the
 # periodic check reconnects): the Notifier must never hang behind a half-dead connection.
 _LISTEN_TIMEOUT = 5.0
 _LISTEN_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError, TimeoutError)
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (*_LISTEN_ERRORS, StorageUnavailableError)
+
+#: Between failed attempts to open the listening connection: 0.1 s doubling up to 2 s, jittered.
+#: A short cap, because this connection is what tells the Bus the server is back: the
+#: wake-ups return at most about 2 s after the server does (a refused attempt costs nothing).
+RECONNECT = Backoff(initial=0.1, maximum=2.0)
 
 
 class Notifier(Actor[NotifierMessage]):
@@ -55,21 +74,33 @@ class Notifier(Actor[NotifierMessage]):
         channels: list[str],
         check_interval: float = 1.0,
         lazy: frozenset[str] = frozenset(),
+        availability: Availability | None = None,
+        reconnect: Backoff = RECONNECT,
+        table: Subscriptions | None = None,
     ) -> None:
         self._connect = connect
+        self._availability = availability if availability is not None else Availability()
+        self._reconnect = reconnect
+        self._attempts = 0  # failed attempts to connect in a row
+        self._retry_at = 0.0  # monotonic time before which no attempt is made (the backoff)
         self._channels = channels
         self._lazy = lazy
         self._check_interval = check_interval
         self._conn: asyncpg.Connection | None = None
         self._listening: set[str] = set()  # channels LISTENed to on `_conn`
         # channel -> key (None: any) -> [(ref, message)]
-        self._subs: dict[str, dict[str | None, list[tuple[Any, Any]]]] = {c: {} for c in channels}
+        # The subscription table; given by the owner (`table`), it outlives a restart of this actor
+        # as its mailbox does, so a restarted Notifier still wakes everyone who subscribed.
+        self._subs: Subscriptions = table if table is not None else {}
+        for channel in channels:
+            self._subs.setdefault(channel, {})
         # What the NOTIFY callback reads: a copy of `_subs` never changed once made; None while stale.
         self._routes: dict[str, dict[str | None, tuple[tuple[Any, Any], ...]]] | None = None
         self._log = get_logger(__name__, actor="notifier")
 
     async def on_start(self) -> None:
-        await self._ensure_connected(wake_all=False)
+        # A restarted instance finds subscribers in the table: what it missed meanwhile, they look for.
+        await self._ensure_connected(wake_all=any(self._subs.values()))
         self.self_ref.schedule_every(self._check_interval, CheckConnection())
 
     async def on_stop(self) -> None:
@@ -81,6 +112,15 @@ class Notifier(Actor[NotifierMessage]):
                 await self._conn.close(timeout=2)
             except Exception:  # closing a broken connection must not fail the stop
                 self._conn.terminate()
+        self._conn = None
+        self._listening.clear()
+
+    async def on_failure(self, exc: BaseException) -> None:
+        # The instance that replaces this one opens its own connection: this one must not go on
+        # listening (its callback would ring every subscriber a second time).
+        if self._conn is not None:
+            self._conn.remove_termination_listener(self._on_lost)
+            self._conn.terminate()
         self._conn = None
         self._listening.clear()
 
@@ -108,24 +148,49 @@ class Notifier(Actor[NotifierMessage]):
             return
         if self._conn is not None and not self._conn.is_closed():
             return
+        if time.monotonic() < self._retry_at:
+            return  # backing off: a timer brings the next attempt
         self._listening.clear()
         wanted = [c for c in self._channels if c not in self._lazy or self._subs.get(c)]
+        conn: asyncpg.Connection | None = None
         try:
-            conn = await self._connect()
+            # Bounded: a server that drops packets (a network cut) must not hold up the subscriptions.
+            async with asyncio.timeout(_LISTEN_TIMEOUT):
+                conn = await self._connect()
             for channel in wanted:
-                await conn.add_listener(channel, self._on_notify)
+                async with asyncio.timeout(_LISTEN_TIMEOUT):
+                    await conn.add_listener(channel, self._on_notify)
             conn.add_termination_listener(self._on_lost)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            self._log.warning("listen_connect_failed", error=str(exc))
+        except _CONNECT_ERRORS as exc:
+            if conn is not None:
+                conn.terminate()
+            self._failed_attempt(exc)
             return
+        recovered = not self._availability.available
         self._conn = conn
+        self._attempts = 0
+        self._retry_at = 0.0
         self._listening.update(wanted)
+        self._availability.reached()
         self._log.debug("listening", channels=wanted)
-        if wake_all:
+        if wake_all or recovered:
+            # Whatever was notified while nobody listened: every subscriber looks once.
             for by_key in self._subs.values():
                 for subs in by_key.values():
                     for ref, message in subs:
                         ref.signal(message)
+
+    def _failed_attempt(self, exc: BaseException) -> None:
+        """Back off before the next attempt; a server that is away is an outage (said once), not a failure."""
+        self._attempts += 1
+        delay = self._reconnect.delay(self._attempts)
+        self._retry_at = time.monotonic() + delay
+        self.self_ref.schedule_once(delay, CheckConnection())
+        if is_unavailable(exc) or isinstance(exc, TimeoutError):  # refused, lost, or no answer at all
+            self._availability.lost(exc)
+            self._log.debug("listen_connect_failed", error=str(exc), attempt=self._attempts, retry_in=delay)
+        else:
+            self._log.warning("listen_connect_failed", error=str(exc), attempt=self._attempts, retry_in=delay)
 
     async def receive(self, message: Subscribe | Unsubscribe | Notified | CheckConnection) -> None:
         if isinstance(message, Subscribe | Unsubscribe):

@@ -23,6 +23,7 @@ import asyncpg
 from actors.messages import CheckLease, PollDue, PollerMessage, Unwatch, Wake, Watch, WorkerMessage
 from actors.runtime import Actor, ActorRef, Timer
 from storage import leases
+from storage.availability import warn_unless_said
 from storage.db import TRANSIENT_ERRORS, Conn, Now, server_clock
 from storage.logs import get_logger
 
@@ -104,7 +105,7 @@ class IdlePoller(Actor[PollerMessage]):
             # the workers meet an outage themselves on their next NOTIFY. Never a failure of this
             # actor: a restarted one would start with an empty table, and the idle workers, whose
             # state did not change, would not tell it again.
-            self._log.warning("idle_poll_failed", error=repr(exc))
+            warn_unless_said(self._log, "idle_poll_failed", exc)
             return
         for index, _more, held in found:  # back only when there is more, or the lease is gone
             refs[index].signal(Wake() if held else CheckLease())

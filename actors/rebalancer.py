@@ -28,6 +28,7 @@ from actors.messages import (
 from actors.runtime import Actor, ActorRef, Timer
 from storage import groups as group_sql
 from storage import membership
+from storage.availability import warn_unless_said
 from storage.db import TRANSIENT_ERRORS, Now, server_clock
 from storage.logs import get_logger
 
@@ -105,7 +106,7 @@ class Rebalancer(Actor[RebalancerMessage]):
                 try:
                     await self._check(discover)
                 except TRANSIENT_ERRORS as exc:
-                    self._log.warning("rebalance_retry_later", error=repr(exc))
+                    warn_unless_said(self._log, "rebalance_retry_later", exc)
 
     async def _check(self, discover: bool) -> None:
         self._checks += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import inspect
+import random
 import sys
 import time
 import types
@@ -25,6 +26,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 
+from storage.errors import ActorStoppedError
 from storage.logs import get_logger
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "ActorStoppedError",
     "AskTimeoutError",
     "AsyncioClock",
+    "Backoff",
     "Clock",
     "EscalationHandler",
     "Message",
@@ -56,10 +59,6 @@ class Message(msgspec.Struct, frozen=True, tag=True):
     Subclass as ``class Ping(Message, frozen=True)``: msgspec inherits
     ``frozen`` at runtime, but mypy rejects a subclass that does not repeat it.
     """
-
-
-class ActorStoppedError(RuntimeError):
-    """The actor has stopped (or stopped before handling the message); nothing will answer."""
 
 
 class AskTimeoutError(TimeoutError):
@@ -94,6 +93,25 @@ class AsyncioClock:
         await asyncio.sleep(seconds)
 
 
+class Backoff(msgspec.Struct, frozen=True):
+    """Capped exponential backoff with jitter, as data: how often to try again while something is away.
+
+    The n-th attempt in a row waits ``initial * multiplier ** (n - 1)`` seconds,
+    capped at ``maximum``, less a random part of up to ``jitter`` of it, so
+    the processes that lost the same server do not all come back at once.
+    """
+
+    initial: float = 0.1
+    maximum: float = 5.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before the ``attempt``-th try in a row (1 for the first retry)."""
+        full = min(self.initial * self.multiplier ** max(attempt - 1, 0), self.maximum)
+        return full * (1.0 - self.jitter * random.random())  # noqa: S311 - jitter, not a secret
+
+
 class RestartStrategy(msgspec.Struct, frozen=True):
     """One-for-one restart policy, as data.
 
@@ -102,6 +120,10 @@ class RestartStrategy(msgspec.Struct, frozen=True):
     that window waits ``backoff_initial * backoff_multiplier ** (n - 1)``
     seconds (capped at ``backoff_max``) before the restart, so a child that
     fails only now and then always restarts quickly.
+
+    A failure the supervisor's ``outage`` test says is an outage (the
+    database is away) is not counted: the child restarts after ``outage``'s
+    backoff for as long as the outage lasts, however long.
     """
 
     max_restarts: int = 3
@@ -109,6 +131,7 @@ class RestartStrategy(msgspec.Struct, frozen=True):
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
     backoff_multiplier: float = 2.0
+    outage: Backoff = Backoff()
 
     def backoff(self, failures_in_window: int) -> float:
         """Seconds to wait before restarting after the ``failures_in_window``-th recent failure."""
@@ -254,6 +277,7 @@ class _Cell(Generic[N]):
         strategy: RestartStrategy | None,
         on_give_up: Callable[[str, BaseException], None] | None,
         clock: Clock,
+        outage: Callable[[BaseException], bool] | None = None,
     ) -> None:
         # Build the first instance here so a broken constructor fails the spawn call itself.
         first = factory()
@@ -268,6 +292,8 @@ class _Cell(Generic[N]):
         self.timers: set[Timer] = set()
         self.stop_requested = asyncio.Event()
         self.recent_failures: deque[float] = deque()
+        self.outage = outage
+        self.outage_failures = 0  # outage failures in a row (reset by a message handled)
         self.task = asyncio.get_running_loop().create_task(self._run(first), name=f"actor:{name}")
 
     async def _run(self, actor: Actor[N]) -> None:
@@ -281,23 +307,10 @@ class _Cell(Generic[N]):
                     self.log.error("actor.failed_unsupervised", exc_info=exc)
                     error_for_pending = exc
                     return
-                now = self.clock.monotonic()
-                self.recent_failures.append(now)
-                while self.recent_failures and self.recent_failures[0] < now - self.strategy.within:
-                    self.recent_failures.popleft()
-                if len(self.recent_failures) > self.strategy.max_restarts:
-                    self.log.error(
-                        "actor.gave_up",
-                        failures=len(self.recent_failures),
-                        within=self.strategy.within,
-                        exc_info=exc,
-                    )
-                    self._close_and_fail_pending(cause=exc)
-                    if self.on_give_up is not None:
-                        self.on_give_up(self.name, exc)
+                outage = self.outage is not None and self.outage(exc)
+                delay = self._outage_backoff(exc) if outage else self._backoff(exc)
+                if delay is None:  # given up
                     return
-                delay = self.strategy.backoff(len(self.recent_failures))
-                self.log.warning("actor.restarting", backoff=delay, exc_info=exc)
                 if await self._stopped_during(delay):
                     # No instance is left to drain with, so whatever is queued is dropped.
                     return
@@ -309,6 +322,41 @@ class _Cell(Generic[N]):
         finally:
             # Whatever ended the task (stop, give-up, cancellation), no ask may hang.
             self._close_and_fail_pending(error=error_for_pending)
+
+    def _outage_backoff(self, exc: BaseException) -> float:
+        """The wait before restarting a child that failed because the database is away: never a give-up.
+
+        The first failure of an outage is logged as a restart (without its traceback), the
+        others quietly: the Bus says once that the database is unavailable, and once that it is back.
+        """
+        assert self.strategy is not None
+        self.outage_failures += 1
+        delay = self.strategy.outage.delay(self.outage_failures)
+        log = self.log.warning if self.outage_failures == 1 else self.log.debug
+        log("actor.restarting", backoff=round(delay, 3), outage=True, error=repr(exc))
+        return delay
+
+    def _backoff(self, exc: BaseException) -> float | None:
+        """The wait before restarting a child that failed; None once it failed too often (given up)."""
+        assert self.strategy is not None
+        now = self.clock.monotonic()
+        self.recent_failures.append(now)
+        while self.recent_failures and self.recent_failures[0] < now - self.strategy.within:
+            self.recent_failures.popleft()
+        if len(self.recent_failures) > self.strategy.max_restarts:
+            self.log.error(
+                "actor.gave_up",
+                failures=len(self.recent_failures),
+                within=self.strategy.within,
+                exc_info=exc,
+            )
+            self._close_and_fail_pending(cause=exc)
+            if self.on_give_up is not None:
+                self.on_give_up(self.name, exc)
+            return None
+        delay = self.strategy.backoff(len(self.recent_failures))
+        self.log.warning("actor.restarting", backoff=delay, exc_info=exc)
+        return delay
 
     async def _live(self, actor: Actor[N]) -> BaseException | None:
         """Run one instance until a graceful stop (None) or its failure (the exception)."""
@@ -327,6 +375,7 @@ class _Cell(Generic[N]):
                     return await self._failed(actor, exc)
                 if envelope.reply is not None and not envelope.reply.done():
                     envelope.reply.set_result(result)
+                self.outage_failures = 0  # it works again: the next outage starts its backoff over
             try:
                 await actor.on_stop()
             except Exception:
@@ -340,7 +389,9 @@ class _Cell(Generic[N]):
             self.timers.clear()
 
     async def _failed(self, actor: Actor[N], exc: Exception) -> Exception:
-        self.log.warning("actor.failed", error=repr(exc))
+        # Only the first failure of an outage is worth a warning: the others are the same news.
+        quiet = self.outage_failures > 0 and self.outage is not None and self.outage(exc)
+        (self.log.debug if quiet else self.log.warning)("actor.failed", error=repr(exc))
         try:
             await actor.on_failure(exc)
         except Exception:
@@ -427,8 +478,9 @@ class ActorRef(Generic[M]):
 
     def _stopped_error(self, message: msgspec.Struct) -> ActorStoppedError:
         return ActorStoppedError(
-            f"actor {self.name} is stopped and accepts no more messages (got {type(message).__name__}); "
-            f"spawn a new one or check ref.is_alive first"
+            f"actor {self.name} is stopped and accepts no more messages (got {type(message).__name__}): "
+            "it was stopped, or failed for good (the log says why: actor.gave_up). If it belongs to a Bus, "
+            "b.health() names what failed: close the Bus and connect again"
         )
 
     async def tell(self, message: M) -> None:
@@ -583,6 +635,11 @@ class Supervisor:
     it is stopped for good, the failure is recorded in :attr:`failures`,
     :attr:`escalated` is set, and ``on_escalate(child_name, exc)`` is called.
     Pass a parent supervisor's :meth:`escalate` as ``on_escalate`` to nest.
+
+    ``outage(exc)`` tells an outage (a server that is away, not a bug) from
+    other failures: a child that fails of one restarts after the strategy's
+    ``outage`` backoff for as long as it lasts, and such failures never
+    count toward the restart intensity.
     """
 
     def __init__(
@@ -592,9 +649,11 @@ class Supervisor:
         on_escalate: EscalationHandler | None = None,
         strategy: RestartStrategy | None = None,
         clock: Clock | None = None,
+        outage: Callable[[BaseException], bool] | None = None,
     ) -> None:
         self.name = name
         self.strategy = strategy or RestartStrategy()
+        self.outage = outage
         self.escalated = asyncio.Event()
         self._on_escalate = on_escalate
         self._clock = clock or AsyncioClock()
@@ -626,7 +685,9 @@ class Supervisor:
             raise ActorStoppedError(f"supervisor {self.name} is stopped; cannot spawn {name}")
         if name in self._children:
             raise ValueError(f"supervisor {self.name} already has a child named {name!r}")
-        cell = _Cell(factory, name, mailbox_size, strategy or self.strategy, self._give_up, self._clock)
+        cell = _Cell(
+            factory, name, mailbox_size, strategy or self.strategy, self._give_up, self._clock, self.outage
+        )
         self._children[name] = cell.ref
         cell.task.add_done_callback(lambda _: self._forget(name, cell.ref))
         return cell.ref

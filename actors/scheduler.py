@@ -26,6 +26,7 @@ from croniter import croniter
 
 from actors.runtime import Actor, ActorRef, Message, Supervisor, Timer
 from storage import schedules
+from storage.availability import warn_unless_said
 from storage.logs import get_logger
 
 __all__ = ["Check", "Scheduler", "plan", "start_scheduler"]
@@ -112,7 +113,7 @@ class Scheduler(Actor[Check]):
         try:
             delay = await self._pass()
         except Exception as exc:
-            self._log.warning("scheduler_pass_failed", error=repr(exc))
+            warn_unless_said(self._log, "scheduler_pass_failed", exc)
         self._timer = self.self_ref.schedule_once(max(0.0, min(delay, self._interval)), Check())
         return None
 

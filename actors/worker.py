@@ -43,6 +43,7 @@ from actors.messages import (
 )
 from actors.runtime import Actor, ActorRef, ActorStoppedError, AskTimeoutError, Timer
 from storage import leases
+from storage.availability import warn_unless_said
 from storage.db import TRANSIENT_ERRORS, Lender, Now, server_clock
 from storage.logs import get_logger
 from storage.names import validate_int, validate_seconds
@@ -284,14 +285,14 @@ class PartitionWorker(Actor[WorkerMessage]):
                     try:
                         await self._check_lease()
                     except TRANSIENT_ERRORS as exc:
-                        self._log.warning("lease_check_failed", error=repr(exc))
+                        warn_unless_said(self._log, "lease_check_failed", exc)
             case Wake():
                 try:
                     await self._work()
                 except TRANSIENT_ERRORS as exc:
                     # The database is away (restart, failover, dropped connection):
                     # the next tick retries; the lease, if it ran out, is re-taken.
-                    self._log.warning("fetch_failed", error=repr(exc))
+                    warn_unless_said(self._log, "fetch_failed", exc)
                     self._resume_from_committed()
             case Seek(offset=offset):
                 if self._epoch is not None and not self._sink.handler_mode:
@@ -305,7 +306,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                 try:
                     await self._retry_due(epoch)
                 except TRANSIENT_ERRORS as exc:
-                    self._log.warning("retry_failed", error=repr(exc))
+                    warn_unless_said(self._log, "retry_failed", exc)
                     self._resume_from_committed()
             case CommitDue(epoch=epoch):
                 self._commit_timer = None
@@ -313,7 +314,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                     try:
                         await self._commit(self._handled)
                     except TRANSIENT_ERRORS as exc:
-                        self._log.warning("commit_failed", error=repr(exc))
+                        warn_unless_said(self._log, "commit_failed", exc)
                         self._resume_from_committed()
         return None
 
@@ -327,7 +328,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         try:
             row = await leases.state(self._pool, self.spec.group, self.spec.partition_id, self.spec.now())
         except TRANSIENT_ERRORS as exc:
-            self._log.warning("rewind_failed", error=repr(exc))
+            warn_unless_said(self._log, "rewind_failed", exc)
             return False
         if row is None or row["owner"] != self.spec.member_id or row["lease_epoch"] != self._epoch:
             await self._lost()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from bus.config import Config
 from bus.errors import (
+    ActorStoppedError,
     BusError,
     ConcurrentAppendError,
     GroupHasMembersError,
@@ -26,7 +27,7 @@ from bus.errors import (
     TopicNotFoundError,
     ValidationError,
 )
-from bus.types import Message, Outgoing, PartitionStats, Rate, Record, TopicInfo, TopicPartition
+from bus.types import Health, Message, Outgoing, PartitionStats, Rate, Record, TopicInfo, TopicPartition
 
 # What `import bus` loads is the names: errors, configuration and message types. The Bus and the
 # database driver load with the first `bus.connect` (or `bus.Bus`); consumer groups, claims, queues,
@@ -119,6 +120,7 @@ __all__ = [
     "Retry",
     "Subscription",
     "SubscriptionInfo",
+    "ActorStoppedError",
     "Bus",
     "BusError",
     "ConcurrentAppendError",
@@ -126,6 +128,7 @@ __all__ = [
     "GroupHasMembersError",
     "GroupNotFoundError",
     "GroupStoppedError",
+    "Health",
     "JobFailedError",
     "LeaseLostError",
     "Message",

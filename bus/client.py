@@ -20,7 +20,7 @@ from bus import queue_features, tracing
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
 from bus.config import Config
 from bus.context import BusContext
-from bus.types import Message, Outgoing, Rate, Record, TopicInfo
+from bus.types import Health, Message, Outgoing, Rate, Record, TopicInfo
 from storage import db
 from storage import messages as log_sql
 from storage import topics as topic_sql
@@ -133,6 +133,50 @@ class Bus:
         await self.lender.close()
         await self.pool.close()
 
+    def health(self) -> Health:
+        """Whether this Bus can do its work now ("healthy"), is waiting out a database outage
+        ("degraded": it comes back by itself), or needs reopening ("failed"); see `bus.Health`.
+
+        Reads what the Bus already knows (no statement is run): the Notifier and the
+        HeartbeatMonitor notice an outage within about a second, and its end as soon as a
+        connection opens again.
+        """
+        system = self.context.system
+        problems: list[str] = []
+        available = True
+        since = None
+        lasted = None
+        outages, last = 0, None
+        failed: list[str] = []
+        if system is not None:
+            seen = system.availability
+            available, since, lasted = seen.available, seen.unavailable_since, seen.unavailable_for
+            outages, last = seen.outages, seen.last_outage
+            if not available:
+                problems.append(
+                    f"the database cannot be reached ({seen.error}); the bus retries until it is back "
+                    "(publishes raise StorageUnavailableError meanwhile, consumers wait)"
+                )
+            failed = sorted({name for name, _ in system.errors})
+            if failed:
+                problems.append(
+                    f"system actor(s) {', '.join(failed)} stopped for good after repeated failures "
+                    "(the log says why: system_actor_failed); close this Bus and connect again"
+                )
+        if self._closed:
+            problems.append("the Bus is closed; connect again")
+        status = "failed" if failed or self._closed else "healthy" if available else "degraded"
+        return Health(
+            status=status,
+            database_available=available,
+            unavailable_since=since,
+            unavailable_seconds=lasted,
+            outages=outages,
+            last_outage_seconds=last,
+            failed_actors=failed,
+            problems=problems,
+        )
+
     async def _start(self) -> None:
         """Start the per-Bus system actors: the Notifier, the HeartbeatMonitor and the retention cleaner."""
         _metrics.prepare()  # off the event loop, before a first assignment would pay for it
@@ -203,6 +247,9 @@ class Bus:
             ),
             self.channels.messages,
         )
+        schema = c.schema
+        system.availability.on_change = lambda up, ended: _metrics.database_available(schema, up, ended)
+        _metrics.database_available(schema, True)
         await system.start()
         self.context.system = system
         return system

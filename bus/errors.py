@@ -1,6 +1,7 @@
 """The errors of the public API (defined in `storage.errors`, re-exported here)."""
 
 from storage.errors import (
+    ActorStoppedError,
     BusError,
     ConcurrentAppendError,
     GroupHasMembersError,
@@ -19,6 +20,7 @@ from storage.errors import (
 )
 
 __all__ = [
+    "ActorStoppedError",
     "BusError",
     "ConcurrentAppendError",
     "GroupHasMembersError",

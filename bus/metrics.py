@@ -31,6 +31,8 @@ never computed during a scrape. Metrics, all in `registry`:
 | `bus_claims_total` / `bus_claimed_messages_total` / `bus_claim_acks_total` | group, topic | claim mode |
 | `bus_queue_taken_messages_total` / `_acked_` / `_nacked_` | topic | queue mode |
 | `bus_consumer_lag` / `bus_consumer_lag_seconds` | group, topic, partition | gauges, as describe_group |
+| `bus_database_available` | schema | gauge: 1 while the database is reached, 0 during an outage (`b.health()` degraded) |
+| `bus_database_outages_total` | schema | database outages ridden out (counted as each ends) |
 
 Without prometheus-client every metric is a no-op, `generate_latest()`
 returns b"" and `start_http_server` raises a BusError saying what to install.
@@ -48,6 +50,8 @@ from actors.metrics import (
     CLAIMED,
     CLAIMS,
     CONSUMED,
+    DATABASE_AVAILABLE,
+    DATABASE_OUTAGES,
     DEAD_LETTERED,
     ENABLED,
     FETCH_BATCH,
@@ -84,6 +88,8 @@ __all__ = [
     "CLAIMS",
     "CLAIM_ACKS",
     "CONSUMED",
+    "DATABASE_AVAILABLE",
+    "DATABASE_OUTAGES",
     "DEAD_LETTERED",
     "ENABLED",
     "FETCHED",

@@ -38,6 +38,35 @@ class TopicInfo(msgspec.Struct, frozen=True, kw_only=True):
         return self.partitions is None
 
 
+class Health(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Bus.health()` says: can this Bus do its work now, and if not, why and what to do.
+
+    `status` is "healthy"; "degraded" while the database cannot be reached
+    (the bus retries for as long as that lasts and comes back by itself:
+    publishes and acks raise StorageUnavailableError meanwhile, consumers
+    wait); "failed" once a system actor stopped for good (a bug, not an
+    outage: close the Bus and connect again) or the Bus is closed.
+    `problems` says each reason in words.
+    """
+
+    status: str
+    database_available: bool
+    #: When the current outage began (None while the database is reachable), and its length so far.
+    unavailable_since: datetime | None = None
+    unavailable_seconds: float | None = None
+    #: Outages this Bus rode out since it opened, and how long the last one lasted.
+    outages: int = 0
+    last_outage_seconds: float | None = None
+    #: The system actors that stopped for good (their supervisor gave up on them).
+    failed_actors: list[str] = msgspec.field(default_factory=list)
+    problems: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the status is "healthy"."""
+        return self.status == "healthy"
+
+
 class Record(msgspec.Struct, frozen=True, gc=False):
     """Where a published message landed."""
 

@@ -4,6 +4,7 @@
 #   scripts/pg15.sh start   # initdb (first time) and start; prints the DSN
 #   scripts/pg15.sh dsn     # the DSN (starts the cluster if it is not running)
 #   scripts/pg15.sh stop    # stop it (the data stays under $BUS_HOME/pg15)
+#   scripts/pg15.sh outage SECONDS   # stop it (-m fast), wait, start it again on the same port
 #
 #   BUS_TEST_DSN=$(scripts/pg15.sh dsn) .venv/bin/python -m pytest -m 'not slow' tests/foundation -q
 #
@@ -105,7 +106,7 @@ start() {
             --encoding=UTF8 >/dev/null
     fi
     write_hba
-    free_port >"$DIR/port"
+    [ -n "${KEEP_PORT:-}" ] || free_port >"$DIR/port"
     [ "$(id -u)" = 0 ] && chown "$RUN_USER" "$DIR/port"
     say "starting on 127.0.0.1:$(port)"
     as_server "$PGBIN/pg_ctl" -D "$DATA" -l "$DIR/log" -w -t 60 \
@@ -131,8 +132,16 @@ stop)
         say "not running"
     fi
     ;;
+outage)
+    seconds=${2:?usage: $0 outage SECONDS}
+    running || { say "not running"; exit 1; }
+    as_server "$PGBIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null
+    say "stopped for $seconds s"
+    sleep "$seconds"
+    KEEP_PORT=1 start
+    ;;
 *)
-    echo "usage: $0 start|stop|dsn" >&2
+    echo "usage: $0 start|stop|dsn|outage SECONDS" >&2
     exit 2
     ;;
 esac

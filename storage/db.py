@@ -518,6 +518,9 @@ async def create_pool(
     dsn: str, schema: str, *, min_size: int = 1, max_size: int = 20, pooler: Pooler = None, **kwargs: Any
 ) -> asyncpg.Pool:
     """An asyncpg pool whose connections run bus statements in `schema` (see `Pooler`)."""
+    from storage.availability import quiet_pool_floor_retries
+
+    quiet_pool_floor_retries()  # a traceback per reconnect attempt while the server is away: said once instead
 
     async def init(conn: asyncpg.Connection) -> None:
         if pooler == "session":

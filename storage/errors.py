@@ -81,3 +81,12 @@ class JobFailedError(BusError):
 class SchemaVersionError(BusError):
     """The schema and this library do not fit: the library is older than the schema's minimum
     compatible release, or an applied migration's file changed after it was applied."""
+
+
+class ActorStoppedError(BusError, RuntimeError):
+    """An actor of the bus stopped (it was stopped, or failed for good): nothing will answer.
+
+    Through a Bus it means one of its actors gave up after repeated failures
+    that were not the database being away (those are retried for as long as
+    it lasts); `b.health()` names it. Close the Bus and connect again.
+    """

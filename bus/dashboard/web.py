@@ -110,7 +110,21 @@ def build_app(
     dash = _Dashboard(b, history, Audit(audit_path), admin_token, refresh)
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"ok": True, "admin": admin_token is not None, "schema": b.config.schema})
+        # Always 200 while the dashboard serves: a liveness probe must not restart a service that is
+        # waiting out a database outage; `status` says whether the Bus is "healthy", "degraded" or "failed".
+        health = b.health()
+        return JSONResponse(
+            {
+                "ok": True,
+                "admin": admin_token is not None,
+                "schema": b.config.schema,
+                "status": health.status,
+                "database_available": health.database_available,
+                "unavailable_seconds": health.unavailable_seconds,
+                "outages": health.outages,
+                "problems": health.problems,
+            }
+        )
 
     async def favicon(request: Request) -> Response:
         return RedirectResponse(request.scope.get("root_path", "") + "/static/favicon.svg", status_code=301)
@@ -289,6 +303,7 @@ class _Dashboard:
             path = path[len("/live") :]
         html = self.env.get_template(template).render(
             base=base,
+            health=self.b.health(),
             admin=self.admin_token is not None,
             refresh=self.refresh,
             path=path,
@@ -330,7 +345,9 @@ class _Dashboard:
                 yield f"retry: {int(self.refresh * 2000)}\n\n"
                 while True:
                     template, context, _ = await self.gather(page, request)
-                    html = bytes(self.render(request, template, context).body).decode()
+                    html = bytes(
+                        self.render(request, "live.html", {"body": template, **context}).body
+                    ).decode()
                     yield "".join(f"data: {line}\n" for line in html.splitlines()) + "\n"
                     if once:
                         return

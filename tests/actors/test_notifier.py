@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import asyncpg
 
-from actors import Actor, Message, spawn
-from actors.messages import Subscribe, Unsubscribe
-from actors.notifier import Notifier
+from actors import Actor, Backoff, Message, Supervisor, spawn
+from actors.messages import Notified, Subscribe, Unsubscribe
+from actors.notifier import Notifier, Subscriptions
 from bus.testing import eventually
+from storage import db
+from storage.availability import Availability
 
 
 class Rang(Message, frozen=True):
@@ -147,3 +150,87 @@ async def test_a_notify_that_comes_while_the_table_changes_goes_through_the_noti
         await sender.close()
         await bell.stop()
         await notifier.stop()
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on: connecting to it is refused, as to a stopped server."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_while_the_server_is_away_the_notifier_answers_and_retries_then_listens_and_wakes_everyone(
+    dsn: str, schema: str
+) -> None:
+    away = f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    attempts: list[str] = []
+
+    async def connect() -> asyncpg.Connection:
+        # The server is away for the first four attempts, then back.
+        attempts.append("away" if len(attempts) < 4 else "back")
+        return await db.connect(away if attempts[-1] == "away" else dsn, schema)
+
+    availability = Availability()
+    notifier = spawn(
+        lambda: Notifier(
+            connect,
+            ["busy"],
+            availability=availability,
+            reconnect=Backoff(initial=0.05, maximum=0.2),
+            check_interval=30.0,  # only the backoff's own retries
+        ),
+        "notifier",
+    )
+    rings: list[Rang] = []
+    bell = spawn(lambda: Bell(rings), "bell")
+    sender = await asyncpg.connect(dsn)
+    try:
+        # The subscription is answered while the server is away: it is in the table.
+        await notifier.ask(Subscribe("busy", None, bell, Rang(), catch_up=False))
+        assert not availability.available and "cannot connect" in (availability.error or "")
+        # Back: listening again, everyone woken once (what was published meanwhile), outage over.
+        await eventually(lambda: availability.available, timeout=5)
+        assert attempts == ["away", "away", "away", "away", "back"]
+        assert availability.outages == 1
+        await eventually(lambda: len(rings) == 1)
+        await sender.execute("SELECT pg_notify('busy', 'x')")
+        await eventually(lambda: len(rings) == 2)
+        assert notifier.is_alive
+    finally:
+        await sender.close()
+        await bell.stop()
+        await notifier.stop()
+
+
+class CrashingNotifier(Notifier):
+    """A Notifier with a bug: a notification on channel "crash" makes it fail."""
+
+    async def _receive(self, message: Any) -> None:
+        if isinstance(message, Notified) and message.channel == "crash":
+            raise RuntimeError("a bug in the notifier")
+        await super()._receive(message)
+
+
+async def test_a_restarted_notifier_keeps_its_subscribers_and_wakes_them(dsn: str) -> None:
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(dsn)
+
+    table: Subscriptions = {}
+    sup = Supervisor("test")
+    notifier = sup.spawn(lambda: CrashingNotifier(connect, ["busy"], table=table), "notifier")
+    rings: list[Rang] = []
+    bell = spawn(lambda: Bell(rings), "bell")
+    sender = await asyncpg.connect(dsn)
+    try:
+        await notifier.ask(Subscribe("busy", None, bell, Rang(), catch_up=False))
+        notifier.signal(Notified("crash", ""))
+        # The new instance listens again and wakes the subscriber it found in the table.
+        await eventually(lambda: len(rings) == 1)
+        assert notifier.is_alive and not sup.escalated.is_set()
+        await notifier.ask(Unsubscribe(None))  # a round trip: the new instance has started
+        await sender.execute("SELECT pg_notify('busy', 'x')")
+        await eventually(lambda: len(rings) == 2)
+    finally:
+        await sender.close()
+        await bell.stop()
+        await sup.stop()

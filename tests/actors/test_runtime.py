@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import bus
 from actors import (
     Actor,
     ActorRef,
@@ -19,6 +20,9 @@ from actors import (
     Supervisor,
     spawn,
 )
+from actors.runtime import Backoff
+from storage.availability import is_unavailable
+from storage.errors import StorageUnavailableError
 
 # --- messages ---------------------------------------------------------------
 
@@ -575,3 +579,67 @@ async def test_schedule_once_of_a_failed_instance_never_reaches_its_successor() 
     assert not timer.active
     assert "tick" not in journal
     await sup.stop()
+
+
+# --- outages ------------------------------------------------------------------
+
+
+class Away(Message, frozen=True):
+    """Fails the way an actor fails when the database is away."""
+
+
+class Outaged(Actor[Away | Echo | Boom]):
+    async def receive(self, message: Away | Echo | Boom) -> Any:
+        match message:
+            case Away():
+                raise StorageUnavailableError("cannot connect to PostgreSQL (connection refused)")
+            case Boom(reason=reason):
+                raise ValueError(reason)
+            case Echo(value=value):
+                return value * 2
+
+
+async def test_a_child_failing_because_the_database_is_away_restarts_for_as_long_as_it_lasts() -> None:
+    clock = FakeClock()
+    outage = Backoff(initial=0.1, maximum=1.0, multiplier=2.0, jitter=0.5)
+    sup = Supervisor(
+        clock=clock,
+        strategy=RestartStrategy(max_restarts=2, within=1000.0, outage=outage),
+        outage=is_unavailable,
+    )
+    ref = sup.spawn(Outaged, name="patient")
+    for _ in range(30):  # far more than max_restarts, all within the window
+        await ref.tell(Away())
+    assert await ref.ask(Echo(1)) == 2
+    assert not sup.escalated.is_set() and ref.is_alive
+    # Doubling from 0.1 s to the 1 s cap, each less up to half of it (jitter).
+    for n, slept in enumerate(clock.sleeps, start=1):
+        full = min(0.1 * 2 ** (n - 1), 1.0)
+        assert full / 2 <= slept <= full
+    assert len(clock.sleeps) == 30 and max(clock.sleeps) <= 1.0
+    assert len(set(clock.sleeps[-10:])) > 1, "jittered, so processes do not come back in step"
+
+    # A message handled in between: the next outage starts its backoff over.
+    await ref.tell(Away())
+    assert await ref.ask(Echo(2)) == 4
+    assert clock.sleeps[-1] <= 0.1
+
+    # Failures that are not an outage keep the restart intensity: the third one gives up.
+    for i in range(3):
+        await ref.tell(Boom(f"bug {i}"))
+    await asyncio.wait_for(sup.escalated.wait(), 1.0)
+    assert [(name, str(exc)) for name, exc in sup.failures] == [("patient", "bug 2")]
+    await sup.stop()
+
+
+def test_backoff_doubles_up_to_its_cap_less_its_jitter() -> None:
+    plain = Backoff(initial=0.1, maximum=5.0, multiplier=2.0, jitter=0.0)
+    assert [plain.delay(n) for n in range(1, 9)] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+    jittered = Backoff(initial=0.1, maximum=5.0, jitter=0.5)
+    assert all(2.5 <= jittered.delay(20) <= 5.0 for _ in range(100))
+
+
+def test_actor_stopped_error_is_a_bus_error_that_says_what_to_do() -> None:
+    assert issubclass(ActorStoppedError, bus.errors.BusError)
+    assert issubclass(ActorStoppedError, RuntimeError)  # what it was before
+    assert bus.errors.ActorStoppedError is ActorStoppedError is bus.ActorStoppedError

@@ -87,6 +87,7 @@ INJECTED = frozenset(
         "kill",
         "terminate_backends",
         "restart",
+        "outage",
         "zombie",
         "slow",
         "slow_request",

@@ -13,6 +13,12 @@ every 100 ms and injects faults chosen by a seeded random generator:
 - `kill`: SIGKILL a member process, start a replacement;
 - `terminate_backends`: `pg_terminate_backend` every bus connection;
 - `restart`: restart PostgreSQL (same port);
+- `outage`: stop PostgreSQL (`-m fast`), leave it stopped for 20-90 s (never
+  longer than the run's fault time, so the bounded run's is 20-25 s), and
+  start it again on the same port: every process rides it out with its Bus
+  open (the members' sessions run out meanwhile: they are fenced and join
+  again); it waits for every member to have joined first, so no process is
+  starting (connecting) while the server is away;
 - `zombie`: SIGSTOP a member process past its session, then SIGCONT;
 - `slow`: make the slow process's handler block it past its lease;
 - `rebalance`: start one more process of a role (its members join every group
@@ -31,8 +37,10 @@ producer process going through PgBouncer in transaction mode
 (scripts/pgbouncer.sh; `pooler="transaction"`, LISTEN on `direct_dsn`).
 
 `run_chaos(..., ha=True)` runs against a PostgreSQL 15 primary and synchronous
-standby (scripts/pgha.sh) instead of the embedded server; `restart` is left
-out there (the fault for that server is `failover`).
+standby (scripts/pgha.sh) instead of the embedded server; `restart` and
+`outage` are left out there (the fault for that server is `failover`), and
+runs of one pattern (`pooler`, `patterns`) leave `outage` out too: it stops
+everything for longer than such a short run lasts.
 
 Then it stops the producers, lets every group drain, stops the members
 gracefully, collects the user's table, the dead-letter topics and the event
@@ -165,7 +173,7 @@ REBALANCED_ROLES = ("T", "T", "P")
 KINDS = tuple(
     k
     for k in os.environ.get(
-        "CHAOS_KINDS", "kill,terminate_backends,restart,zombie,slow,rebalance,long_transaction"
+        "CHAOS_KINDS", "kill,terminate_backends,restart,outage,zombie,slow,rebalance,long_transaction"
     ).split(",")
     if k
 )
@@ -173,8 +181,10 @@ KINDS = tuple(
 BACKGROUND_KINDS = frozenset({"rebalance", "long_transaction"})
 #: The name a fault kind is recorded under, where it differs (a `slow` request's interval comes later).
 RECORDED_AS = {"slow": "slow_request"}
-#: The faults of a run against the HA pair: `restart` is the embedded server's; `failover` comes first.
-HA_KINDS = ("failover",) + tuple(k for k in KINDS if k != "restart")
+#: The faults of a run against the HA pair: `restart` and `outage` are the embedded server's; `failover` comes first.
+HA_KINDS = ("failover",) + tuple(k for k in KINDS if k not in ("restart", "outage"))
+#: How long an `outage` fault keeps the server stopped (seconds, drawn uniformly; capped at the run's length).
+OUTAGE = (20.0, 90.0)
 PGHA = ROOT / "scripts" / "pgha.sh"
 PGBOUNCER = ROOT / "scripts" / "pgbouncer.sh"
 ONLY_PATTERNS = frozenset(p for p in os.environ.get("CHAOS_PATTERNS", "").split(",") if p)
@@ -272,6 +282,8 @@ class ChaosRun:
         self.pooler = pooler
         self.child_env: dict[str, str] = {}
         self.kinds = HA_KINDS if ha else KINDS
+        if pooler or patterns:
+            self.kinds = tuple(k for k in self.kinds if k != "outage")
         self.failed_over = False
         self.seed = seed
         self.rng = random.Random(seed)
@@ -390,6 +402,15 @@ class ChaosRun:
         ]
         return self.rng.choice(live) if live else None
 
+    async def _wait_joined(self, within: float) -> None:
+        """Until every member process (the rebalance fault's too) has joined, for at most `within` seconds."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            running = [s for s in self.slots + self.extras if s.proc is not None and s.proc.poll() is None]
+            if all(self._has_joined(s) for s in running):
+                return
+            await asyncio.sleep(0.2)
+
     def _has_joined(self, slot: Slot) -> bool:
         """Whether the slot's current process printed "joined" (its SIGUSR1 handler is in place by then)."""
         log = self.out / slot.log
@@ -417,6 +438,14 @@ class ChaosRun:
         elif kind == "restart":
             await asyncio.to_thread(restart_server, self.home)
             self._record(Fault("restart", t0, time.time(), None))
+        elif kind == "outage":
+            # Not while a process starts or stops: it would meet the server away while connecting or leaving.
+            await asyncio.gather(*(t for t in self.background if t.get_name() == "rebalance"))
+            await self._wait_joined(within=30.0)
+            down = self.rng.uniform(OUTAGE[0], max(OUTAGE[0], min(OUTAGE[1], self.seconds)))
+            t0 = time.time()
+            await asyncio.to_thread(restart_server, self.home, down=down)
+            self._record(Fault("outage", t0, time.time(), None, f"server stopped {down:.1f} s"))
         elif kind == "failover":
             if self.failed_over:  # one standby: a second failover has nothing to promote
                 return
@@ -446,7 +475,7 @@ class ChaosRun:
             self._record(Fault("slow_request", t0, t0, slot.proc.pid, slot.name))
         elif kind == "rebalance":
             # In the background: joining takes seconds (a process starting), other faults go on meanwhile.
-            self.background.append(asyncio.create_task(self._rebalance(t0)))
+            self.background.append(asyncio.create_task(self._rebalance(t0), name="rebalance"))
         elif kind == "long_transaction":
             # In the background too: the snapshot stays while the next faults come.
             self.background.append(asyncio.create_task(self._long_transaction(t0)))

@@ -689,7 +689,9 @@ async def run_es(ctx: Ctx) -> None:
         except bus.errors.BusError as exc:  # unknown outcome: give the claim back, its events come again
             rec.mark("es_failed", group=group, account=account, since=since)
             rec.error("es_ack", exc)
-            for _ in range(20):
+            # Until it is given back (or gone): this worker's heartbeats keep its claims alive, so one
+            # it gave up releasing (the database away for longer than a few tries) would stay held.
+            while True:
                 try:
                     await store.release(group, c.offset_id, worker_id=worker)
                     break
