@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
@@ -87,10 +87,27 @@ class RetryPolicy:
         return float(min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
 
 
+@dataclass(frozen=True)
+class TxOutcome:
+    """What a transactional handler's batch came to (`Sink.handle_transaction`).
+
+    `committed`: the position committed with the handler's writes (None: the lease
+    had moved on, nothing applied). `failed`: the index in the batch of the message
+    that failed with `attempts` failed attempts so far (the offsets stop at it);
+    `stopped`: its last attempt failed and there is no dead-letter topic.
+    """
+
+    committed: int | None
+    failed: int | None = None
+    attempts: int = 0
+    stopped: BaseException | None = None
+
+
 class Sink(Protocol):
     """Where a worker's messages go: the consumer's buffer (poll) or the user's handler (subscribe)."""
 
     handler_mode: bool
+    transactional: bool
     retry: RetryPolicy
 
     def acquired(self, partition_id: int, epoch: int, worker: ActorRef[WorkerMessage]) -> None:
@@ -118,6 +135,11 @@ class Sink(Protocol):
 
     def failed(self, topic: str, partition: str, error: BaseException) -> None:
         """Handler mode: the partition stopped on an error it could not get past."""
+
+    async def handle_transaction(
+        self, spec: WorkerSpec, epoch: int, rows: list[asyncpg.Record], now: datetime | None
+    ) -> TxOutcome:
+        """Transactional handler mode: handle `rows` and commit their offsets in one transaction."""
 
 
 @dataclass(frozen=True)
@@ -450,6 +472,9 @@ class PartitionWorker(Actor[WorkerMessage]):
         row when the timer fires.
         """
         assert self._epoch is not None
+        if self._sink.transactional:
+            await self._run_transactional(rows)
+            return
         done = self._committed
         for index, row in enumerate(rows):
             while True:
@@ -487,6 +512,36 @@ class PartitionWorker(Actor[WorkerMessage]):
             attempt = 1
             done = row["offset"] + 1
         await self._commit_soon(done)
+
+    async def _run_transactional(self, rows: list[asyncpg.Record]) -> None:
+        """Hand `rows` to a transactional handler: its writes and the offsets commit together.
+
+        The attempts of a failing message are counted in the database, in that
+        transaction; a retry re-runs from the failing message after the backoff.
+        """
+        assert self._epoch is not None
+        epoch = self._epoch
+        out = await self._sink.handle_transaction(self.spec, epoch, rows, self.spec.now())
+        if out.committed is None:
+            self._position = self._handled  # nothing applied: the new owner (or this one) reads again
+            await self._check_lease()
+            return
+        self._last_commit = asyncio.get_running_loop().time()
+        self._committed = self._handled = max(self._committed, out.committed)
+        if out.failed is None:
+            return
+        row = rows[out.failed]
+        metrics.handler_error(self.spec.group, self.spec.topic)
+        if out.stopped is not None:
+            self._log.error(
+                "partition_stopped", offset=row["offset"], attempts=out.attempts, error=repr(out.stopped)
+            )
+            self._stopped_on_error = True
+            self._sink.failed(self.spec.topic, self.spec.partition, out.stopped)
+            self._coordinator.signal(WorkerFailed(self.spec.partition_id, repr(out.stopped)))
+            return
+        self._retry = (rows[out.failed :], out.attempts + 1)
+        self._retry_timer = self.self_ref.schedule_once(self._sink.retry.delay(out.attempts), RetryDue(epoch))
 
     async def _retry_due(self, epoch: int) -> None:
         if self._retry is None or epoch != self._epoch:

@@ -46,6 +46,7 @@ _LAZY = {
     "Consumer": "bus.consumer",
     "Retry": "bus.consumer",
     "Subscription": "bus.consumer",
+    "Transaction": "bus.transaction",
     "Claim": "bus.claims",
     "QueueConsumer": "bus.queues",
     "Event": "bus.eventstore",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     )
     from bus.queues import QueueConsumer
     from bus.schedules import ScheduleInfo
+    from bus.transaction import Transaction
 
 
 def __getattr__(name: str) -> Any:
@@ -119,6 +121,7 @@ __all__ = [
     "Retry",
     "Subscription",
     "SubscriptionInfo",
+    "Transaction",
     "Bus",
     "BusError",
     "ConcurrentAppendError",

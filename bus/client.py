@@ -263,8 +263,14 @@ class Bus:
         batch_size: int = 100,
         on_assign: Callback | None = None,
         on_revoke: Callback | None = None,
+        transactional: bool = False,
     ) -> Subscription:
-        """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it."""
+        """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it.
+
+        `transactional=True`: `handler(message, tx)` writes on `tx.connection`, and those writes, what
+        it publishes there and the message's offset commit together (effectively-once), with `retry`
+        and `dead_letter` as for any handler: a failing message rolls back alone.
+        """
         from bus.consumer import Subscription
 
         sub = Subscription(
@@ -282,6 +288,7 @@ class Bus:
             batch_size=batch_size,
             on_assign=on_assign,
             on_revoke=on_revoke,
+            transactional=transactional,
         )
         return await sub.start()
 
