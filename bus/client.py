@@ -977,9 +977,11 @@ class _Connector:
         with db.translate_errors():
             conn = await db.connect(dsn, config.schema, pooler=pooler)
             try:
-                await db.migrate(conn, config.schema)
+                applied = await db.migrate(conn, config.schema)
             finally:
                 await conn.close()
+        # The one line a connect logs at INFO; each migration is at DEBUG.
+        log.info("migrations_applied", schema=config.schema, count=len(applied))
         pool = await db.create_pool(
             dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size, pooler=pooler
         )

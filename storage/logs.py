@@ -1,7 +1,9 @@
 """Library logging: structlog on top of the standard `logging` module.
 
 The library never configures logging globally. Its loggers are structlog
-loggers wrapped around stdlib loggers named after the module, so a service's
+loggers wrapped around stdlib loggers named after the module, all under one
+tree, `bus` (`bus.client`, `bus.storage.db`, `bus.actors.worker`, ...), so
+`logging.getLogger("bus")` sets the level of every event, and a service's
 own `logging` setup decides what is shown (by default: warnings and errors),
 and a service that configures structlog gets our events with their bound
 context (group, member, generation, topic, partition). The CLI configures both.
@@ -88,4 +90,9 @@ def get_logger(name: str, **context: Any) -> Logger:
     is logged, so the service's processors apply to our events too.
     """
     # _Logger forwards every attribute to the structlog logger it makes on first use.
-    return cast(Logger, _Logger(name, context))
+    return cast(Logger, _Logger(logger_name(name), context))
+
+
+def logger_name(module: str) -> str:
+    """The stdlib logger name of a library module: every one is under `bus` (`storage.db` -> `bus.storage.db`)."""
+    return module if module == "bus" or module.startswith("bus.") else f"bus.{module}"

@@ -221,7 +221,7 @@ async def _maintain(conn: asyncpg.Connection, interval: float) -> Maintenance:
     if shortest is not None:  # nothing would ever retire a segment: rows stay in the DEFAULT partition
         done.created = await ensure(conn, width=width, ahead=max(2 * width, 3 * interval))
     if done.retired or done.dropped or done.swept_rows:
-        log.info(
+        log.debug(
             "segments_maintained",
             retired=len(done.retired),
             dropped=len(done.dropped),
