@@ -159,7 +159,11 @@ class _MemberBase:
 
     @property
     def member_id(self) -> str | None:
-        """This member's id in the group (None until it joined)."""
+        """This member's id in the group: known once `start()` (or `async with`) returned.
+
+        None only if the database could not be reached while starting (the member
+        joins as soon as it can; the id is known from then on).
+        """
         return self._state.member_id
 
     @property
@@ -183,6 +187,12 @@ class _MemberBase:
         await _join_group(self._ctx, self._m)
         system = await self._ctx.group_system()
         self._coordinator = system.spawn_member(_member_spec(self._ctx, self._m), self._state)
+        # Returns joined: the member's id is known (its partitions come with the group's next
+        # generation, see wait_assigned). An unreachable database does not hold start() forever.
+        try:
+            await asyncio.wait_for(self._state.joined.wait(), self._ctx.config.session_timeout)
+        except TimeoutError:
+            log.warning("join_not_confirmed", group=self.group)
 
     async def _stop_member(self) -> None:
         if self._coordinator is not None:

@@ -63,6 +63,7 @@ class MemberState:
         self.assignment: set[TopicPartition] = set()
         self.assigned = asyncio.Event()
         self.member_id: str | None = None
+        self.joined = asyncio.Event()
         self.generation = -1
         self.errors: list[str] = []
         self.has_error = asyncio.Event()
@@ -70,6 +71,11 @@ class MemberState:
     def on_member(self, member_id: str, generation: int) -> None:
         self.member_id = member_id
         self.generation = generation
+
+    def on_joined(self, member_id: str) -> None:
+        """The member's row is in the group (its id known; partitions come with the next generation)."""
+        self.member_id = member_id
+        self.joined.set()
 
     def on_error(self, error: str) -> None:
         self.errors.append(error)
