@@ -570,6 +570,21 @@ async def create_pool(
     return pool
 
 
+async def create_service_pool(dsn: str, *, max_size: int, pooler: Pooler = None) -> asyncpg.Pool:
+    """A pool for the service's own statements: PostgreSQL's default search_path, nothing of the bus's.
+
+    Empty until used (min_size 0). Through a transaction pooler it prepares no statements.
+    """
+    check_dsn(dsn)
+    kwargs: dict[str, Any] = {"statement_cache_size": 0} if pooler == "transaction" else {}
+    try:
+        pool = await asyncpg.create_pool(dsn, min_size=0, max_size=max_size, **kwargs)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise _unavailable(exc, pooler) from exc
+    assert pool is not None
+    return pool
+
+
 async def connect(dsn: str, schema: str, *, pooler: Pooler = None, **kwargs: Any) -> asyncpg.Connection:
     """One connection that runs bus statements in `schema` (listeners, migrations, the Producer)."""
     check_dsn(dsn)

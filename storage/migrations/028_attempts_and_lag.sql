@@ -17,3 +17,15 @@ CREATE TABLE handler_attempts (
     PRIMARY KEY (group_name, partition_id)
 );
 CREATE INDEX handler_attempts_partition ON handler_attempts (partition_id);
+
+-- The lag of each group over time, sampled by whoever watches it (the dashboard):
+-- one row per group and 10-second bucket (two watchers write a bucket once), kept
+-- for an hour, so a chart opened later shows the last hour, not only what its own
+-- process saw.
+CREATE TABLE lag_samples (
+    group_name  text NOT NULL REFERENCES groups (name) ON DELETE CASCADE,
+    bucket      timestamptz NOT NULL,
+    lag         bigint NOT NULL,
+    PRIMARY KEY (group_name, bucket)
+);
+CREATE INDEX lag_samples_bucket ON lag_samples (bucket);
