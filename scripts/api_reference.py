@@ -56,6 +56,8 @@ SECTIONS: list[tuple[str, list[str]]] = [
             "GroupDescription",
             "MemberInfo",
             "PartitionLag",
+            "QueueDepth",
+            "PartitionDepth",
             "SubscriptionInfo",
             "ResetRow",
         ],
