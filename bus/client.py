@@ -990,9 +990,10 @@ def _describe_diff(existing: TopicInfo, wanted: TopicInfo) -> str:
 class _Connector:
     """What `connect()` returns: `async with connect() as b` or `b = await connect()`."""
 
-    def __init__(self, dsn: str | None, overrides: dict[str, Any]) -> None:
+    def __init__(self, dsn: str | None, overrides: dict[str, Any], *, actors: bool = True) -> None:
         self._dsn = dsn
         self._overrides = overrides
+        self._actors = actors
         self._bus: Bus | None = None
 
     def __await__(self) -> Generator[Any, None, Bus]:
@@ -1028,6 +1029,8 @@ class _Connector:
             dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size, pooler=pooler
         )
         b = Bus(dsn, config, pool, embedded)
+        if not self._actors:
+            return b
         try:
             await b._start()
         except BaseException:
@@ -1035,6 +1038,16 @@ class _Connector:
             raise
         log.debug("bus_connected", schema=config.schema)
         return b
+
+
+def connect_admin(dsn: str | None = None, **config: Any) -> _Connector:
+    """`connect()` for a short administrative look (the CLI's read-only commands): no actors started.
+
+    Migrations are applied and the pool opened as by `connect()`, with one connection to start
+    with; the heartbeat monitor, retention cleaner, scheduler and Producer are not started (a
+    publish writes directly; a consumer starts the group actors when it joins).
+    """
+    return _Connector(dsn, {"pool_min_size": 1, **config}, actors=False)
 
 
 def connect(dsn: str | None = None, **config: Any) -> _Connector:

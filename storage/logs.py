@@ -12,6 +12,7 @@ context (group, member, generation, topic, partition). The CLI configures both.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Protocol, cast
 
 
@@ -37,6 +38,19 @@ class Logger(Protocol):
         """Log `event` at ERROR level with the current exception's traceback."""
 
 
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "exception": logging.ERROR,
+}
+
+
+def _drop(event: str, **kw: object) -> None:
+    """An event no handler would show."""
+
+
 class _Logger:
     """A module logger whose structlog logger is made on first use.
 
@@ -60,6 +74,13 @@ class _Logger:
         self._configured = False
 
     def __getattr__(self, attribute: str) -> Any:
+        level = _LEVELS.get(attribute)
+        if (
+            level is not None
+            and "structlog" not in sys.modules  # not imported: nobody configured it
+            and not logging.getLogger(self._name).isEnabledFor(level)
+        ):
+            return _drop  # an event below the stdlib level costs no structlog import (CLI start-up)
         import structlog
 
         configured = structlog.is_configured()
