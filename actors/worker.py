@@ -198,6 +198,10 @@ class PartitionWorker(Actor[WorkerMessage]):
         self._retry: tuple[list[asyncpg.Record], int] | None = None
         self._retry_timer: Timer | None = None
         self._stopped_on_error = False
+        # Transactional handler mode, after a database error: whether the last transaction
+        # committed is unknown (a COMMIT whose reply was lost), so the position is read back
+        # from the committed offset before anything is fetched again.
+        self._reread = False
         self._log = get_logger(
             __name__,
             group=spec.group,
@@ -373,6 +377,7 @@ class PartitionWorker(Actor[WorkerMessage]):
             return False
         self._epoch, self._position = got
         self._committed = self._handled = self._position
+        self._reread = False
         if not self._sink.handler_mode:
             self._sink.acquired(self.spec.partition_id, self._epoch, self.self_ref)
         self._log.debug("partition_acquired", epoch=self._epoch, position=self._position)
@@ -381,6 +386,10 @@ class PartitionWorker(Actor[WorkerMessage]):
     async def _work(self) -> None:
         if self._stopped_on_error or self._retry is not None:
             return  # stopped, or a handler's backoff is running (RetryDue resumes)
+        if self._reread and self._epoch is not None:
+            if await self._rewind():  # the committed offset, or the lease is gone; it wakes us
+                self._reread = False
+            return
         if self._epoch is None and not await self._acquire():
             # The previous owner is still revoking (it commits, then releases);
             # its release NOTIFY or the next poll tick brings us back.
@@ -454,6 +463,8 @@ class PartitionWorker(Actor[WorkerMessage]):
             self._cancel_retry()
             self._cancel_commit_timer()
             self._position = self._handled
+            if self._sink.transactional:
+                self._reread = True  # its transaction may have committed: the database says where it is
             if self._epoch is not None and self._handled > self._committed:
                 self._commit_timer = self.self_ref.schedule_once(COMMIT_INTERVAL, CommitDue(self._epoch))
 
