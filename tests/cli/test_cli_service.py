@@ -119,3 +119,31 @@ async def test_describe_shows_each_member_heartbeat_age(connect: Any, dsn: str, 
         assert 0 <= member["heartbeat_age"] <= time.time() - before + 30
         out = await cli(dsn, schema, "describe", "email")
         assert "HEARTBEAT-AGE" in out.stdout
+
+
+async def test_a_read_only_command_loads_neither_typer_parsing_nor_structlog(
+    connect: Any, dsn: str, schema: str
+) -> None:
+    """Start-up is what a person waits for: pydantic (typer's parameter parsing) and structlog (with
+    rich's tracebacks) are most of it, and a read-only command needs neither. The speed itself is
+    measured, not asserted (see the report); this pins what keeps it."""
+    b = await connect(**FAST)
+    await b.create_topic("orders")
+    probe = (
+        "import sys, json\n"
+        "from bus.cli import main\n"
+        "for args in (['topics', '--json'], ['groups'], ['describe', 'nope', '--json']):\n"
+        "    try:\n"
+        "        main(args)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(json.dumps({m: m in sys.modules for m in ('pydantic', 'structlog', 'actors.system')}))\n"
+    )
+    out = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", probe], env=_env(dsn, schema), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = json.loads(out.stdout.splitlines()[-1])
+    assert loaded == {"pydantic": False, "structlog": False, "actors.system": False}, loaded
+    assert '"name": "orders"' in out.stdout and "does not exist" in out.stdout
