@@ -588,6 +588,11 @@ def dashboard(
     """Web dashboard: topics, groups and lag, queues and dead letters, claims, event-store groups, compaction."""
     from bus.dashboard import command
 
+    try:
+        _embedded_notice()
+    except BusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
     code = command(
         console, host=host, port=port, admin=admin, token=token, audit_log=audit_log, refresh=refresh
     )
