@@ -60,6 +60,8 @@ class MemberSink(Sink, Protocol):
 
     def on_member(self, member_id: str, generation: int) -> None: ...
 
+    def on_joined(self, member_id: str) -> None: ...
+
     def on_error(self, error: str) -> None: ...
 
 
@@ -178,6 +180,7 @@ class Coordinator(Actor[CoordinatorMessage]):
             )
         self._log = get_logger(__name__, group=self.spec.group, member=self.member_id)
         self._log.info("member_joined", rejoined=row["rejoined"], leader=row["leader"])
+        self._sink.on_joined(self.member_id)
         await self._monitor.tell(RegisterMember(self.spec.group, self.member_id, self.self_ref))
         self._monitor.signal(LeaderSeen(self.spec.group, row["leader"]))
 

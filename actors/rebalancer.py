@@ -90,7 +90,7 @@ class Rebalancer(Actor[RebalancerMessage]):
         self._notifier.signal(Subscribe(self._topics_channel, None, ref, RebalanceCheck(discover=True)))
         ref.schedule_every(self._check_interval, RebalanceCheck())
         ref.signal(RebalanceCheck())
-        self._log.info("rebalancer_active")
+        self._log.debug("rebalancer_active")
 
     async def on_stop(self) -> None:
         if self._timer is not None:

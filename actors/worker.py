@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
@@ -88,10 +88,27 @@ class RetryPolicy:
         return float(min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
 
 
+@dataclass(frozen=True)
+class TxOutcome:
+    """What a transactional handler's batch came to (`Sink.handle_transaction`).
+
+    `committed`: the position committed with the handler's writes (None: the lease
+    had moved on, nothing applied). `failed`: the index in the batch of the message
+    that failed with `attempts` failed attempts so far (the offsets stop at it);
+    `stopped`: its last attempt failed and there is no dead-letter topic.
+    """
+
+    committed: int | None
+    failed: int | None = None
+    attempts: int = 0
+    stopped: BaseException | None = None
+
+
 class Sink(Protocol):
     """Where a worker's messages go: the consumer's buffer (poll) or the user's handler (subscribe)."""
 
     handler_mode: bool
+    transactional: bool
     retry: RetryPolicy
 
     def acquired(self, partition_id: int, epoch: int, worker: ActorRef[WorkerMessage]) -> None:
@@ -119,6 +136,11 @@ class Sink(Protocol):
 
     def failed(self, topic: str, partition: str, error: BaseException) -> None:
         """Handler mode: the partition stopped on an error it could not get past."""
+
+    async def handle_transaction(
+        self, spec: WorkerSpec, epoch: int, rows: list[asyncpg.Record], now: datetime | None
+    ) -> TxOutcome:
+        """Transactional handler mode: handle `rows` and commit their offsets in one transaction."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +199,10 @@ class PartitionWorker(Actor[WorkerMessage]):
         self._retry: tuple[list[asyncpg.Record], int] | None = None
         self._retry_timer: Timer | None = None
         self._stopped_on_error = False
+        # Transactional handler mode, after a database error: whether the last transaction
+        # committed is unknown (a COMMIT whose reply was lost), so the position is read back
+        # from the committed offset before anything is fetched again.
+        self._reread = False
         self._log = get_logger(
             __name__,
             group=spec.group,
@@ -352,6 +378,7 @@ class PartitionWorker(Actor[WorkerMessage]):
             return False
         self._epoch, self._position = got
         self._committed = self._handled = self._position
+        self._reread = False
         if not self._sink.handler_mode:
             self._sink.acquired(self.spec.partition_id, self._epoch, self.self_ref)
         self._log.debug("partition_acquired", epoch=self._epoch, position=self._position)
@@ -360,6 +387,10 @@ class PartitionWorker(Actor[WorkerMessage]):
     async def _work(self) -> None:
         if self._stopped_on_error or self._retry is not None:
             return  # stopped, or a handler's backoff is running (RetryDue resumes)
+        if self._reread and self._epoch is not None:
+            if await self._rewind():  # the committed offset, or the lease is gone; it wakes us
+                self._reread = False
+            return
         if self._epoch is None and not await self._acquire():
             # The previous owner is still revoking (it commits, then releases);
             # its release NOTIFY or the next poll tick brings us back.
@@ -433,6 +464,8 @@ class PartitionWorker(Actor[WorkerMessage]):
             self._cancel_retry()
             self._cancel_commit_timer()
             self._position = self._handled
+            if self._sink.transactional:
+                self._reread = True  # its transaction may have committed: the database says where it is
             if self._epoch is not None and self._handled > self._committed:
                 self._commit_timer = self.self_ref.schedule_once(COMMIT_INTERVAL, CommitDue(self._epoch))
 
@@ -451,6 +484,9 @@ class PartitionWorker(Actor[WorkerMessage]):
         row when the timer fires.
         """
         assert self._epoch is not None
+        if self._sink.transactional:
+            await self._run_transactional(rows)
+            return
         done = self._committed
         for index, row in enumerate(rows):
             while True:
@@ -488,6 +524,36 @@ class PartitionWorker(Actor[WorkerMessage]):
             attempt = 1
             done = row["offset"] + 1
         await self._commit_soon(done)
+
+    async def _run_transactional(self, rows: list[asyncpg.Record]) -> None:
+        """Hand `rows` to a transactional handler: its writes and the offsets commit together.
+
+        The attempts of a failing message are counted in the database, in that
+        transaction; a retry re-runs from the failing message after the backoff.
+        """
+        assert self._epoch is not None
+        epoch = self._epoch
+        out = await self._sink.handle_transaction(self.spec, epoch, rows, self.spec.now())
+        if out.committed is None:
+            self._position = self._handled  # nothing applied: the new owner (or this one) reads again
+            await self._check_lease()
+            return
+        self._last_commit = asyncio.get_running_loop().time()
+        self._committed = self._handled = max(self._committed, out.committed)
+        if out.failed is None:
+            return
+        row = rows[out.failed]
+        metrics.handler_error(self.spec.group, self.spec.topic)
+        if out.stopped is not None:
+            self._log.error(
+                "partition_stopped", offset=row["offset"], attempts=out.attempts, error=repr(out.stopped)
+            )
+            self._stopped_on_error = True
+            self._sink.failed(self.spec.topic, self.spec.partition, out.stopped)
+            self._coordinator.signal(WorkerFailed(self.spec.partition_id, repr(out.stopped)))
+            return
+        self._retry = (rows[out.failed :], out.attempts + 1)
+        self._retry_timer = self.self_ref.schedule_once(self._sink.retry.delay(out.attempts), RetryDue(epoch))
 
     async def _retry_due(self, epoch: int) -> None:
         if self._retry is None or epoch != self._epoch:

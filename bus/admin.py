@@ -13,6 +13,7 @@ from bus.types import PartitionStats, Rate, Record, TopicPartition
 from storage import db
 from storage import groups as group_sql
 from storage import queue_controls as queue_sql
+from storage import queue_depth as depth_sql
 from storage import topics as topic_sql
 from storage.errors import GroupHasMembersError, GroupNotFoundError, TopicNotFoundError, ValidationError
 from storage.names import MAX_OFFSET, validate_int, validate_name, validate_seconds
@@ -93,6 +94,35 @@ class ResetRow(msgspec.Struct, frozen=True):
     partition: str
     current: int | None
     new: int
+
+
+class PartitionDepth(msgspec.Struct, frozen=True, kw_only=True):
+    """One partition of a queue topic: jobs waiting (due), running (taken), delayed (not due yet), dead."""
+
+    partition: str
+    waiting: int
+    running: int
+    delayed: int
+    dead: int
+
+
+class QueueDepth(msgspec.Struct, frozen=True, kw_only=True):
+    """What a queue topic holds to be done (`admin.queue_depth`): totals, and per partition.
+
+    `waiting`: due jobs no one holds (a job whose lease ran out is waiting again);
+    `running`: jobs taken and not yet acked or nacked; `delayed`: jobs not due yet
+    (published with a delay, or nacked with one); `dead`: jobs dead-lettered from this
+    topic that still wait in `dead_letter` (None: no dead-letter topic). Acked jobs
+    are not counted, whatever the log still stores.
+    """
+
+    topic: str
+    waiting: int
+    running: int
+    delayed: int
+    dead: int
+    dead_letter: str | None
+    partitions: list[PartitionDepth]
 
 
 class Admin:
@@ -279,6 +309,14 @@ class Admin:
         """
         return await queue_features.cancel_job(self._ctx, topic, rec)
 
+    async def queue_depth(self, topic: str, dead_letter: str | None = None) -> QueueDepth:
+        """A queue topic's jobs to be done: waiting, running, delayed and dead, in all and per partition.
+
+        `dead` counts the jobs dead-lettered from `topic` still waiting in `dead_letter`
+        (default `<topic>.dlq`, when that topic exists). ValidationError for a pubsub topic.
+        """
+        return await _queue_depth(self._ctx, topic, dead_letter)
+
     async def topic_stats(self, topic: str) -> list[PartitionStats]:
         """Per partition: log start, end offset, stored messages, oldest and newest timestamps."""
         await self._ctx.topic(topic)
@@ -295,6 +333,46 @@ class Admin:
             )
             for r in rows
         ]
+
+
+async def _queue_depth(ctx: BusContext, topic: str, dead_letter: str | None) -> QueueDepth:
+    info = await ctx.topic(topic)
+    if info.semantics != "queue":
+        raise ValidationError(
+            f"topic {topic!r} is a {info.semantics} topic: queue_depth counts the jobs of a queue topic; "
+            "for a group's backlog use describe_group(...).partitions (lag)"
+        )
+    explicit = dead_letter is not None
+    dlq = validate_name(dead_letter, "dead_letter topic") if explicit else f"{topic}.dlq"
+    with db.translate_errors():
+        counts = await depth_sql.depth(ctx.pool, topic)
+        try:
+            await ctx.topic(dlq)
+        except TopicNotFoundError:
+            if explicit:
+                raise
+            dead: dict[str, int] | None = None
+        else:
+            dead = await depth_sql.dead_by_source(ctx.pool, topic, dlq)
+    partitions = [
+        PartitionDepth(
+            partition=c.partition,
+            waiting=c.waiting,
+            running=c.running,
+            delayed=c.delayed,
+            dead=(dead or {}).get(c.partition, 0),
+        )
+        for c in counts
+    ]
+    return QueueDepth(
+        topic=topic,
+        waiting=sum(p.waiting for p in partitions),
+        running=sum(p.running for p in partitions),
+        delayed=sum(p.delayed for p in partitions),
+        dead=sum((dead or {}).values()),
+        dead_letter=dlq if dead is not None else None,
+        partitions=partitions,
+    )
 
 
 def _reset_target(to: object) -> tuple[str, datetime | None, int | None]:

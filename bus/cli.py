@@ -16,11 +16,12 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import msgspec
-import structlog
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -41,10 +42,19 @@ T = TypeVar("T")
 _JSON = typer.Option(False, "--json", help="print JSON (for scripts) instead of a table")
 
 
-def configure_logging(level: str | None = None) -> None:
+#: The commands that only read and print: they start no actors, and configure structlog only when a
+#: level below WARNING asks for events (the library's own plain rendering shows warnings meanwhile).
+QUICK_COMMANDS = frozenset({"topics", "groups", "describe", "messages", "schedules", "server"})
+
+
+def configure_logging(level: str | None = None, *, structured: bool = True) -> None:
     """Console logging for the CLI: stdlib at `level` (default $BUS_LOG_LEVEL or WARNING), structlog rendered."""
     name = (level or os.environ.get("BUS_LOG_LEVEL") or "WARNING").upper()
     logging.basicConfig(level=getattr(logging, name, logging.WARNING), format="%(message)s")
+    if not structured and getattr(logging, name, logging.WARNING) >= logging.WARNING:
+        return
+    import structlog
+
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -83,8 +93,10 @@ def print_json(data: object) -> None:
     )
 
 
-def topics_rows(topics: list[bus.TopicInfo], sizes: list[int]) -> list[list[str]]:
-    """The cells of `bus topics`, one row per topic."""
+def topics_rows(
+    topics: list[bus.TopicInfo], sizes: list[int], depths: list[Any] | None = None
+) -> list[list[str]]:
+    """The cells of `bus topics`, one row per topic (`depths`: a queue topic's QueueDepth, else None)."""
     return [
         [
             t.name,
@@ -94,10 +106,19 @@ def topics_rows(topics: list[bus.TopicInfo], sizes: list[int]) -> list[list[str]
             str(t.retention) if t.retention else "-",
             t.namespace or "-",
             t.task or "-",
+            _depth_cell(depth),
             str(size),
         ]
-        for t, size in zip(topics, sizes, strict=True)
+        for t, size, depth in zip(topics, sizes, depths or [None] * len(topics), strict=True)
     ]
+
+
+def _depth_cell(depth: Any) -> str:
+    """A queue's jobs to do as waiting/running/delayed/dead ("-" for a pubsub topic)."""
+    if depth is None:
+        return "-"
+    dead = "-" if depth.dead_letter is None else str(depth.dead)
+    return f"{depth.waiting}/{depth.running}/{depth.delayed}/{dead}"
 
 
 def topics_table(rows: list[list[str]]) -> Table:
@@ -110,8 +131,9 @@ def topics_table(rows: list[list[str]]) -> Table:
         "retention",
         "namespace",
         "task",
+        "depth",
         "messages",
-        numeric=("partitions", "messages"),
+        numeric=("partitions", "depth", "messages"),
     )
     return fit(t, rows)
 
@@ -155,6 +177,7 @@ def describe_table(d: GroupDescription) -> Iterator[Any]:
         numeric=("CURRENT-OFFSET", "LOG-END-OFFSET", "LOG-START", "LAG", "LAG-SECONDS"),
     )
     yield fit(t, rows, names=(0, 1, 7))
+    now = datetime.now(UTC)
     members = [
         [
             mem.member_id,
@@ -162,22 +185,83 @@ def describe_table(d: GroupDescription) -> Iterator[Any]:
             mem.host,
             str(mem.pid),
             "yes" if mem.live else "no",
+            f"{max(0.0, (now - mem.last_heartbeat).total_seconds()):.1f}",
             ", ".join(f"{tp.topic}/{tp.partition}" for tp in mem.partitions) or "-",
         ]
         for mem in d.members
     ]
     yield fit(
-        table("MEMBER-ID", "INSTANCE-ID", "HOST", "PID", "LIVE", "PARTITIONS", numeric=("PID",)),
+        table(
+            "MEMBER-ID",
+            "INSTANCE-ID",
+            "HOST",
+            "PID",
+            "LIVE",
+            "HEARTBEAT-AGE",
+            "PARTITIONS",
+            numeric=("PID", "HEARTBEAT-AGE"),
+        ),
         members,
         names=(0, 1, 2),
     )
 
 
+_no_start = False
+
+
 @app.callback()
 def _root(
+    ctx: typer.Context,
     log_level: str = typer.Option(None, "--log-level", help="DEBUG, INFO, WARNING (default), ERROR"),
+    no_start: bool = typer.Option(
+        False,
+        "--no-start",
+        envvar="BUS_NO_START",
+        help="never start an embedded server: fail when none runs under $BUS_HOME (without BUS_DSN)",
+    ),
 ) -> None:
-    configure_logging(log_level)
+    global _no_start
+    _no_start = no_start
+    configure_logging(log_level, structured=ctx.invoked_subcommand not in QUICK_COMMANDS)
+
+
+def _embedded_notice() -> None:
+    """Without BUS_DSN a command uses the embedded server under $BUS_HOME: say so when that starts one.
+
+    A typo in BUS_HOME (or a command run from another directory) would otherwise create a new,
+    empty server silently and show empty tables. --no-start (BUS_NO_START=1) refuses instead.
+    """
+    if os.environ.get("BUS_DSN"):
+        return
+    from bus.server.embedded import default_home, server_status
+
+    home = default_home()
+    if server_status(home).running:
+        return
+    fresh = not (home / "pgdata").is_dir()
+    what = "a new, empty embedded server" if fresh else "the embedded server"
+    if _no_start:
+        raise BusError(
+            f"no embedded server runs under {home} and --no-start (BUS_NO_START) forbids starting "
+            f"{what}: set BUS_HOME to the right directory, or BUS_DSN, or run `bus server start`"
+        )
+    err = Console(stderr=True)
+    err.print(
+        f"starting {what} under {home}"
+        + (" (BUS_HOME; nothing is there yet, so its tables are empty)" if fresh else "")
+        + "; --no-start or BUS_NO_START=1 refuses",
+        soft_wrap=True,
+    )
+
+
+@asynccontextmanager
+async def _bus() -> AsyncIterator[bus.Bus]:
+    """The Bus of a read-only command: announced when it starts a server, without actors."""
+    from bus.client import connect_admin
+
+    _embedded_notice()
+    async with connect_admin() as b:
+        yield b
 
 
 @app.command()
@@ -195,23 +279,26 @@ def demo(
 
 @app.command()
 def topics(
-    namespace: str = typer.Option(None), task: str = typer.Option(None), as_json: bool = _JSON
+    namespace: str | None = typer.Option(None),
+    task: str | None = typer.Option(None),
+    as_json: bool = _JSON,
 ) -> None:
-    """List topics with their partitions and sizes."""
+    """List topics with their partitions and sizes; a queue's depth: jobs waiting/running/delayed/dead."""
 
     async def go() -> None:
-        async with bus.connect() as b:
+        async with _bus() as b:
             found = await b.list_topics(namespace=namespace, task=task)
             sizes = [sum(s.size for s in await b.admin.topic_stats(t.name)) for t in found]
+            depths = [await b.admin.queue_depth(t.name) if t.semantics == "queue" else None for t in found]
         if as_json:
             print_json(
                 [
-                    {**msgspec.structs.asdict(t), "messages": size}
-                    for t, size in zip(found, sizes, strict=True)
+                    {**msgspec.structs.asdict(t), "messages": size, "depth": depth}
+                    for t, size, depth in zip(found, sizes, depths, strict=True)
                 ]
             )
         else:
-            console.print(topics_table(topics_rows(found, sizes)))
+            console.print(topics_table(topics_rows(found, sizes, depths)))
 
     run(go)
 
@@ -221,7 +308,7 @@ def groups(as_json: bool = _JSON) -> None:
     """List consumer groups: state, status, members, total lag."""
 
     async def go() -> None:
-        async with bus.connect() as b:
+        async with _bus() as b:
             found = await b.admin.list_groups()
         if as_json:
             print_json(found)
@@ -236,13 +323,166 @@ def describe(group: str, as_json: bool = _JSON) -> None:
     """Describe a group like `kafka-consumer-groups --describe`."""
 
     async def go() -> None:
-        async with bus.connect() as b:
+        async with _bus() as b:
             d = await b.admin.describe_group(group)
         if as_json:
-            print_json({**msgspec.structs.asdict(d), "total_lag": d.total_lag})
+            now = datetime.now(UTC)
+            data = msgspec.to_builtins({**msgspec.structs.asdict(d), "total_lag": d.total_lag})
+            for member, raw in zip(d.members, data["members"], strict=True):
+                raw["heartbeat_age"] = round(max(0.0, (now - member.last_heartbeat).total_seconds()), 3)
+            print_json(data)
         else:
             for renderable in describe_table(d):
                 console.print(renderable)
+
+    run(go)
+
+
+def _preview(payload: bytes | None, width: int) -> str:
+    if payload is None:
+        return "(tombstone)"
+    text = payload.decode("utf-8", errors="replace")
+    return text if len(text) <= width else text[:width] + f"… ({len(payload)} bytes)"
+
+
+def messages_table(found: list[bus.Message], width: int) -> Table:
+    """`bus messages` as a table: where each message is, when, its key, headers and payload."""
+    rows = [
+        [
+            m.partition,
+            str(m.offset),
+            f"{m.created_at:%Y-%m-%d %H:%M:%S}",
+            m.key or "-",
+            "\n".join(f"{k}={v}" for k, v in m.headers.items()) or "-",
+            _preview(m.payload, width),
+        ]
+        for m in found
+    ]
+    t = table("partition", "offset", "created", "key", "headers", "payload", numeric=("offset",))
+    return fit(t, rows, names=(0,))
+
+
+def _message_json(m: bus.Message) -> dict[str, Any]:
+    payload = m.payload.decode("utf-8", errors="replace") if m.payload is not None else None
+    return {
+        "topic": m.topic,
+        "partition": m.partition,
+        "offset": m.offset,
+        "created_at": m.created_at,
+        "key": m.key,
+        "headers": m.headers,
+        "payload": payload,
+    }
+
+
+async def _first_messages(
+    b: bus.Bus, topic: str, partition: str | None, offset: int | None, limit: int
+) -> tuple[list[bus.Message], dict[str, int]]:
+    """Up to `limit` messages of each partition (from `offset`, else the last ones); where each ended."""
+    stats = await b.admin.topic_stats(topic)
+    parts = [s for s in stats if partition is None or s.partition == partition]
+    if partition is not None and not parts:
+        raise bus.ValidationError(
+            f"topic {topic!r} has no partition {partition!r} (it has: "
+            f"{', '.join(s.partition for s in stats) or 'none yet'})"
+        )
+    nexts: dict[str, int] = {}
+    found: list[bus.Message] = []
+    for s in parts:
+        start = max(s.log_start, offset if offset is not None else s.end_offset - limit)
+        got = await b.read(topic, partition=s.partition, offset=start, max_messages=limit)
+        found += got
+        nexts[s.partition] = got[-1].offset + 1 if got else start
+    found.sort(key=lambda m: (m.created_at, m.partition, m.offset))
+    return found, nexts
+
+
+async def _new_messages(
+    b: bus.Bus, topic: str, partition: str | None, nexts: dict[str, int]
+) -> list[bus.Message]:
+    """The messages written since `nexts` (moved on past them), oldest first."""
+    fresh: list[bus.Message] = []
+    for s in await b.admin.topic_stats(topic):
+        if partition is not None and s.partition != partition:
+            continue
+        at = max(nexts.get(s.partition, s.log_start), s.log_start)
+        if s.end_offset > at:
+            got = await b.read(topic, partition=s.partition, offset=at, max_messages=500)
+            fresh += got
+            if got:
+                nexts[s.partition] = got[-1].offset + 1
+    fresh.sort(key=lambda m: (m.created_at, m.partition, m.offset))
+    return fresh
+
+
+@app.command()
+def messages(
+    topic: str,
+    partition: str = typer.Option(None, "--partition", help="one partition (default: every partition)"),
+    offset: int = typer.Option(
+        None, "--offset", help="the first offset to show (default: the last --limit messages)"
+    ),
+    limit: int = typer.Option(20, "--limit", help="messages per partition at most"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new messages until Ctrl-C"),
+    width: int = typer.Option(200, "--width", help="payload characters shown (the rest is summarized)"),
+    as_json: bool = _JSON,
+) -> None:
+    """Show a topic's messages with their headers (a dead-letter topic's errors are in them)."""
+    if limit < 1:
+        console.print("[red]error:[/red] --limit must be at least 1")
+        raise typer.Exit(2)
+
+    async def show(b: bus.Bus, found: list[bus.Message]) -> None:
+        if as_json:
+            for m in found:
+                sys.stdout.write(msgspec.json.encode(_message_json(m)).decode() + "\n")
+            sys.stdout.flush()
+        elif found:
+            console.print(messages_table(found, width))
+
+    async def go() -> None:
+        async with _bus() as b:
+            found, nexts = await _first_messages(b, topic, partition, offset, limit)
+            await show(b, found)
+            if not found and not as_json and not follow:
+                console.print(f"no messages in {topic}" + (f"/{partition}" if partition else ""))
+            while follow:
+                await asyncio.sleep(0.5)
+                await show(b, await _new_messages(b, topic, partition, nexts))
+
+    try:
+        run(go)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def schedules(as_json: bool = _JSON) -> None:
+    """List the periodic publishes (`b.schedule`): cron, time zone, topic, last and next tick."""
+
+    async def go() -> None:
+        async with _bus() as b:
+            found = await b.schedules()
+        if as_json:
+            print_json(
+                [
+                    {
+                        **msgspec.structs.asdict(s),
+                        "payload": None if s.payload is None else s.payload.decode(),
+                    }
+                    for s in found
+                ]
+            )
+            return
+        if not found:
+            console.print("no schedules")
+            return
+        rows = [
+            [s.name, f"{s.cron} ({s.timezone})", s.topic, f"{s.next_tick.astimezone(UTC):%Y-%m-%d %H:%M:%S}"]
+            for s in found
+        ]
+        t = table("schedule", "cron", "topic", "next tick (UTC)")
+        console.print(fit(t, rows, names=(0, 2)))
 
     run(go)
 
@@ -258,7 +498,7 @@ def reset_offsets(
     from bus.admin import parse_reset_target
 
     async def go() -> None:
-        async with bus.connect() as b:
+        async with _bus() as b:
             plan = await b.admin.reset_offsets(
                 group, to=parse_reset_target(to), topic=topic, dry_run=not execute
             )
@@ -348,6 +588,11 @@ def dashboard(
     """Web dashboard: topics, groups and lag, queues and dead letters, claims, event-store groups, compaction."""
     from bus.dashboard import command
 
+    try:
+        _embedded_notice()
+    except BusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
     code = command(
         console, host=host, port=port, admin=admin, token=token, audit_log=audit_log, refresh=refresh
     )
@@ -413,6 +658,53 @@ def server_status_command(as_json: bool = _JSON) -> None:
         console.print(status.server.masked_dsn, soft_wrap=True)
 
 
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+_FALSE = frozenset({"", "0", "false", "f", "no", "n", "off"})
+
+
+def _quick(args: list[str]) -> Callable[[], None] | None:
+    """The read-only commands in their plain forms, run without typer's parsing (None: any other).
+
+    Typer's parameter handling imports pydantic, a tenth of a second or more of a command that
+    only prints a table; a person waits for it. Anything else (options, help, a mistake) goes
+    through typer as usual, which gives the same result more slowly.
+    """
+    no_start = os.environ.get("BUS_NO_START", "").strip().lower()
+    if no_start not in _TRUE | _FALSE:
+        return None
+    rest = list(args)
+    as_json = "--json" in rest
+    if as_json:
+        rest.remove("--json")
+    match rest:
+        case ["topics"]:
+            call: Callable[[], None] = lambda: topics(namespace=None, task=None, as_json=as_json)  # noqa: E731
+        case ["groups"]:
+            call = lambda: groups(as_json=as_json)  # noqa: E731
+        case ["schedules"]:
+            call = lambda: schedules(as_json=as_json)  # noqa: E731
+        case ["describe", group] if not group.startswith("-"):
+            call = lambda: describe(group, as_json=as_json)  # noqa: E731
+        case ["server", "status"]:
+            call = lambda: server_status_command(as_json=as_json)  # noqa: E731
+        case _:
+            return None
+
+    def run_quick() -> None:
+        global _no_start
+        _no_start = no_start in _TRUE
+        configure_logging(None, structured=False)
+        try:
+            call()
+        except typer.Exit as exc:
+            sys.exit(exc.exit_code)
+
+    return run_quick
+
+
 def main(argv: list[str] | None = None) -> Any:
     """The `bus` console script."""
+    quick = _quick(sys.argv[1:] if argv is None else argv)
+    if quick is not None:
+        return quick()
     return app(args=argv)

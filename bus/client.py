@@ -7,7 +7,8 @@ import functools
 import itertools
 import os
 import zlib
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -83,7 +84,17 @@ def key_partition(key: str, count: int) -> str:
 
 
 class Bus:
-    """A connection to the bus: topics, publishing, reading, and the consumers built on them."""
+    """A connection to the bus: topics, publishing, reading, and the consumers built on them.
+
+    Attributes beside the methods: `dsn`, the DSN in use (the embedded server's too, with its
+    password: hand it to tools, do not log it); `config`, the settings (`bus.Config`); `pool`,
+    the bus's own asyncpg pool, whose connections have `search_path` set to the bus schema
+    (`config.schema`): an unqualified name there is a bus table, so use it for the bus's views
+    and functions, not for the service's tables. For the service's own tables use
+    `async with b.connection() as conn:` (PostgreSQL's default search_path, `"$user", public`:
+    an unqualified `CREATE TABLE` or `SELECT ... FROM payments` means the service's table), or a
+    transactional handler's `tx.connection`, which sees the same.
+    """
 
     def __init__(self, dsn: str, config: Config, pool: asyncpg.Pool, embedded: Any = None) -> None:
         self.dsn = dsn
@@ -116,6 +127,32 @@ class Bus:
         self._scheduler: Any = None  # the periodic jobs' scheduler actor (actors/scheduler.py)
         self._producer: Any = None  # the Producer actor (actors/producer.py): pool publishes go through it
         self._lookups: dict[tuple[str, ...], asyncio.Future[Any]] = {}
+        self._service_pool: asyncio.Future[asyncpg.Pool] | None = None
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection to the bus's database for the service's own tables (`async with`).
+
+        It has PostgreSQL's default search_path (`"$user", public`), not the bus schema: an
+        unqualified `CREATE TABLE payments` or `SELECT ... FROM payments` means the service's
+        table. Publish inside its transaction with `b.publish(..., connection=conn)` (outbox).
+        Connections come from a pool of their own (up to `pool_max_size`, opened on first use).
+        """
+        if self._service_pool is None:
+            self._service_pool = asyncio.ensure_future(
+                db.create_service_pool(
+                    self.dsn, max_size=self.config.pool_max_size, pooler=cast("db.Pooler", self.config.pooler)
+                )
+            )
+        try:
+            pool = await asyncio.shield(self._service_pool)
+        except BaseException:
+            if self._service_pool.done():
+                self._service_pool = None  # a failed open is tried again next time
+            raise
+        with db.translate_errors():
+            async with pool.acquire() as conn:
+                yield cast("asyncpg.Connection", conn)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -131,6 +168,11 @@ class Bus:
         if self.context.system is not None:
             await self.context.system.stop()
         await self.lender.close()
+        if self._service_pool is not None:
+            if self._service_pool.done() and not self._service_pool.exception():
+                await self._service_pool.result().close()
+            else:
+                self._service_pool.cancel()
         await self.pool.close()
 
     def health(self) -> Health:
@@ -310,8 +352,14 @@ class Bus:
         batch_size: int = 100,
         on_assign: Callback | None = None,
         on_revoke: Callback | None = None,
+        transactional: bool = False,
     ) -> Subscription:
-        """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it."""
+        """Start a handler-style group member (see bus.consumer.Subscription); `await sub.stop()` ends it.
+
+        `transactional=True`: `handler(message, tx)` writes on `tx.connection`, and those writes, what
+        it publishes there and the message's offset commit together (effectively-once), with `retry`
+        and `dead_letter` as for any handler: a failing message rolls back alone.
+        """
         from bus.consumer import Subscription
 
         sub = Subscription(
@@ -329,6 +377,7 @@ class Bus:
             batch_size=batch_size,
             on_assign=on_assign,
             on_revoke=on_revoke,
+            transactional=transactional,
         )
         return await sub.start()
 
@@ -988,9 +1037,10 @@ def _describe_diff(existing: TopicInfo, wanted: TopicInfo) -> str:
 class _Connector:
     """What `connect()` returns: `async with connect() as b` or `b = await connect()`."""
 
-    def __init__(self, dsn: str | None, overrides: dict[str, Any]) -> None:
+    def __init__(self, dsn: str | None, overrides: dict[str, Any], *, actors: bool = True) -> None:
         self._dsn = dsn
         self._overrides = overrides
+        self._actors = actors
         self._bus: Bus | None = None
 
     def __await__(self) -> Generator[Any, None, Bus]:
@@ -1017,13 +1067,17 @@ class _Connector:
         with db.translate_errors():
             conn = await db.connect(dsn, config.schema, pooler=pooler)
             try:
-                await db.migrate(conn, config.schema)
+                applied = await db.migrate(conn, config.schema)
             finally:
                 await conn.close()
+        # The one line a connect logs at INFO; each migration is at DEBUG.
+        log.info("migrations_applied", schema=config.schema, count=len(applied))
         pool = await db.create_pool(
             dsn, config.schema, min_size=config.pool_min_size, max_size=config.pool_max_size, pooler=pooler
         )
         b = Bus(dsn, config, pool, embedded)
+        if not self._actors:
+            return b
         try:
             await b._start()
         except BaseException:
@@ -1031,6 +1085,16 @@ class _Connector:
             raise
         log.debug("bus_connected", schema=config.schema)
         return b
+
+
+def connect_admin(dsn: str | None = None, **config: Any) -> _Connector:
+    """`connect()` for a short administrative look (the CLI's read-only commands): no actors started.
+
+    Migrations are applied and the pool opened as by `connect()`, with one connection to start
+    with; the heartbeat monitor, retention cleaner, scheduler and Producer are not started (a
+    publish writes directly; a consumer starts the group actors when it joins).
+    """
+    return _Connector(dsn, {"pool_min_size": 1, **config}, actors=False)
 
 
 def connect(dsn: str | None = None, **config: Any) -> _Connector:

@@ -27,6 +27,7 @@ from bus import tracing
 from bus.context import context_of
 from bus.handoff import Callback, HandlerHandoff, PollHandoff
 from bus.start import StartInput, parse_start
+from bus.transaction import USER_SEARCH_PATH, Retries, Transaction, dead_letter_topic
 from bus.types import Message, TopicPartition
 from storage import db, leases
 from storage import groups as group_sql
@@ -130,15 +131,8 @@ def _member_spec(ctx: BusContext, m: _Member) -> MemberSpec:
     )
 
 
-#: PostgreSQL's default search_path: a transaction() connection sees the caller's tables.
-USER_SEARCH_PATH = '"$user", public'
-
-
-@dataclass(frozen=True)
-class ConsumerTransaction:
-    """The open transaction of `Consumer.transaction()`: write through `connection`."""
-
-    connection: db.Connection
+#: The open transaction of `Consumer.transaction()` (the name it had before `bus.Transaction`).
+ConsumerTransaction = Transaction
 
 
 class _MemberBase:
@@ -165,7 +159,11 @@ class _MemberBase:
 
     @property
     def member_id(self) -> str | None:
-        """This member's id in the group (None until it joined)."""
+        """This member's id in the group: known once `start()` (or `async with`) returned.
+
+        None only if the database could not be reached while starting (the member
+        joins as soon as it can; the id is known from then on).
+        """
         return self._state.member_id
 
     @property
@@ -189,6 +187,12 @@ class _MemberBase:
         await _join_group(self._ctx, self._m)
         system = await self._ctx.group_system()
         self._coordinator = system.spawn_member(_member_spec(self._ctx, self._m), self._state)
+        # Returns joined: the member's id is known (its partitions come with the group's next
+        # generation, see wait_assigned). An unreachable database does not hold start() forever.
+        try:
+            await asyncio.wait_for(self._state.joined.wait(), self._ctx.config.session_timeout)
+        except TimeoutError:
+            log.warning("join_not_confirmed", group=self.group)
 
     async def _stop_member(self) -> None:
         if self._coordinator is not None:
@@ -409,7 +413,9 @@ class Consumer(_MemberBase):
         return asyncio.get_running_loop().create_task(self.commit())
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[ConsumerTransaction]:
+    async def transaction(
+        self, *, retry: Retry | None = None, dead_letter: str | None = None
+    ) -> AsyncIterator[Transaction]:
         """Effectively-once: the caller's writes and the offsets of what it polls inside commit together.
 
         `tx.connection` is a pool connection in an open transaction, with
@@ -420,12 +426,28 @@ class Consumer(_MemberBase):
         member still owns is rewound to its committed offset, so the batch
         comes again; partitions that moved go to their new owner from the
         committed offset. Nothing is lost, nothing applies twice.
+
+        With `retry` (and `dead_letter`), wrap each message's work in
+        `async with tx.message(m):` — a savepoint of its own: a message that
+        fails rolls back alone and is counted (in the database, with the
+        offsets), the messages before it commit, and its partition comes again
+        from it after the backoff; after `retry.max_attempts` it is published to
+        `dead_letter` (with its error history in the headers) in this same
+        transaction. Without `dead_letter` the last attempt's error propagates.
         """
         if self._coordinator is None:
             raise BusError("the consumer is not started: use `async with b.consumer(...) as c:`")
         h = self._h
         if h.in_transaction:
             raise BusError("a transaction is already open on this consumer: finish it before opening another")
+        if dead_letter is not None:
+            validate_name(dead_letter, "dead_letter topic")
+            if retry is None:
+                retry = Retry()
+        retries: Retries | None = None
+        if retry is not None:
+            dlq = None if dead_letter is None else await dead_letter_topic(self._ctx, dead_letter)
+            retries = Retries(self._ctx, self.group, retry.policy(), dlq, self._partition_id_of)
         if self._must_rewind:
             await self.rewind()
         with db.translate_errors():
@@ -435,9 +457,13 @@ class Consumer(_MemberBase):
                 try:
                     await tx.start()
                     await conn.execute(db.SET_LOCAL_SEARCH_PATH, USER_SEARCH_PATH)
-                    yield ConsumerTransaction(conn)
+                    work = Transaction(conn, retries)
+                    yield work
+                    stuck = self._stop_at_failures(work)
                     async with db.on_schema(conn, self._ctx.config.schema):
                         written = await self._commit_on(conn)
+                        for pid, offset, _epoch in written:
+                            await work.settle(pid, offset)
                     await tx.commit()
                 except BaseException:
                     h.in_transaction = False
@@ -454,6 +480,38 @@ class Consumer(_MemberBase):
                     raise
                 h.in_transaction = False
                 h.confirm(written)
+        if stuck:
+            await self._retry_later(stuck, retry)
+
+    def _partition_id_of(self, m: Message) -> int:
+        for pid, tp in self._h.tp_of.items():
+            if tp.topic == m.topic and tp.partition == m.partition:
+                return pid
+        raise ValidationError(f"{m.topic}/{m.partition} was not polled by this consumer")
+
+    def _stop_at_failures(self, work: Transaction) -> dict[TopicPartition, int]:
+        """Commit each partition with a failed message up to that message, not past it."""
+        stuck: dict[TopicPartition, int] = {}
+        for pid, failure in work.stuck.items():
+            polled = self._h.polled.get(pid)
+            if polled is not None:
+                self._h.polled[pid] = (polled[0], failure.offset)
+            stuck[self._h.tp_of[pid]] = failure.attempts
+        return stuck
+
+    async def _retry_later(self, stuck: dict[TopicPartition, int], retry: Retry | None) -> None:
+        """The partitions with a failed message come again from it after the retry's backoff."""
+        policy = (retry or Retry()).policy()
+        await self.rewind()
+        loop = asyncio.get_running_loop()
+        for tp, attempts in stuck.items():
+            if tp in self._h.assignment and tp not in self._h.paused:
+                self._h.pause({tp})
+                loop.call_later(policy.delay(attempts), self._resume_after_backoff, tp)
+
+    def _resume_after_backoff(self, tp: TopicPartition) -> None:
+        if tp in self._h.paused and not self._closed:
+            self._h.resume({tp})
 
     async def rewind(self) -> None:
         """Sync positions back to the committed offsets of every owned partition.
@@ -593,7 +651,16 @@ class Consumer(_MemberBase):
 
 class Subscription(_MemberBase):
     """A handler-style group member: the actors call `handler(message)` per message,
-    partitions concurrently, in order within each."""
+    partitions concurrently, in order within each.
+
+    `transactional=True`: the actors call `handler(message, tx)` (`tx: bus.Transaction`)
+    and everything the handler writes on `tx.connection`, what it publishes there,
+    and the commit of the message's offset are one transaction (the messages of a
+    fetch share it, each under its own savepoint). A failing message rolls back
+    alone; its attempts are counted in the database (a retry survives a crash);
+    after `retry.max_attempts` its dead-letter publish and the commit past it are
+    one transaction.
+    """
 
     def __init__(
         self,
@@ -612,10 +679,16 @@ class Subscription(_MemberBase):
         batch_size: int = 100,
         on_assign: Callback | None = None,
         on_revoke: Callback | None = None,
+        transactional: bool = False,
     ) -> None:
         ctx = context_of(ctx)
         if not callable(handler):
-            raise ValidationError("handler must be an async callable taking a bus.Message")
+            raise ValidationError(
+                "handler must be an async callable taking a bus.Message"
+                + (" and a bus.Transaction" if transactional else "")
+            )
+        if not isinstance(transactional, bool):
+            raise ValidationError(f"transactional must be True or False, not {transactional!r}")
         topic_list = _validate_topics(topics, namespace, task)
         if dead_letter is not None:
             validate_name(dead_letter, "dead_letter topic")
@@ -623,7 +696,7 @@ class Subscription(_MemberBase):
         member = _Member(group, topic_list, namespace, task, start, assignor, instance_id, batch_size)
         self._validate(member)
         self._h = HandlerHandoff(
-            ctx, group, handler, (retry or Retry()).policy(), dead_letter, on_assign, on_revoke
+            ctx, group, handler, (retry or Retry()).policy(), dead_letter, on_assign, on_revoke, transactional
         )
         super().__init__(ctx, member, self._h)
 

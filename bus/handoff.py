@@ -18,21 +18,26 @@ import asyncio
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import asyncpg
+import msgspec
 
 from actors import metrics as _metrics
 from actors.messages import Wake, WorkerMessage
 from actors.runtime import ActorRef
-from actors.worker import Batch, RetryPolicy
+from actors.worker import Batch, RetryPolicy, TxOutcome, WorkerSpec
 from bus import tracing
 from bus.codec import messages_from_rows
-from bus.types import Message, Outgoing, TopicPartition
-from storage.errors import TopicNotFoundError
+from bus.transaction import USER_SEARCH_PATH, Retries, Transaction, dead_letter_outgoing, dead_letter_topic
+from bus.types import Message, TopicPartition
+from storage import db, leases
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from bus.context import BusContext
+    from bus.types import TopicInfo
 
 Callback = Callable[[set[TopicPartition]], Awaitable[None] | None]
 #: (epoch, next offset) of one partition
@@ -48,6 +53,7 @@ class MemberState:
     """What a member's actors tell it: identity, assignment, errors; the user's rebalance callbacks."""
 
     handler_mode = False
+    transactional = False
     retry = RetryPolicy()
 
     def __init__(self, group: str, on_assign: Callback | None, on_revoke: Callback | None) -> None:
@@ -57,6 +63,7 @@ class MemberState:
         self.assignment: set[TopicPartition] = set()
         self.assigned = asyncio.Event()
         self.member_id: str | None = None
+        self.joined = asyncio.Event()
         self.generation = -1
         self.errors: list[str] = []
         self.has_error = asyncio.Event()
@@ -64,6 +71,11 @@ class MemberState:
     def on_member(self, member_id: str, generation: int) -> None:
         self.member_id = member_id
         self.generation = generation
+
+    def on_joined(self, member_id: str) -> None:
+        """The member's row is in the group (its id known; partitions come with the next generation)."""
+        self.member_id = member_id
+        self.joined.set()
 
     def on_error(self, error: str) -> None:
         self.errors.append(error)
@@ -87,6 +99,11 @@ class MemberState:
 
     def failed(self, topic: str, partition: str, error: BaseException) -> None:
         self.on_error(f"{topic}/{partition}: {error!r}")
+
+    async def handle_transaction(
+        self, spec: WorkerSpec, epoch: int, rows: list[asyncpg.Record], now: datetime | None
+    ) -> TxOutcome:
+        raise RuntimeError("only a transactional subscription handles messages in a transaction")
 
 
 class PollHandoff(MemberState):
@@ -356,9 +373,11 @@ class HandlerHandoff(MemberState):
         dead_letter_topic: str | None,
         on_assign: Callback | None,
         on_revoke: Callback | None,
+        transactional: bool = False,
     ) -> None:
         super().__init__(group, on_assign, on_revoke)
         self._ctx = ctx
+        self.transactional = transactional
         self.handler = handler
         self.retry = retry
         self.dead_letter_topic = dead_letter_topic
@@ -395,28 +414,72 @@ class HandlerHandoff(MemberState):
     ) -> bool:
         if self.dead_letter_topic is None:
             return False
-        b = self._ctx
-        try:
-            info = await b.topic(self.dead_letter_topic)
-        except TopicNotFoundError:
-            await b.create_topic(self.dead_letter_topic, partitions=None)
-            info = await b.topic(self.dead_letter_topic)
+        info = await dead_letter_topic(self._ctx, self.dead_letter_topic)
         (m,) = messages_from_rows(topic, partition, [row], attempts)
-        headers = dict(m.headers)
-        headers.update(
-            {
-                "bus.error": repr(error)[:2000],
-                "bus.attempts": str(attempts),
-                "bus.source.topic": topic,
-                "bus.source.partition": partition,
-                "bus.source.offset": str(m.offset),
-                "bus.group": self.group,
-            }
-        )
-        out_partition = partition if info.dynamic else None
-        payload = m.payload if m.payload is not None else b""
-        await b.publish_many(
-            self.dead_letter_topic, [Outgoing(payload, key=m.key, partition=out_partition, headers=headers)]
-        )
+        out = dead_letter_outgoing(m, info, self.group, error, attempts)
+        await self._ctx.publish_many(self.dead_letter_topic, [out])
         self.dead_lettered += 1
         return True
+
+    async def handle_transaction(
+        self, spec: WorkerSpec, epoch: int, rows: list[asyncpg.Record], now: datetime | None
+    ) -> TxOutcome:
+        """Run the handler on `rows` in one transaction, a savepoint each, and commit their offsets in it.
+
+        The batch stops at a message that fails with attempts left (it comes again
+        after the backoff) or on its last attempt without a dead-letter topic (the
+        partition stops there). A fence that no longer holds rolls everything back.
+        """
+        ctx = self._ctx
+        pid = spec.partition_id
+        messages = messages_from_rows(spec.topic, spec.partition, rows)
+        dlq: TopicInfo | None = None
+        if self.dead_letter_topic is not None:
+            dlq = await dead_letter_topic(ctx, self.dead_letter_topic)
+        retries = Retries(ctx, self.group, self.retry, dlq, lambda _m: pid)
+        handler = cast("Callable[[Message, Transaction], Awaitable[Any]]", self.handler)
+        failed: int | None = None
+        processed = 0
+        try:
+            with db.translate_errors():
+                async with ctx.pool.acquire() as conn, conn.transaction():
+                    await conn.execute(db.SET_LOCAL_SEARCH_PATH, USER_SEARCH_PATH)
+                    tx = Transaction(conn, retries)
+                    position = messages[0].offset
+                    for index, m in enumerate(messages):
+                        dead = tx.dead_lettered
+                        try:
+                            async with tx.message(m) as attempt:
+                                m = msgspec.structs.replace(m, attempt=attempt)
+                                if tracing.processing_wanted(m):
+                                    with tracing.processing(m, self.group):
+                                        await handler(m, tx)
+                                else:
+                                    await handler(m, tx)
+                        except Exception:
+                            if pid not in tx.stuck:
+                                raise  # not the handler's error: the transaction is lost
+                        if pid in tx.stuck:
+                            failed = index
+                            break
+                        processed += tx.dead_lettered == dead
+                        position = m.offset + 1
+                    async with db.on_schema(conn, ctx.config.schema):
+                        fence = [(pid, position, epoch)]
+                        if pid not in await leases.commit(conn, self.group, spec.member_id, fence, now):
+                            raise _Fenced
+                        await tx.settle(pid, position)
+        except _Fenced:
+            return TxOutcome(None)
+        self.processed += processed
+        self.dead_lettered += tx.dead_lettered
+        if processed:
+            _metrics.consumed(self.group, spec.topic, processed)
+        if failed is None:
+            return TxOutcome(position)
+        stuck = tx.stuck[pid]
+        return TxOutcome(position, failed, stuck.attempts, stuck.error if stuck.stopped else None)
+
+
+class _Fenced(Exception):
+    """The partition's lease moved on before the transaction's commit: roll it back."""

@@ -45,7 +45,7 @@ import os
 import socket
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import asyncpg
@@ -695,8 +695,9 @@ class QueueConsumer:
             if removed is None:
                 continue
             errors = _errors_decoder.decode(removed.errors) if removed.errors else []
-            if error is not None:
-                errors.append({"attempt": r.attempts, "error": error})
+            if error is not None:  # timed like the attempts the database recorded
+                at = (self._ctx.now() or datetime.now(UTC)).isoformat()
+                errors.append({"attempt": r.attempts, "error": error, "at": at})
             await controls.record(
                 conn,
                 r.partition_id,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import msgspec
+
+from storage.errors import MessageDecodeError
 
 T = TypeVar("T")
 
@@ -116,12 +119,41 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
         return TopicPartition(self.topic, self.partition)
 
     def value(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
-        """Decode the JSON payload into `type` (any msgspec-supported type)."""
+        """Decode the JSON payload into `type` (any msgspec-supported type).
+
+        A payload of another shape raises `bus.errors.MessageDecodeError` naming the
+        message (topic, partition, offset) and the field that did not match.
+        """
         if self.payload is None:
             raise ValueError(
                 f"message {self.topic}/{self.partition}@{self.offset} is a tombstone (no payload)"
             )
-        return msgspec.json.decode(self.payload, type=type)
+        try:
+            return msgspec.json.decode(self.payload, type=type)
+        except msgspec.DecodeError as exc:
+            raise _decode_error(self, type, exc) from exc
+
+
+_FIELD_AT = re.compile(r" - at `(\$[^`]*)`$")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+
+def _decode_error(m: Message, wanted: Any, exc: msgspec.DecodeError) -> MessageDecodeError:
+    text = str(exc)
+    at = _FIELD_AT.search(text)
+    missing = _MISSING.search(text)
+    name = getattr(wanted, "__name__", None) or repr(wanted)
+    where = f"message {m.topic}/{m.partition}@{m.offset}"
+    what = f"field {at.group(1)}" if at else f"field {missing.group(1)!r}" if missing else "its payload"
+    return MessageDecodeError(
+        f"{where} does not decode as {name}: {text} ({what}); the publisher sent another shape: "
+        "fix the type or the publisher, or dead-letter the message",
+        topic=m.topic,
+        partition=m.partition,
+        offset=m.offset,
+        field=at.group(1) if at else None,
+        missing=missing.group(1) if missing else None,
+    )
 
 
 class PartitionStats(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,7 +34,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
         "Messages and topics",
         ["Message", "Record", "Outgoing", "TopicInfo", "TopicPartition", "PartitionStats"],
     ),
-    ("Consumer groups", ["Consumer", "Subscription", "Retry"]),
+    ("Consumer groups", ["Consumer", "Subscription", "Retry", "Transaction"]),
     ("Claims and queues", ["Claim", "QueueConsumer"]),
     (
         "Event store",
@@ -56,6 +56,8 @@ SECTIONS: list[tuple[str, list[str]]] = [
             "GroupDescription",
             "MemberInfo",
             "PartitionLag",
+            "QueueDepth",
+            "PartitionDepth",
             "SubscriptionInfo",
             "ResetRow",
         ],

@@ -246,3 +246,35 @@ async def es_groups(conn: Conn) -> list[asyncpg.Record]:
 async def es_troubled_partitions(conn: Conn, store: str, group: str, limit: int) -> list[asyncpg.Record]:
     """An event-store group's partitions that are claimed, failed, or waiting for a retry."""
     return list(await conn.fetch(ES_TROUBLED_PARTITIONS, store, group, limit))
+
+
+# Each group's lag, once per 10-second bucket (another watcher that wrote the bucket already wins),
+# for groups that still exist; $1 group names, $2 lags. Samples older than an hour go at the same time.
+RECORD_LAG = """
+WITH s AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS u(name, lag)),
+ins AS (
+    INSERT INTO lag_samples (group_name, bucket, lag)
+    SELECT s.name, to_timestamp(floor(extract(epoch FROM clock_timestamp()) / 10) * 10), s.lag
+    FROM s JOIN groups g ON g.name = s.name
+    ON CONFLICT (group_name, bucket) DO NOTHING
+    RETURNING 1
+)
+DELETE FROM lag_samples WHERE bucket < clock_timestamp() - interval '1 hour'
+"""
+
+# A group's lag samples of the last hour, oldest first: (unix time, lag).
+LAG_HISTORY = """
+SELECT extract(epoch FROM bucket)::float8 AS t, lag FROM lag_samples
+WHERE group_name = $1 AND bucket >= clock_timestamp() - interval '1 hour'
+ORDER BY bucket
+"""
+
+
+async def record_lag(conn: Conn, lags: dict[str, int]) -> None:
+    """Keep each group's lag in this 10-second bucket (and forget samples older than an hour)."""
+    await conn.execute(RECORD_LAG, list(lags), list(lags.values()))
+
+
+async def lag_history(conn: Conn, group: str) -> list[tuple[float, int]]:
+    """The group's kept lag samples of the last hour, oldest first."""
+    return [(float(r["t"]), int(r["lag"])) for r in await conn.fetch(LAG_HISTORY, group)]

@@ -23,7 +23,7 @@ import msgspec
 from asyncpg.pool import PoolConnectionProxy
 
 from storage import versions
-from storage.errors import BusError, SchemaVersionError, StorageUnavailableError
+from storage.errors import BusError, ConfigurationError, SchemaVersionError, StorageUnavailableError
 from storage.logs import get_logger
 from storage.names import validate_schema
 
@@ -514,10 +514,44 @@ def _unavailable(exc: BaseException, pooler: Pooler) -> StorageUnavailableError:
     )
 
 
+_DSN_SCHEMES = ("postgresql", "postgres")
+
+
+def check_dsn(dsn: object) -> str:
+    """`dsn` if it is a PostgreSQL URI asyncpg can parse; ConfigurationError (never "retry it") if not.
+
+    A typo in the scheme or a port that is not a number is the service's configuration,
+    not an outage: a retry loop around `connect()` must not spin on it.
+    """
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise ConfigurationError(f"the DSN must be a postgresql:// URI, got {dsn!r}")
+    scheme, sep, rest = dsn.partition("://")
+    if not sep or scheme not in _DSN_SCHEMES:
+        raise ConfigurationError(
+            f"the DSN's scheme must be postgresql:// (or postgres://), got {scheme + sep if sep else dsn[:20]!r}: "
+            "fix BUS_DSN or the dsn= argument (e.g. postgresql://user:password@host:5432/database)"
+        )
+    netloc = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    for host in filter(None, netloc.split(",")):
+        port = host.rsplit("]", 1)[-1].partition(":")[2] if host.startswith("[") else host.partition(":")[2]
+        if port and not port.isdigit():
+            raise ConfigurationError(
+                f"the DSN's port must be a number, got {port!r} in {host!r}: fix the DSN"
+            )
+    return dsn
+
+
+def _configuration(exc: BaseException) -> ConfigurationError:
+    return ConfigurationError(
+        f"the DSN or connection settings are wrong ({exc}); fix them, a retry cannot help"
+    )
+
+
 async def create_pool(
     dsn: str, schema: str, *, min_size: int = 1, max_size: int = 20, pooler: Pooler = None, **kwargs: Any
 ) -> asyncpg.Pool:
     """An asyncpg pool whose connections run bus statements in `schema` (see `Pooler`)."""
+    check_dsn(dsn)
     from storage.availability import quiet_pool_floor_retries
 
     quiet_pool_floor_retries()  # a traceback per reconnect attempt while the server is away: said once instead
@@ -533,16 +567,36 @@ async def create_pool(
         )
     except (OSError, asyncpg.PostgresError) as exc:
         raise _unavailable(exc, pooler) from exc
+    except (asyncpg.ClientConfigurationError, ValueError) as exc:
+        raise _configuration(exc) from exc
+    assert pool is not None
+    return pool
+
+
+async def create_service_pool(dsn: str, *, max_size: int, pooler: Pooler = None) -> asyncpg.Pool:
+    """A pool for the service's own statements: PostgreSQL's default search_path, nothing of the bus's.
+
+    Empty until used (min_size 0). Through a transaction pooler it prepares no statements.
+    """
+    check_dsn(dsn)
+    kwargs: dict[str, Any] = {"statement_cache_size": 0} if pooler == "transaction" else {}
+    try:
+        pool = await asyncpg.create_pool(dsn, min_size=0, max_size=max_size, **kwargs)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise _unavailable(exc, pooler) from exc
     assert pool is not None
     return pool
 
 
 async def connect(dsn: str, schema: str, *, pooler: Pooler = None, **kwargs: Any) -> asyncpg.Connection:
     """One connection that runs bus statements in `schema` (listeners, migrations, the Producer)."""
+    check_dsn(dsn)
     try:
         conn: asyncpg.Connection = await asyncpg.connect(dsn, **_connect_kwargs(schema, pooler), **kwargs)
     except (OSError, asyncpg.PostgresError) as exc:
         raise _unavailable(exc, pooler) from exc
+    except (asyncpg.ClientConfigurationError, ValueError) as exc:
+        raise _configuration(exc) from exc
     try:
         if pooler == "session":
             await _set_session_search_path(conn, schema)
@@ -640,7 +694,7 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
             await conn.execute(sql)
             await conn.execute(versions.RECORD, version, name, versions.checksum(sql))
             applied_now.append(version)
-            log.info("migration_applied", schema=schema, version=version, name=name)
+            log.debug("migration_applied", schema=schema, version=version, name=name)
         # A schema this library creates never had an older release on it: nothing to stay
         # compatible with. One an older release made keeps that release able to run on it
         # until `finalize`.

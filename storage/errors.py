@@ -6,6 +6,8 @@ same classes; `bus.errors` re-exports them. Each message says what to do.
 
 from __future__ import annotations
 
+import msgspec
+
 
 class BusError(Exception):
     """Base of every error raised by the bus."""
@@ -49,6 +51,40 @@ class GroupStoppedError(BusError):
 
 class StorageUnavailableError(BusError):
     """PostgreSQL cannot be reached or refused the operation; the operation did not complete."""
+
+
+class ConfigurationError(BusError, ValueError):
+    """A setting is wrong (a malformed DSN, an unknown scheme or option): fix it, a retry cannot help.
+
+    Never raised for an outage: a server that cannot be reached is a StorageUnavailableError.
+    """
+
+
+class MessageDecodeError(BusError, msgspec.ValidationError):
+    """A message's payload does not decode as the type asked for (`m.value(T)`).
+
+    `topic`, `partition`, `offset` name the message; `field` the path of the field
+    that did not match (`$.amount`, `$.items[1]`; None when the payload is not JSON or
+    a required field is missing: then `missing` names it). Also a msgspec.ValidationError,
+    so code catching msgspec's error keeps working.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        topic: str,
+        partition: str,
+        offset: int,
+        field: str | None = None,
+        missing: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.field = field
+        self.missing = missing
 
 
 class OffsetOutOfRangeError(BusError, IndexError):

@@ -1,7 +1,9 @@
 """Library logging: structlog on top of the standard `logging` module.
 
 The library never configures logging globally. Its loggers are structlog
-loggers wrapped around stdlib loggers named after the module, so a service's
+loggers wrapped around stdlib loggers named after the module, all under one
+tree, `bus` (`bus.client`, `bus.storage.db`, `bus.actors.worker`, ...), so
+`logging.getLogger("bus")` sets the level of every event, and a service's
 own `logging` setup decides what is shown (by default: warnings and errors),
 and a service that configures structlog gets our events with their bound
 context (group, member, generation, topic, partition). The CLI configures both.
@@ -10,6 +12,7 @@ context (group, member, generation, topic, partition). The CLI configures both.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Protocol, cast
 
 
@@ -35,6 +38,19 @@ class Logger(Protocol):
         """Log `event` at ERROR level with the current exception's traceback."""
 
 
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "exception": logging.ERROR,
+}
+
+
+def _drop(event: str, **kw: object) -> None:
+    """An event no handler would show."""
+
+
 class _Logger:
     """A module logger whose structlog logger is made on first use.
 
@@ -58,6 +74,13 @@ class _Logger:
         self._configured = False
 
     def __getattr__(self, attribute: str) -> Any:
+        level = _LEVELS.get(attribute)
+        if (
+            level is not None
+            and "structlog" not in sys.modules  # not imported: nobody configured it
+            and not logging.getLogger(self._name).isEnabledFor(level)
+        ):
+            return _drop  # an event below the stdlib level costs no structlog import (CLI start-up)
         import structlog
 
         configured = structlog.is_configured()
@@ -88,4 +111,9 @@ def get_logger(name: str, **context: Any) -> Logger:
     is logged, so the service's processors apply to our events too.
     """
     # _Logger forwards every attribute to the structlog logger it makes on first use.
-    return cast(Logger, _Logger(name, context))
+    return cast(Logger, _Logger(logger_name(name), context))
+
+
+def logger_name(module: str) -> str:
+    """The stdlib logger name of a library module: every one is under `bus` (`storage.db` -> `bus.storage.db`)."""
+    return module if module == "bus" or module.startswith("bus.") else f"bus.{module}"

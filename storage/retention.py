@@ -2,7 +2,7 @@
 
 A message may be removed once (a) every live group reading its partition has
 committed past it, (b) on a queue topic, it has been acked, and (c) its
-topic's retention has passed. (a) and (b) are the partition's low watermark
+topic's retention has passed (a queue topic without one: its result_ttl). (a) and (b) are the partition's low watermark
 (view `partition_watermarks`); the cleaner re-checks it under lock before
 deleting: the partition row FOR NO KEY UPDATE (one cleaner per partition;
 publishers wait a few milliseconds) and every live cursor of the partition
@@ -30,11 +30,22 @@ import asyncpg
 
 from storage.db import Conn, Connection
 
-# The partitions of topics with retention, from partition id $1 on, in id order.
+# The partitions of topics with retention, from partition id $1 on, in id order. A queue topic
+# without one is bounded all the same: an acked job's message goes once it is older than the
+# topic's result_ttl (default one day), when its result has expired too; a job not yet acked or
+# dead-lettered is never below the watermark. Such a partition is passed over while its first
+# message is younger than that (one keyed lookup): working out its watermark reads its jobs.
 RETENTION_PARTITIONS = """
-SELECT p.id AS partition_id, t.retention_seconds
+SELECT p.id AS partition_id,
+       COALESCE(t.retention_seconds, COALESCE(s.result_ttl, 86400)) AS retention_seconds
 FROM partitions p JOIN topics t ON t.name = p.topic
-WHERE t.cleanup = 'delete' AND t.retention_seconds IS NOT NULL AND p.id > $1
+LEFT JOIN queue_settings s ON s.topic = t.name
+WHERE t.cleanup = 'delete' AND p.id > $1
+  AND (t.retention_seconds IS NOT NULL
+       OR (t.semantics = 'queue'
+           AND EXISTS (SELECT 1 FROM messages m
+                       WHERE m.partition_id = p.id AND m."offset" = p.log_start
+                         AND m.created_at < clock_timestamp() - make_interval(secs => COALESCE(s.result_ttl, 86400)))))
 ORDER BY p.id
 LIMIT $2
 """

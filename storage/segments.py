@@ -53,9 +53,15 @@ CATCH_UP_MARGIN = 2.0
 # Session advisory lock: one maintainer per schema (the schema name is mixed in).
 _MAINTAIN_LOCK = 0x6275_7347
 
+# A queue topic without a retention keeps its acked jobs for its result_ttl (storage/retention.py).
 RETENTIONS = """
-SELECT min(retention_seconds), max(retention_seconds)
-FROM topics WHERE cleanup = 'delete' AND retention_seconds IS NOT NULL
+SELECT min(r), max(r) FROM (
+    SELECT COALESCE(t.retention_seconds,
+                    CASE WHEN t.semantics = 'queue' THEN COALESCE(s.result_ttl, 86400) END) AS r
+    FROM topics t LEFT JOIN queue_settings s ON s.topic = t.name
+    WHERE t.cleanup = 'delete'
+) AS retentions
+WHERE r IS NOT NULL
 """
 NOW = "SELECT clock_timestamp()"
 LAST_HI = "SELECT max(hi) FROM message_segments"
@@ -221,7 +227,7 @@ async def _maintain(conn: asyncpg.Connection, interval: float) -> Maintenance:
     if shortest is not None:  # nothing would ever retire a segment: rows stay in the DEFAULT partition
         done.created = await ensure(conn, width=width, ahead=max(2 * width, 3 * interval))
     if done.retired or done.dropped or done.swept_rows:
-        log.info(
+        log.debug(
             "segments_maintained",
             retired=len(done.retired),
             dropped=len(done.dropped),

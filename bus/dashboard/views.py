@@ -37,11 +37,18 @@ REPLAY_LIMIT = 1000
 _DEAD_LETTER_PREFIXES = ("dead_letter.",)
 
 
+#: Seconds between two writes of the groups' lags to `lag_samples` (its bucket width).
+LAG_KEPT_EVERY = 10.0
+
+
 class History:
     """Samples of every group's total lag and every topic's end offset over the last minutes.
 
     One sample costs two queries (list_groups and the partition bounds), taken
-    every `interval` seconds by a task started with the first page view.
+    every `interval` seconds by a task started with the first page view. Every
+    10 seconds the groups' lags are also kept in the database (`lag_samples`, the
+    last hour), so a chart opened by a dashboard started later shows the hour
+    before it too (`lag_points`).
     """
 
     def __init__(self, seconds: float = 600.0, interval: float = 1.0) -> None:
@@ -50,6 +57,7 @@ class History:
         self.lag: dict[str, deque[tuple[float, int]]] = {}
         self.ends: dict[str, deque[tuple[float, int]]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._kept_at = 0.0  # when the lags were last written to the database
 
     def ensure_running(self, b: Bus) -> None:
         """Start the sampling task unless it runs (a mounted app gets no lifespan events)."""
@@ -86,11 +94,23 @@ class History:
             parts = await sql.topic_partitions(b.pool)
         for g in groups:
             self.lag.setdefault(g.name, deque(maxlen=self.maxlen)).append((now, g.total_lag))
+        if groups and now - self._kept_at >= LAG_KEPT_EVERY:
+            self._kept_at = now
+            with db.translate_errors():
+                await sql.record_lag(b.pool, {g.name: g.total_lag for g in groups})
         ends: dict[str, int] = {}
         for p in parts:
             ends[p.topic] = ends.get(p.topic, 0) + p.end_offset
         for topic, end in ends.items():
             self.ends.setdefault(topic, deque(maxlen=self.maxlen)).append((now, end))
+
+    async def lag_points(self, b: Bus, group: str) -> list[tuple[float, int]]:
+        """The group's lag over the last hour: the database's samples, then this process's own."""
+        mine = list(self.lag.get(group, ()))
+        with db.translate_errors():
+            kept = await sql.lag_history(b.pool, group)
+        first = mine[0][0] if mine else float("inf")
+        return [p for p in kept if p[0] < first] + mine
 
     def rate(self, topic: str, window: float = 10.0) -> float | None:
         """Messages per second published to `topic` over about the last `window` seconds."""
@@ -215,9 +235,9 @@ async def groups_page(b: Bus, history: History) -> dict[str, Any]:
 
 
 async def group_page(b: Bus, name: str, history: History) -> dict[str, Any]:
-    """`describe_group` plus the lag chart of the last minutes."""
+    """`describe_group` plus the lag chart of the last hour (kept in the database)."""
     d = await b.admin.describe_group(name)
-    points = list(history.lag.get(name, ()))
+    points = await history.lag_points(b, name)
     # The table is read now; make the chart end at the same value.
     points.append((time.time(), d.total_lag))
     return {"d": d, "chart": lag_chart(points), "live_members": sum(1 for m in d.members if m.live)}
@@ -249,14 +269,15 @@ def _preview(payload: bytes | None, total: int | None) -> str:
 
 
 async def queues_page(b: Bus) -> dict[str, Any]:
-    """Every queue topic: ready, in flight, delayed, and dead (jobs waiting in its dead-letter topic)."""
+    """Every queue topic: ready, in flight, delayed, and dead (its jobs waiting in its dead-letter topic)."""
     with db.translate_errors():
         rows = await sql.queue_counts(b.pool)
     counts = {r.topic: r for r in rows}
     queues = []
     for r in rows:
         dlq = f"{r.topic}.dlq"
-        dead = counts.get(dlq)
+        # The same count as the queue's own page and `admin.queue_depth`: its dead letters still waiting.
+        dead = (await b.admin.queue_depth(r.topic)).dead if dlq in counts else None
         queues.append(
             {
                 "topic": r.topic,
@@ -265,7 +286,7 @@ async def queues_page(b: Bus) -> dict[str, Any]:
                 "delayed": r.delayed,
                 "next_delayed": r.next_delayed,
                 "dead_letter": dlq if dead is not None else None,
-                "dead": None if dead is None else dead.ready + dead.in_flight + dead.delayed,
+                "dead": dead,
                 "is_dead_letter": r.topic.endswith(".dlq") and r.topic[: -len(".dlq")] in counts,
             }
         )
@@ -273,14 +294,24 @@ async def queues_page(b: Bus) -> dict[str, Any]:
 
 
 async def queue_page(b: Bus, name: str) -> dict[str, Any]:
-    """One queue topic: its counts and the dead letters it holds (when it is a dead-letter topic)."""
+    """One queue topic: its counts and dead letters (those it holds as a dead-letter topic, else its own
+    waiting in its dead-letter topic, the count the queue list shows)."""
     validate_name(name, "topic name")
     info = await b.topic(name)
     if info.semantics != "queue":
         raise ValidationError(f"topic {name!r} is not a queue topic (semantics={info.semantics!r})")
     with db.translate_errors():
         counts = {r.topic: r for r in await sql.queue_counts(b.pool)}
-        letters = await sql.dead_letters(b.pool, name, DEAD_LETTER_LIMIT, PAYLOAD_PREVIEW)
+    dlq = f"{name}.dlq"
+    dead: int | None = None
+    held = name
+    if dlq in counts:
+        dead = (await b.admin.queue_depth(name)).dead
+        held = dlq
+    with db.translate_errors():
+        letters = await sql.dead_letters(b.pool, held, DEAD_LETTER_LIMIT, PAYLOAD_PREVIEW)
+    if held != name:
+        letters = [m for m in letters if _headers(m.headers).get("dead_letter.topic") == name]
     messages = []
     for m in letters:
         headers = _headers(m.headers)
@@ -299,11 +330,12 @@ async def queue_page(b: Bus, name: str) -> dict[str, Any]:
                 "payload": _preview(m.payload, m.payload_bytes),
             }
         )
-    dlq = f"{name}.dlq"
     return {
         "name": name,
         "counts": counts.get(name),
         "dead_letter": dlq if dlq in counts else None,
+        "dead": dead,
+        "held": held,
         "messages": messages,
         "replayable": sum(1 for m in messages if m["source"]),
         "limit": DEAD_LETTER_LIMIT,

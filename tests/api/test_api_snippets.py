@@ -20,8 +20,9 @@ What is not run literally, and how it is rewritten (nothing else is):
 2. ``...`` placeholders: a keyword argument ``name=...`` gets the value the block's setup
    gives for ``name``; a positional ``...`` argument gets the setup's ``"..."`` value; a ``...``
    element of a list literal ("and more like it") is dropped; a string with `` ...`` in it
-   (``"INSERT INTO seen ..."``) gets the setup's value for that string. A bare ``...`` statement
-   (an elided body) stays: it is valid Python and does nothing.
+   (``"INSERT INTO seen ..."``) gets the setup's value for that string; a ``{...}`` (an elided
+   dict) gets the setup's value for ``"{...}"``. A bare ``...`` statement (an elided body) stays:
+   it is valid Python and does nothing.
 3. ``async for m in c: ...`` (a loop with an elided body) takes one item: its body becomes ``break``.
 4. Where a fragment relies on something it never makes from its own results, one statement is
    inserted after a given line (``Plan.insert_after``): block "Queues" gets ``job = jobs[0]`` after
@@ -168,6 +169,11 @@ class _Placeholders(ast.NodeTransformer):
         self.generic_visit(node)
         node.elts = [e for e in node.elts if not self._elided(e)]
         return node
+
+    def visit_Set(self, node: ast.Set) -> ast.AST:
+        if len(node.elts) == 1 and self._elided(node.elts[0]):
+            return self._value("{...}")
+        return self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
         if isinstance(node.value, str) and " ..." in node.value:
@@ -625,6 +631,33 @@ async def setup_transaction(ctx: Ctx) -> Plan:
     return Plan(names={"c": c}, fill=fill, check=check)
 
 
+async def setup_transactional_handler(ctx: Ctx) -> Plan:
+    from bus.testing import eventually
+
+    await ctx.b.create_topic("orders", partitions=2)
+    await ctx.b.create_topic("receipts", partitions=1)
+    await ctx.b.publish_many("orders", [bus.Outgoing({"n": i}) for i in range(6)])
+    table = f"{ctx.schema}.payments"
+    await ctx.b.pool.execute(f"CREATE TABLE {table} (id serial PRIMARY KEY)")
+    fill = {
+        "INSERT INTO payments ...": f'"INSERT INTO {table} DEFAULT VALUES"',
+        "{...}": '{"receipt": True}',
+    }
+
+    async def check(got: dict[str, Any], _: str | None) -> None:
+        sub = got["sub"]
+        try:
+            await eventually(lambda: sub.processed == 6)
+        finally:
+            await sub.stop()
+        assert await ctx.b.pool.fetchval(f"SELECT count(*) FROM {table}") == 6
+        assert len(await ctx.b.read("receipts", partition="0")) == 6
+        lags = (await ctx.b.admin.describe_group("billing")).partitions
+        assert sum(p.committed or 0 for p in lags) == 6  # the offsets committed with the rows
+
+    return Plan(fill=fill, check=check)
+
+
 async def setup_idempotent(ctx: Ctx) -> Plan:
     await ctx.b.create_topic("orders", partitions=4)
 
@@ -723,6 +756,7 @@ SETUPS: dict[str, tuple[Setup, str | None]] = {
     'class CourseCreated(bus.Event, tag="course.created"):': (setup_event_store, None),
     "a = b.admin": (setup_admin, None),
     "async with c.transaction() as tx:": (setup_transaction, None),
+    "transactional=True,": (setup_transactional_handler, None),
     'idempotency_key="order-42")': (setup_idempotent, None),
     "await b.admin.pause_queue(": (setup_queue_features, None),
     "await c.offsets_for_times(": (setup_kafka_consumer, None),

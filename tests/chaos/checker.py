@@ -50,7 +50,8 @@ processes run on one host, so their clocks agree):
    delivery (minus `slack`) and the repeat;
 7. exactly once in the user's table (groups in `History.rows`): every
    acknowledged message has exactly one row, with its payload id; a second row
-   is a violation whatever the faults;
+   is a violation whatever the faults; in a group that also dead-letters
+   (`txh`), a poison message has no row at all (its savepoint rolled back);
 8. acked stays acked: a claim or queue job whose ack returned is never handed
    out again under a later lease epoch / attempt;
 9. guards hold: no guarded Tally was appended while an Item of its account had
@@ -622,7 +623,19 @@ def _check_rows(h: History, r: Report) -> None:
             r.violate(g, f"exactly-once: {g}'s table has {count[k]} rows for {k[0]}/{k[1]}@{k[2]}")
         if len(dups) > 5:
             r.violate(g, f"exactly-once: {g}'s table has {len(dups) - 5} more offsets written twice")
-        lost = [a for a in _acks_of(h, g) if (a.topic, a.partition, a.offset) not in count]
+        dead_letters = g in h.dead_letters
+        for a in _acks_of(h, g):
+            if dead_letters and a.msg_id in h.poison and count[(a.topic, a.partition, a.offset)]:
+                r.violate(
+                    g,
+                    f"exactly-once: {g}'s table has a row for poison {a.topic}/{a.partition}@{a.offset} "
+                    f"(id {a.msg_id}): its failed attempts' writes did not roll back",
+                )
+        lost = [
+            a
+            for a in _acks_of(h, g)
+            if (a.topic, a.partition, a.offset) not in count and not (dead_letters and a.msg_id in h.poison)
+        ]
         pc.row_losses = len(lost)
         for a in lost[:5]:
             r.violate(

@@ -161,7 +161,7 @@ ROLES: dict[str, tuple[int, int, list[tuple[str, str, str]]]] = {
         -1,
         [("g-poll", "poll", "roundrobin"), ("g-async", "commit-async", "range"), ("g-auto", "auto", "range")],
     ),
-    "T": (2, -1, [("g-tx", "tx", "range"), ("g-txlow", "txlow", "range")]),
+    "T": (2, -1, [("g-tx", "tx", "range"), ("g-txlow", "txlow", "range"), ("g-txh", "txh", "range")]),
     "L": (2, -1, [("g-claims", "claims", "-"), ("q-jobs", "queue", "-"), ("es-g", "es", "-")]),
     "Q": (2, 0, [("q-limited", "lqueue", "-")]),
 }
@@ -686,10 +686,10 @@ class ChaosRun:
                     fh.write("\t".join(str(v) for v in r) + "\n")
             with open(self.out / "dead_letters.tsv", "w") as fh:  # noqa: ASYNC230
                 for g, p, _ in self.groups:
-                    if p not in ("handler-dlq", "queue"):
+                    if p not in ("handler-dlq", "queue", "txh"):
                         continue
-                    dlq = f"{g}.dlq" if p == "handler-dlq" else f"{QUEUE}.dlq"
-                    prefix = "bus.source." if p == "handler-dlq" else "dead_letter."
+                    dlq = f"{QUEUE}.dlq" if p == "queue" else f"{g}.dlq"
+                    prefix = "dead_letter." if p == "queue" else "bus.source."
                     try:
                         stats = await b.admin.topic_stats(dlq)
                     except bus.errors.TopicNotFoundError:
@@ -931,10 +931,12 @@ def read_history(out: Path, injected: list[Fault], samples: list[Sample]) -> His
                     "member_expired", t - MEMBER_CONFIG["session_timeout"], t, pid_of_member[member], member
                 )
             )
-    rows: dict[str, list[Row]] = {g: [] for g, p in groups.items() if p in ("tx", "txlow")}
+    rows: dict[str, list[Row]] = {g: [] for g, p in groups.items() if p in ("tx", "txlow", "txh")}
     for f in _lines(out / USER_TABLE):
         rows.setdefault(f[0], []).append(Row(f[0], f[1], f[2], int(f[3]), f[4]))
-    dead: dict[str, list[DeadLetter]] = {g: [] for g, p in groups.items() if p in ("handler-dlq", "queue")}
+    dead: dict[str, list[DeadLetter]] = {
+        g: [] for g, p in groups.items() if p in ("handler-dlq", "queue", "txh")
+    }
     for f in _lines(out / "dead_letters.tsv"):
         dead.setdefault(f[0], []).append(DeadLetter(f[0], f[1], f[2], int(f[3]), f[4], float(f[5])))
     for dls in dead.values():

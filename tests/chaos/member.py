@@ -13,6 +13,11 @@ show for its PATTERN:
 - `poll`: `poll()` + `commit()` after each batch, committing in `on_revoke`;
 - `commit-async`: `poll()` + `c.commit_async()` (fire and forget);
 - `auto`: `poll()` with `auto_commit=True`;
+- `txh`: `subscribe(..., transactional=True)` with `retry=` and `dead_letter=`: the
+  handler INSERTs its row on `tx.connection`, then fails like `handler-dlq`'s
+  (poison always, `n % 13 == 5` on its first attempt): a failed message's row
+  rolls back with its savepoint, so the table has each good message once and no
+  poison at all, and the poison is dead-lettered once;
 - `tx`: `async with c.transaction() as tx:` around `poll()` and the user's own
   INSERTs on `tx.connection` (exactly once in the user's table USER_TABLE);
 - `txlow`: the user's own transaction, INSERTs, `commit(connection=conn)`,
@@ -359,6 +364,41 @@ async def run_tx(ctx: Ctx) -> None:
             else:
                 if polled:
                     rec.count(ctx.group, "committed")
+
+
+async def run_txh(ctx: Ctx) -> None:
+    """API.md's transactional handler: the row, the offset and the dead letter in one transaction."""
+    sub: Any = None
+    rec = ctx.rec
+    insert = INSERT_ROW.format(schema=ctx.schema)
+
+    async def handler(m: bus.Message, tx: bus.Transaction) -> None:
+        rec.maybe_stall()
+        msg_id = msgspec.json.decode(m.payload)["id"]
+        member = sub.member_id if sub else None
+        await tx.connection.execute(
+            insert, ctx.group, m.topic, m.partition, m.offset, msg_id, rec.pid, member, time.time()
+        )
+        if poison(msg_id) or (number(msg_id) % 13 == 5 and m.attempt == 1):
+            raise RuntimeError(f"chaos: {msg_id} fails on attempt {m.attempt}")  # its row rolls back
+        rec.delivery(ctx.group, m, member, sub.generation if sub else -1)
+        await asyncio.sleep(ctx.rng.uniform(0.0, 0.01))  # the transaction stays open a little
+
+    sub = await ctx.b.subscribe(
+        ctx.group,
+        handler,
+        topics=[TOPIC],
+        start="earliest",
+        batch_size=50,
+        assignor=ctx.assignor,
+        transactional=True,
+        retry=RETRY,
+        dead_letter=f"{ctx.group}.dlq",
+    )
+    try:
+        await ctx.stop.wait()
+    finally:
+        await sub.stop()
 
 
 async def run_txlow(ctx: Ctx) -> None:
@@ -708,6 +748,7 @@ PATTERNS = {
     "commit-async": lambda ctx: run_poll(ctx, "commit-async"),
     "auto": lambda ctx: run_poll(ctx, "auto"),
     "tx": run_tx,
+    "txh": run_txh,
     "txlow": run_txlow,
     "claims": run_claims,
     "queue": run_queue,

@@ -249,6 +249,31 @@ def test_poison_must_be_dead_lettered_and_may_be_skipped_by_order_and_commits() 
     assert any(v.startswith("loss:") and "never dead-lettered t/0@2" in v for v in missing.violations)
 
 
+def test_a_transactional_handler_table_has_each_good_message_once_and_no_row_for_poison() -> None:
+    acks = [Ack("t", "0", i, f"p-{i}", float(i)) for i in range(5)]  # p-2 poison
+    ds = [
+        Delivery("g", "t", "0", o, f"p-{o}", 1, "m1", 1, 100.0 + i * 0.01, seq=i)
+        for i, o in enumerate([0, 1, 3, 4])
+    ]
+    h = History(
+        ["g"],
+        acks,
+        ds,
+        [],
+        [],
+        patterns={"g": "txh"},
+        poison=frozenset({"p-2"}),
+        dead_letters={"g": [DeadLetter("g", "t", "0", 2, "p-2", 100.015)]},
+        rows={"g": [Row("g", "t", "0", o, f"p-{o}") for o in (0, 1, 3, 4)]},
+    )
+    r = check(h)
+    assert r.ok, r.summary()  # the poison has no row, and that is no loss
+    assert r.patterns["g"].row_losses == 0 and r.patterns["g"].dead_lettered == 1
+    h.rows = {"g": [Row("g", "t", "0", o, f"p-{o}") for o in (0, 1, 2, 3, 4)]}
+    kept = check(h)
+    assert any("has a row for poison t/0@2" in v for v in kept.violations)
+
+
 def test_a_message_that_is_not_poison_in_the_dead_letter_topic_needs_a_fault() -> None:
     acks = [Ack("t", "0", i, f"p-{i}", float(i)) for i in range(2)]
     ds = [Delivery("g", "t", "0", o, f"p-{o}", 1, "m1", 1, 100.0 + o, seq=o) for o in (0, 1)]

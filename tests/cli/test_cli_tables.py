@@ -75,8 +75,10 @@ async def test_topics_at_80_columns_shows_whole_names_and_numbers(
         "payments.settlement-ledger.by-merchant-and-currency.v2",
     )
     namespace_row = next(line for line in lines if line.startswith(LONG_TOPIC))
-    assert _cell(out.stdout, namespace_row.split()[-3], LONG_TOPIC) == "payments-namespace"
-    assert _cell(out.stdout, namespace_row.split()[-2], LONG_TOPIC) == "settlement-task"
+    # namespace, task, queue depth ("-" for a pubsub topic), messages
+    assert namespace_row.split()[-2] == "-"
+    assert _cell(out.stdout, namespace_row.split()[-4], LONG_TOPIC) == "payments-namespace"
+    assert _cell(out.stdout, namespace_row.split()[-3], LONG_TOPIC) == "settlement-task"
 
 
 @pytest.mark.slow  # runs `python -m bus` in subprocesses

@@ -199,6 +199,8 @@ async def test_main_pages_load_without_console_errors(
         "groups": ("/groups", "table#groups", "email"),
         "queues": ("/queues", "table#queues", "jobs.dlq"),
         "dead-letters": ("/queues/jobs.dlq", "table#dead-letters", "boom: card declined"),
+        # the queue's own page: the dead count the list shows, and those dead letters
+        "queue": ("/queues/jobs", "table#dead-letters", "boom: card declined"),
         "claims": ("/claims", "table#es-groups", "mailer"),
         "compaction": ("/compaction", "table#compaction-runs", "no runs recorded"),
         "topic": ("/topics/orders", "table#partitions", "log start"),
@@ -220,6 +222,8 @@ async def test_main_pages_load_without_console_errors(
                 assert time.monotonic() < deadline, f"{name}: no live update"
                 time.sleep(0.05)
             assert needle in text_of(driver, css if name != "compaction" else "main"), name
+            if name == "queue":
+                assert text_of(driver, "#q-dead") == "1"
             if name == "dead-letters":
                 click(driver, "table#dead-letters summary")
                 time.sleep(0.7)  # a live update or two: the error history stays open

@@ -255,3 +255,40 @@ async def test_compaction_runs_page(bus_client: bus.Bus) -> None:
     assert "/tmp/archive-x" in page and "/tmp/archive-y" in page and "status-done" in page
     assert page.index(f"<td>{open_run['id']}</td>") < page.index(f"<td>{run['id']}</td>")  # newest first
     await app.state.history.stop()
+
+
+async def test_a_queue_page_shows_the_dead_count_of_the_queue_list_and_those_dead_letters(
+    populated: bus.Bus,
+) -> None:
+    app = bus.dashboard.app(populated)
+    depth = await populated.admin.queue_depth("jobs")
+    assert depth.dead == 1
+    async with await client_for(app) as client:
+        listing = (await client.get("/queues")).text
+        page = (await client.get("/queues/jobs")).text
+    await app.state.history.stop()
+    assert '<dd id="q-dead">1</dd>' in page
+    assert "no dead letters waiting" not in page  # the list says dead = 1: so does the queue's page
+    assert "Dead letters of jobs waiting in jobs.dlq" in page and "boom: card declined" in page
+    assert '<td class="num dead"><a href="/queues/jobs.dlq">1</a></td>' in listing
+
+
+async def test_the_lag_chart_of_a_dashboard_started_later_shows_the_samples_kept_before(
+    populated: bus.Bus,
+) -> None:
+    from bus.dashboard import views
+
+    earlier = views.History(interval=0.2)
+    await earlier.sample(populated)  # a dashboard that ran before keeps its samples in the database
+    kept = await populated.pool.fetch("SELECT group_name, lag FROM lag_samples")
+    lag = (await populated.admin.describe_group("email")).total_lag
+    assert ("email", lag) in [(r["group_name"], r["lag"]) for r in kept]
+    later = views.History(interval=0.2)  # a new process: nothing sampled in memory yet
+    points = await later.lag_points(populated, "email")
+    assert points and points[-1][1] == lag
+    app = bus.dashboard.app(populated)
+    async with await client_for(app) as client:
+        page = (await client.get("/groups/email")).text
+    await app.state.history.stop()
+    points_drawn = int(page.split('data-points="', 1)[1].split('"', 1)[0])
+    assert points_drawn >= 2  # the kept sample and the value read for the page

@@ -129,3 +129,70 @@ def test_without_structlog_configured_events_are_plain_text_with_plain_traceback
     assert "Traceback (most recent call last)" in out and "ZeroDivisionError" in out
     assert out.count("Traceback (most recent call last)") == 1
     assert "hidden" not in out
+
+
+_TREE_PROBE = textwrap.dedent(
+    """
+    import asyncio, json, logging, sys
+    import bus
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append((record.name, record.levelname, record.getMessage()))
+
+    logging.getLogger().addHandler(Keep())
+    logging.getLogger().setLevel(logging.INFO)
+
+    async def main():
+        async with bus.connect(sys.argv[1], schema=sys.argv[2]) as b:   # a new schema: every migration
+            await b.create_topic("t")
+        async with bus.connect(sys.argv[1], schema=sys.argv[2]):        # migrated already
+            pass
+        at_info = list(records)
+        records.clear()
+        logging.getLogger().setLevel(logging.DEBUG)
+        logging.getLogger("bus").setLevel(logging.WARNING)   # one switch for the whole library
+        async with bus.connect(sys.argv[1], schema=sys.argv[3]) as b:
+            await b.create_topic("t")
+        silenced = list(records)
+        records.clear()
+        logging.getLogger("bus").setLevel(logging.DEBUG)
+        async with bus.connect(sys.argv[1], schema=sys.argv[4]):
+            pass
+        print(json.dumps({"info": at_info, "silenced": silenced, "debug": records}))
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_one_logger_tree_and_one_info_line_per_connect(dsn: str) -> None:
+    schemas = ["t_" + uuid.uuid4().hex[:12] for _ in range(3)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _TREE_PROBE, dsn, *schemas,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 90)
+    finally:
+        conn = await asyncpg.connect(dsn)
+        for s in schemas:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')
+        await conn.close()
+    assert proc.returncode == 0, err.decode()
+    report = json.loads(out.decode().splitlines()[-1])
+    # At INFO, a connect says one thing: how many migrations it applied.
+    assert [(lvl, "migrations_applied" in msg) for _, lvl, msg in report["info"]] == [
+        ("INFO", True),
+        ("INFO", True),
+    ], report["info"]
+    assert "count=" in report["info"][0][2] and "count=0" in report["info"][1][2]
+    assert "count=0" not in report["info"][0][2]
+    assert report["silenced"] == []
+    # Every event of the library (storage, actors, the facade) is under the `bus` logger.
+    names = {name for name, _, _ in report["debug"]}
+    assert any(n.startswith("bus.storage.") for n in names), names
+    assert all(n == "bus" or n.startswith("bus.") for n in names), names
+    assert sum("migration_applied" in msg for _, _, msg in report["debug"]) >= 20

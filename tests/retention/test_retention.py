@@ -226,3 +226,23 @@ async def test_a_pass_works_out_watermarks_only_for_the_partitions_of_topics_wit
     assert after == first_two and deleted > 0  # two of the retention topic's partitions, then on from there
     async with b.pool.acquire() as conn:
         assert await retention.clean_some(conn, after, max_partitions=2, batch=100) == (0, 30 - deleted)
+
+
+async def test_a_queue_without_retention_retires_acked_jobs_once_their_result_expired(connect: Connect) -> None:
+    b = await connect(cleaner_interval=0)
+    await b.create_topic("jobs", partitions=1, semantics="queue", result_ttl=0.05)  # no retention=
+    await b.create_topic("kept", partitions=1, semantics="queue")  # the default result_ttl: one day
+    await b.publish_many("jobs", [b"a", b"b", b"c"])
+    await b.publish_many("kept", [b"a"])
+    async with b.queue_consumer("jobs") as q, b.queue_consumer("kept") as k:
+        a, bb, c = await q.take(max_messages=3, timeout=0)
+        await q.ack(a)
+        await q.ack(c)
+        await k.ack_many(await k.take(max_messages=1, timeout=0))
+        await asyncio.sleep(0.1)
+        assert await _clean(b) == 1  # b is still to be done: it and everything after stay
+        assert await _offsets(b, "jobs") == [1, 2]
+        await q.ack(bb)
+    assert await _clean(b) == 2
+    assert await _offsets(b, "jobs") == []
+    assert await _offsets(b, "kept") == [0]  # acked, but its result (one day) has not expired
