@@ -48,6 +48,7 @@ _LAZY = {
     "Subscription": "bus.consumer",
     "Claim": "bus.claims",
     "QueueConsumer": "bus.queues",
+    "Worker": "bus.worker",
     "Event": "bus.eventstore",
     "EventClaim": "bus.eventstore",
     "EventStore": "bus.eventstore",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     )
     from bus.queues import QueueConsumer
     from bus.schedules import ScheduleInfo
+    from bus.worker import Worker
 
 
 def __getattr__(name: str) -> Any:
@@ -109,6 +111,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Claim",
     "QueueConsumer",
+    "Worker",
     "Admin",
     "Consumer",
     "GroupDescription",

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from bus.handoff import Callback
     from bus.queues import QueueConsumer
     from bus.schedules import ScheduleInfo
+    from bus.worker import JobHandler, Worker
 
 log = get_logger(__name__)
 
@@ -793,6 +794,42 @@ class Bus:
             dead_letter=dead_letter,
             ordered_by_key=ordered_by_key,
         )
+
+    async def worker(
+        self,
+        topic: str,
+        handler: JobHandler,
+        *,
+        concurrency: int = 1,
+        visibility_timeout: float = 30.0,
+        max_attempts: int = 5,
+        dead_letter: str | None = None,
+        ordered_by_key: bool = False,
+        backoff: float | timedelta = 1.0,
+        max_backoff: float | timedelta = 60.0,
+    ) -> Worker:
+        """Run `handler` on the jobs of a queue topic, `concurrency` jobs in hand at once (see bus.worker).
+
+        One take for every free slot, the ack written after the handler returns (its return
+        value, if not None, is the job's result); a handler that raises nacks its job with a
+        doubling backoff, and its `max_attempts`-th failure dead-letters it. `await w.stop()`
+        lets the jobs in hand finish.
+        """
+        from bus.worker import Worker
+
+        worker = Worker(
+            self.context,
+            topic,
+            handler,
+            concurrency=concurrency,
+            visibility_timeout=visibility_timeout,
+            max_attempts=max_attempts,
+            dead_letter=dead_letter,
+            ordered_by_key=ordered_by_key,
+            backoff=backoff,
+            max_backoff=max_backoff,
+        )
+        return await worker.start()
 
     async def job_result(self, topic: str, rec: Record, *, timeout: float | timedelta = 30.0) -> Any:  # noqa: ASYNC109 - the public API's shape
         """The result a queue job was acked with (None: acked without one), waiting up to `timeout` seconds.
