@@ -9,9 +9,10 @@ One `QueueConsumer` underneath, so its leases, retries and dead letters hold:
 
 - **Takes**: whenever slots are free, one `take` asks for as many jobs as
   there are free slots (one statement, shared with the other takes of the
-  Bus at that moment). A slot is free again once its job is acked (or nacked):
-  at most `concurrency` jobs are ever leased to the worker, and at most that
-  many handlers run.
+  Bus at that moment). At most `concurrency` handlers run. A slot is free
+  again when its handler returns: its ack is written beside the take that
+  fills it, so a job's cycle waits for one round trip, not two (at most
+  `concurrency` acks out at once; beyond that the worker waits for them).
 - **Acks**: written after the handler returns, never before: a process that
   dies mid-handler leaves the job leased, and it comes back when its
   visibility timeout runs out. The acks of handlers that return while an
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,7 @@ class Worker:
             ordered_by_key=ordered_by_key,
         )
         self._running: set[asyncio.Task[None]] = set()
+        self._acking: set[asyncio.Task[None]] = set()  # acks and nacks of handlers that returned
         self._slot_freed = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._stopping = False
@@ -142,12 +144,16 @@ class Worker:
                 task.cancel()
             if late:
                 await asyncio.gather(*late, return_exceptions=True)
+        if self._acking:
+            await asyncio.wait(set(self._acking))
         await self._consumer.close()
 
     async def _take_loop(self) -> None:
         consumer, running = self._consumer, self._running
         while not self._stopping:
-            free = self.concurrency - len(running)
+            # A job's slot frees when its handler returns; its ack is written meanwhile (beside
+            # the take that fills the slot again), as long as fewer than W acks are out.
+            free = self.concurrency - len(running) - max(0, len(self._acking) - self.concurrency)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -171,24 +177,40 @@ class Worker:
         self._slot_freed.set()
 
     async def _run(self, job: Message) -> None:
-        """Run the handler on one job, then ack it (with its result) or nack it (dead-letter on its last attempt)."""
-        consumer = self._consumer
+        """Run the handler on one job, then have it acked (with its result) or nacked."""
         try:
             result = await self._handler(job)
         except asyncio.CancelledError:
             raise  # stop() gave up on it: the consumer's close gives the job back
         except Exception as exc:
-            delay = min(self.max_backoff, self.backoff * (2 ** (job.attempt - 1)))
-            try:
-                await consumer.nack(job, delay=delay, error=f"{type(exc).__name__}: {exc}")
-            except LeaseLostError:
-                self._log.warning("worker_nack_lost", partition=job.partition, offset=job.offset)
-            except Exception:  # its lease runs out and it comes back
-                self._log.warning(
-                    "worker_nack_failed", partition=job.partition, offset=job.offset, exc_info=True
-                )
-            self.handled += 1
+            self._settle(self._nack(job, exc))
             return
+        self._settle(self._ack(job, result))
+
+    def _settle(self, write: Coroutine[Any, Any, None]) -> None:
+        """Write a job's ack or nack in a task of its own: the handler's slot is free meanwhile."""
+        task = asyncio.get_running_loop().create_task(write)
+        self._acking.add(task)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._acking.discard(task)
+        self._slot_freed.set()
+
+    async def _nack(self, job: Message, exc: Exception) -> None:
+        """Back to the queue after the backoff, or to the dead-letter topic on its last attempt."""
+        delay = min(self.max_backoff, self.backoff * (2 ** (job.attempt - 1)))
+        try:
+            await self._consumer.nack(job, delay=delay, error=f"{type(exc).__name__}: {exc}")
+        except LeaseLostError:
+            self._log.warning("worker_nack_lost", partition=job.partition, offset=job.offset)
+        except Exception:  # its lease runs out and it comes back
+            self._log.warning("worker_nack_failed", partition=job.partition, offset=job.offset, exc_info=True)
+        self.handled += 1
+
+    async def _ack(self, job: Message, result: Any) -> None:
+        """Ack the job (with the handler's result); one the lease of which was lost is only logged."""
+        consumer = self._consumer
         try:
             await consumer.ack(job, result=result)
         except LeaseLostError:
