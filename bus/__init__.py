@@ -26,7 +26,18 @@ from bus.errors import (
     TopicNotFoundError,
     ValidationError,
 )
-from bus.types import Message, Outgoing, PartitionStats, Rate, Record, TopicInfo, TopicPartition
+from bus.types import (
+    JobGroup,
+    JobStatus,
+    Message,
+    Outgoing,
+    PartitionStats,
+    Rate,
+    Record,
+    TopicInfo,
+    TopicPartition,
+    Unique,
+)
 
 # What `import bus` loads is the names: errors, configuration and message types. The Bus and the
 # database driver load with the first `bus.connect` (or `bus.Bus`); consumer groups, claims, queues,
@@ -137,6 +148,9 @@ __all__ = [
     "PartitionStats",
     "RebalanceInProgressError",
     "Rate",
+    "Unique",
+    "JobStatus",
+    "JobGroup",
     "Record",
     "StaleGenerationError",
     "StorageUnavailableError",

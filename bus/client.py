@@ -20,7 +20,7 @@ from bus import queue_features, tracing
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
 from bus.config import Config
 from bus.context import BusContext
-from bus.types import Message, Outgoing, Rate, Record, TopicInfo
+from bus.types import JobGroup, JobStatus, Message, Outgoing, Rate, Record, TopicInfo, Unique
 from storage import db
 from storage import messages as log_sql
 from storage import topics as topic_sql
@@ -615,6 +615,7 @@ class Bus:
         delay: timedelta | float | None = None,
         deliver_at: datetime | None = None,
         priority: int | None = None,
+        unique: Unique | None = None,
     ) -> Record:
         """Append one message. With `connection`, inside the caller's transaction (outbox).
 
@@ -622,7 +623,23 @@ class Bus:
         and returns the original Record: retry a publish whose outcome is unknown with the same key.
         `delay`/`deliver_at` (not taken before) and `priority` (higher first among due jobs) are for
         queue topics; on a pubsub topic they raise ValidationError and nothing is written.
+        `unique=bus.Unique(key, period=...)` (queue topics): while a job published with that key is
+        waiting or running (or was published within `period`), returns that job's Record and adds
+        nothing, whatever the number of processes publishing it at once (see bus.job_features).
         """
+        if unique is not None:
+            from bus import job_features
+
+            publish = {
+                "key": key,
+                "partition": partition,
+                "headers": headers,
+                "idempotency_key": idempotency_key,
+                "delay": delay,
+                "deliver_at": deliver_at,
+                "priority": priority,
+            }
+            return await job_features.publish_unique(self, topic, payload, unique, connection, publish)
         timed = (
             None
             if delay is None and deliver_at is None and priority is None
@@ -830,6 +847,26 @@ class Bus:
             max_backoff=max_backoff,
         )
         return await worker.start()
+
+    async def job_status(self, topic: str, rec: Record) -> JobStatus:
+        """What became of a queue job: state, attempts, progress, result or errors (see bus.JobStatus)."""
+        from bus import job_features
+
+        return await job_features.job_status(self.context, topic, rec)
+
+    async def publish_group(
+        self,
+        topic: str,
+        jobs: Sequence[Outgoing | Any],
+        *,
+        on_complete: Outgoing,
+        connection: asyncpg.Connection | None = None,
+    ) -> JobGroup:
+        """Publish jobs as a group (one transaction): `on_complete` (a bus.Outgoing naming its `topic`)
+        is published once, in the transaction that acks, dead-letters or cancels the group's last job."""
+        from bus import job_features
+
+        return await job_features.publish_group(self, topic, jobs, on_complete, connection)
 
     async def job_result(self, topic: str, rec: Record, *, timeout: float | timedelta = 30.0) -> Any:  # noqa: ASYNC109 - the public API's shape
         """The result a queue job was acked with (None: acked without one), waiting up to `timeout` seconds.

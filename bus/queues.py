@@ -61,6 +61,7 @@ from bus.codec import decode_headers
 from bus.context import context_of
 from bus.types import Message, Outgoing
 from storage import db
+from storage import job_features as job_sql
 from storage import queue_controls as controls
 from storage import queues as sql
 from storage.db import Connection
@@ -625,6 +626,35 @@ class QueueConsumer:
         _metrics.queue_acked(self.topic, 1)
         if self.ordered_by_key:
             self._announce({lease[0]})
+
+    async def progress(self, msg: Message, data: Any) -> None:
+        """Report a taken job's progress (JSON-encodable): kept with the job and renewing its lease.
+
+        The lease runs `visibility_timeout` seconds from now again, so a long job that reports
+        progress more often than that is not handed out to another consumer. `b.job_status`
+        shows it. LeaseLostError if the job's lease ran out and another consumer took it.
+        """
+        from bus import job_features
+
+        text = job_features.encode_progress(data)
+        lease = self._lease(msg)
+        if lease is None or (msg.partition, msg.offset) in self._acking:
+            raise ValidationError(
+                f"message {msg.partition}@{msg.offset} is not held by this consumer (already acked or nacked?)"
+            )
+        with db.translate_errors():
+            ok = await job_sql.progress(
+                self._ctx.lender,
+                lease[0],
+                msg.offset,
+                lease[1],
+                text,
+                self.consumer_id,
+                self.visibility_timeout,
+                self._ctx.now(),
+            )
+        if not ok:
+            raise self._lost(msg, "progress")
 
     async def ack_many(self, msgs: list[Message]) -> None:
         """Ack several jobs in one statement; LeaseLostError (after acking the others) if any was lost."""

@@ -110,6 +110,10 @@ class Worker:
         """Jobs taken and not yet acked or nacked."""
         return len(self._running)
 
+    async def progress(self, job: Message, data: Any) -> None:
+        """Report a job's progress from its handler: kept with the job, renewing its lease (see QueueConsumer.progress)."""
+        await self._consumer.progress(job, data)
+
     async def start(self) -> Worker:
         """Open the queue consumer and start taking."""
         await self._consumer.start()
