@@ -30,8 +30,10 @@ from storage.errors import TopicNotFoundError, ValidationError
 from storage.names import validate_name, validate_seconds
 
 if TYPE_CHECKING:
-    from bus.client import Bus
     from bus.context import BusContext
+
+# A bus.client.Bus (named as Any: bus.client imports this module on first use).
+Bus = Any
 
 _decoder = msgspec.json.Decoder()
 _errors_decoder = msgspec.json.Decoder(list[dict[str, Any]])
@@ -117,7 +119,7 @@ async def _publish_unique(
     found = await sql.find_unique(conn, topic, key, period, now)
     if found is not None:
         return Record(topic, found["partition"], found["offset"], found["created_at"])
-    rec = await b.publish(topic, payload, connection=conn, **publish)
+    rec: Record = await b.publish(topic, payload, connection=conn, **publish)
     await sql.record_unique(conn, topic, key, rec.partition, rec.offset, now)
     return rec
 
@@ -205,7 +207,7 @@ async def _publish_group(
     jobs: Sequence[Outgoing | Any],
     callback: tuple[str, str, str | None, str | None],
 ) -> JobGroup:
-    records = await b.publish_many(topic, jobs, connection=conn)
+    records: list[Record] = await b.publish_many(topic, jobs, connection=conn)
     group_id = await sql.create_group(
         conn, topic, [r.partition for r in records], [r.offset for r in records], callback
     )
