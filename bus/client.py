@@ -324,11 +324,14 @@ class Bus:
         max_in_flight_per_key: int | None = None,
         rate_limit: Rate | None = None,
         result_ttl: timedelta | float | None = None,
+        fair: bool = False,
     ) -> TopicInfo:
         """Create a topic; an identical one already there is a no-op, a different one raises TopicConflictError.
 
         `retention` 0 removes a message as soon as every live group reading its partition has committed
         past it; `dedupe_window` is how long a publish's `idempotency_key` is remembered (None: for ever).
+        `fair=True` (queue topics): takes rotate across keys, so one key's backlog cannot starve the
+        others (consumers opened after it was set take fairly; see docs/queues.md).
         """
         validate_name(name, "topic name")
         if partitions is not None:
@@ -357,10 +360,12 @@ class Bus:
         # Queue settings (bus.queue_features): set on the queue after it is created.
         limited = queue_features.limits(max_in_flight_per_key, rate_limit)
         ttl = None if result_ttl is None else queue_features.result_ttl(result_ttl)
-        queued = limited != (None, None, None) or ttl is not None
+        if not isinstance(fair, bool):
+            raise ValidationError("fair must be True or False")
+        queued = limited != (None, None, None) or ttl is not None or fair
         if queued and semantics != "queue":
             raise ValidationError(
-                "max_in_flight_per_key, rate_limit and result_ttl are for queue topics (semantics='queue')"
+                "max_in_flight_per_key, rate_limit, result_ttl and fair are for queue topics (semantics='queue')"
             )
         wanted = TopicInfo(
             name=name,
@@ -400,7 +405,7 @@ class Bus:
             )
         self._topics[name] = existing
         if queued:
-            await queue_features.apply(self.context, name, limited=limited, ttl=ttl)
+            await queue_features.apply(self.context, name, limited=limited, ttl=ttl, fair=fair or None)
         return existing
 
     async def list_topics(self, namespace: str | None = None, task: str | None = None) -> list[TopicInfo]:

@@ -21,6 +21,15 @@ ALTER TABLE queue_jobs ADD COLUMN progress_at timestamptz NULL;
 
 -- Fair takes (create_topic(fair=True)): takes rotate across keys (storage/queues.py, TAKE_FAIR).
 ALTER TABLE queue_settings ADD COLUMN fair boolean NOT NULL DEFAULT false;
+-- When each key of a fair queue was last served (a turn number; '' stands for the jobs without a
+-- key): among keys' first due jobs, the key served longest ago goes first.
+CREATE SEQUENCE queue_fair_turns;
+CREATE TABLE queue_fair_served (
+    topic  text NOT NULL REFERENCES topics (name) ON DELETE CASCADE,
+    key    text NOT NULL,
+    turn   bigint NOT NULL,
+    PRIMARY KEY (topic, key)
+);
 
 -- Groups of jobs (publish_group): `remaining` counts the jobs not yet acked, dead-lettered or
 -- cancelled; the statement that removes the last one publishes the callback (bus.publish) in its

@@ -241,3 +241,44 @@ async def test_a_group_callback_is_published_exactly_once_when_a_worker_is_kille
     assert len(callbacks) == 1, f"{len(callbacks)} callbacks"
     assert callbacks[0].value(dict) == {"batch": 1}
     assert await _jobs_left(b, "jobs") == 0
+
+
+async def _publish_backlog(b: bus.Bus, topic: str, key: str, n: int) -> None:
+    for first in range(0, n, 1000):
+        await b.publish_many(
+            topic, [bus.Outgoing({"i": i}, key=key) for i in range(first, min(first + 1000, n))]
+        )
+
+
+async def test_a_fair_queue_takes_another_keys_job_within_one_take_of_a_10000_job_backlog(b: bus.Bus) -> None:
+    await b.create_topic("jobs", partitions=4, semantics="queue", fair=True)
+    await _publish_backlog(b, "jobs", "tenant-a", 10_000)
+    other = await b.publish("jobs", {"i": "b"}, key="tenant-b")
+    async with b.queue_consumer("jobs") as q:
+        first = await q.take(max_messages=10, timeout=0)
+        assert len(first) == 10
+        assert (other.partition, other.offset) in {(m.partition, m.offset) for m in first}
+        assert sum(m.key == "tenant-a" for m in first) == 9  # the rest still goes to the busy key
+        await q.ack_many(first)
+    late = await b.publish("jobs", {"i": "c"}, key="tenant-c")  # published behind the whole backlog
+    async with b.queue_consumer("jobs") as q:
+        one = await q.take(max_messages=1, timeout=0)
+        two = await q.take(max_messages=1, timeout=0)
+        # at most one take of the busy key's jobs before it
+        assert (late.partition, late.offset) in {(m.partition, m.offset) for m in one + two}
+        await q.ack_many(one + two)
+
+
+async def test_without_fair_a_10000_job_backlog_delays_another_keys_job(b: bus.Bus) -> None:
+    await b.create_topic("jobs", partitions=1, semantics="queue")
+    await _publish_backlog(b, "jobs", "tenant-a", 2_000)
+    other = await b.publish("jobs", {"i": "b"}, key="tenant-b")
+    async with b.queue_consumer("jobs") as q:
+        first = await q.take(max_messages=10, timeout=0)
+        assert other.offset not in {m.offset for m in first}  # what fair=True changes
+        await q.ack_many(first)
+
+
+async def test_fair_is_refused_on_pubsub_topics(b: bus.Bus) -> None:
+    with pytest.raises(bus.ValidationError, match="fair"):
+        await b.create_topic("events", partitions=1, fair=True)
