@@ -13,7 +13,9 @@ work on it for 1 ms and finish it, until the queue is empty.
   job whose process dies mid-work is lost).
 
 Both drain the same number of jobs, turn about, ROUNDS times at each W; the
-medians are compared. Target: the worker at ≥ 0.8× raw at W = 16 and 64.
+medians are compared. Target: the worker at ≥ 0.8× raw at W = 16 and 64. For
+reference, W `queue_consumer`s of the same Bus each looping `take(1)` (and
+`take(10)`) with the same work run once each, beside the same raw median.
 
 Run it alone with `bus bench worker [--quick]` (or `python -m benchmarks.worker`).
 """
@@ -133,6 +135,38 @@ async def _worker(dsn: str, concurrency: int, jobs: int) -> float:
         await drop_schema(dsn, schema)
 
 
+async def _take_loops(dsn: str, concurrency: int, jobs: int, take: int) -> float:
+    """Jobs/s of `concurrency` queue consumers of one Bus each looping take(`take`), 1 ms per job, ack."""
+    schema = "bench_" + uuid.uuid4().hex[:10]
+    b = await bus.connect(dsn, schema=schema, cleaner_interval=0)
+    try:
+        await b.create_topic(TOPIC, partitions=4, semantics="queue")
+        for first in range(0, jobs, 500):
+            await b.publish_many(
+                TOPIC, [bus.Outgoing(str(i).encode()) for i in range(first, min(first + 500, jobs))]
+            )
+        await b.pool.execute("ANALYZE queue_jobs, messages")  # bench SQL, as above
+        queues = [b.queue_consumer(TOPIC, visibility_timeout=60) for _ in range(concurrency)]
+        for q in queues:
+            await q.start()
+
+        async def loop(q: bus.QueueConsumer) -> None:
+            while got := await q.take(max_messages=take, timeout=0):
+                for job in got:
+                    await asyncio.sleep(WORK)
+                    await q.ack(job)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loop(q) for q in queues))
+        elapsed = time.perf_counter() - started
+        for q in queues:
+            await q.close()
+        return jobs / elapsed
+    finally:
+        await b.close()
+        await drop_schema(dsn, schema)
+
+
 async def run(dsn: str, quick: bool) -> list[Result]:
     """The worker beside raw SKIP LOCKED at each W, ROUNDS drains each, turn about (medians)."""
     rows: list[Result] = []
@@ -157,6 +191,20 @@ async def run(dsn: str, quick: bool) -> list[Result]:
                 extra={"worker": mine, "raw": raw, "concurrency": concurrency, "jobs": jobs},
             )
         )
+        if not quick:
+            # What the worker replaces: W consumers each looping take(1), and take(10), beside raw.
+            for take in (1, 10):
+                loops = await _take_loops(dsn, concurrency, jobs, take)
+                rows.append(
+                    Result(
+                        SCENARIO,
+                        f"{jobs} jobs, 1 ms each, {concurrency} queue_consumers looping take({take})",
+                        loops,
+                        "jobs/s",
+                        baseline=baseline,
+                        baseline_name=RAW,
+                    )
+                )
     return rows
 
 
