@@ -9,7 +9,8 @@ One `QueueConsumer` underneath, so its leases, retries and dead letters hold:
 
 - **Takes**: whenever slots are free, one `take` asks for as many jobs as
   there are free slots (one statement, shared with the other takes of the
-  Bus at that moment). At most `concurrency` handlers run. A slot is free
+  Bus at that moment); slots that free while it is out are asked for by a
+  second take at once (at most two out). At most `concurrency` handlers run. A slot is free
   again when its handler returns: its ack is written beside the take that
   fills it, so a job's cycle waits for one round trip, not two (at most
   `concurrency` acks out at once; beyond that the worker waits for them).
@@ -51,6 +52,8 @@ log = get_logger(__name__)
 #: What `b.worker` runs for each job: its return value (None: none) is the job's result.
 JobHandler = Callable[[Message], Awaitable[Any]]
 
+# Takes out at once: the Bus's queue writer has two write slots per queue.
+_TAKES_OUT = 2
 # How long an idle take waits for a job before looking at the stop flag again (a NOTIFY
 # wakes it at once; stop() cancels it).
 _IDLE_TAKE = 5.0
@@ -96,6 +99,8 @@ class Worker:
         self._acking: set[asyncio.Task[None]] = set()  # acks and nacks of handlers that returned
         self._slot_freed = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
+        self._takes: set[asyncio.Task[None]] = set()  # takes out
+        self._asked = 0  # slots the takes out asked for
         self._stopping = False
         self.handled = 0  # jobs acked (or nacked, or dead-lettered) by this worker
         self._log = log.bind(topic=topic, consumer=self._consumer.consumer_id)
@@ -142,6 +147,10 @@ class Worker:
         if self._loop is not None:
             self._loop.cancel()
             await asyncio.gather(self._loop, return_exceptions=True)
+        for take in list(self._takes):  # a take cancelled gives back what it leased meanwhile
+            take.cancel()
+        if self._takes:
+            await asyncio.gather(*self._takes, return_exceptions=True)
         if self._running:
             _, late = await asyncio.wait(set(self._running), timeout=grace)
             for task in late:
@@ -153,28 +162,47 @@ class Worker:
         await self._consumer.close()
 
     async def _take_loop(self) -> None:
-        consumer, running = self._consumer, self._running
+        """Take for the free slots, up to `_TAKES_OUT` takes out at once.
+
+        A slot that frees while a take is out is asked for by another take at once (the Bus's
+        queue writer sends it beside the first, or with the takes of that moment), instead of
+        after the first came back.
+        """
+        running, takes = self._running, self._takes
         while not self._stopping:
             # A job's slot frees when its handler returns; its ack is written meanwhile (beside
             # the take that fills the slot again), as long as fewer than W acks are out.
-            free = self.concurrency - len(running) - max(0, len(self._acking) - self.concurrency)
-            if free <= 0:
+            free = (
+                self.concurrency - len(running) - self._asked - max(0, len(self._acking) - self.concurrency)
+            )
+            if free <= 0 or len(takes) >= _TAKES_OUT:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
-            try:
-                jobs = await consumer.take(max_messages=free, timeout=_IDLE_TAKE)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the database away: the take comes again (the Bus's pool reconnects)
-                self._log.warning("worker_take_failed", exc_info=True)
-                await asyncio.sleep(1.0)
-                continue
-            loop = asyncio.get_running_loop()
-            for job in jobs:
-                task = loop.create_task(self._run(job))
-                running.add(task)
-                task.add_done_callback(self._finished)
+            self._asked += free
+            task = asyncio.get_running_loop().create_task(self._take(free))
+            takes.add(task)
+            task.add_done_callback(takes.discard)
+            await asyncio.sleep(0)  # let the take reach the writer before looking again
+
+    async def _take(self, free: int) -> None:
+        """One take for `free` slots; a handler task for each job it got."""
+        try:
+            jobs = await self._consumer.take(max_messages=free, timeout=_IDLE_TAKE)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the database away: the take comes again (the Bus's pool reconnects)
+            self._log.warning("worker_take_failed", exc_info=True)
+            await asyncio.sleep(1.0)
+            jobs = []
+        finally:
+            self._asked -= free
+            self._slot_freed.set()
+        loop = asyncio.get_running_loop()
+        for job in jobs:
+            task = loop.create_task(self._run(job))
+            self._running.add(task)
+            task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
