@@ -126,6 +126,11 @@ async def _publish_unique(
 
 async def job_status(ctx: BusContext, topic: str, rec: Any) -> JobStatus:
     """What became of the job `rec` of queue topic `topic` (see bus.JobStatus)."""
+    validate_name(topic, "topic name")
+    if (await ctx.topic(topic)).semantics != "queue":
+        raise ValidationError(
+            f"job_status is for queue topics; {topic!r} is a pubsub topic (semantics='queue')"
+        )
     pid, offset = await queue_features._job(ctx, topic, rec)  # noqa: SLF001 - the shared record check
     with db.translate_errors():
         row = await sql.status(ctx.pool, pid, offset, ctx.now())

@@ -69,9 +69,13 @@ BEGIN
     END IF;
     FOR g IN
         WITH gone AS (
+            -- a primary-key probe per removed job (a lateral subquery cannot become a join that
+            -- reads every member of the open groups), then a delete by row address
             DELETE FROM queue_group_jobs m
-            USING removed r
-            WHERE m.partition_id = r.partition_id AND m."offset" = r."offset"
+            WHERE m.ctid = ANY(ARRAY(
+                SELECT k.ctid FROM removed r
+                CROSS JOIN LATERAL (SELECT q.ctid FROM queue_group_jobs q
+                                    WHERE q.partition_id = r.partition_id AND q."offset" = r."offset") AS k))
             RETURNING m.group_id
         ), c AS (
             SELECT group_id, count(*)::int AS n FROM gone GROUP BY group_id

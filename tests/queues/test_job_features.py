@@ -282,3 +282,10 @@ async def test_without_fair_a_10000_job_backlog_delays_another_keys_job(b: bus.B
 async def test_fair_is_refused_on_pubsub_topics(b: bus.Bus) -> None:
     with pytest.raises(bus.ValidationError, match="fair"):
         await b.create_topic("events", partitions=1, fair=True)
+
+
+async def test_job_status_is_refused_on_pubsub_topics(b: bus.Bus) -> None:
+    await b.create_topic("events", partitions=1)
+    rec = await b.publish("events", {"i": 1})
+    with pytest.raises(bus.ValidationError, match="queue topics"):
+        await b.job_status("events", rec)
