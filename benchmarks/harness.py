@@ -53,6 +53,7 @@ SCENARIOS: tuple[str, ...] = (
     "publish",
     "groups",
     "queue",
+    "worker",
     "schedule",
     "fanout",
     "claims",

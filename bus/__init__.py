@@ -29,7 +29,19 @@ from bus.errors import (
     TopicNotFoundError,
     ValidationError,
 )
-from bus.types import Health, Message, Outgoing, PartitionStats, Rate, Record, TopicInfo, TopicPartition
+from bus.types import (
+    Health,
+    JobGroup,
+    JobStatus,
+    Message,
+    Outgoing,
+    PartitionStats,
+    Rate,
+    Record,
+    TopicInfo,
+    TopicPartition,
+    Unique,
+)
 
 # What `import bus` loads is the names: errors, configuration and message types. The Bus and the
 # database driver load with the first `bus.connect` (or `bus.Bus`); consumer groups, claims, queues,
@@ -54,6 +66,7 @@ _LAZY = {
     "Transaction": "bus.transaction",
     "Claim": "bus.claims",
     "QueueConsumer": "bus.queues",
+    "Worker": "bus.worker",
     "Event": "bus.eventstore",
     "EventClaim": "bus.eventstore",
     "EventStore": "bus.eventstore",
@@ -91,6 +104,7 @@ if TYPE_CHECKING:
     from bus.queues import QueueConsumer
     from bus.schedules import ScheduleInfo
     from bus.transaction import Transaction
+    from bus.worker import Worker
 
 
 def __getattr__(name: str) -> Any:
@@ -118,6 +132,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Claim",
     "QueueConsumer",
+    "Worker",
     "Admin",
     "Consumer",
     "GroupDescription",
@@ -150,6 +165,9 @@ __all__ = [
     "PartitionStats",
     "RebalanceInProgressError",
     "Rate",
+    "Unique",
+    "JobStatus",
+    "JobGroup",
     "Record",
     "StaleGenerationError",
     "StorageUnavailableError",

@@ -21,7 +21,7 @@ from bus import queue_features, tracing
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, to_message, validate_key
 from bus.config import Config
 from bus.context import BusContext
-from bus.types import Health, Message, Outgoing, Rate, Record, TopicInfo
+from bus.types import Health, JobGroup, JobStatus, Message, Outgoing, Rate, Record, TopicInfo, Unique
 from storage import db
 from storage import messages as log_sql
 from storage import topics as topic_sql
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from bus.handoff import Callback
     from bus.queues import QueueConsumer
     from bus.schedules import ScheduleInfo
+    from bus.worker import JobHandler, Worker
 
 log = get_logger(__name__)
 
@@ -419,11 +420,14 @@ class Bus:
         max_in_flight_per_key: int | None = None,
         rate_limit: Rate | None = None,
         result_ttl: timedelta | float | None = None,
+        fair: bool = False,
     ) -> TopicInfo:
         """Create a topic; an identical one already there is a no-op, a different one raises TopicConflictError.
 
         `retention` 0 removes a message as soon as every live group reading its partition has committed
         past it; `dedupe_window` is how long a publish's `idempotency_key` is remembered (None: for ever).
+        `fair=True` (queue topics): takes rotate across keys, so one key's backlog cannot starve the
+        others (consumers opened after it was set take fairly; see docs/queues.md).
         """
         validate_name(name, "topic name")
         if partitions is not None:
@@ -452,10 +456,12 @@ class Bus:
         # Queue settings (bus.queue_features): set on the queue after it is created.
         limited = queue_features.limits(max_in_flight_per_key, rate_limit)
         ttl = None if result_ttl is None else queue_features.result_ttl(result_ttl)
-        queued = limited != (None, None, None) or ttl is not None
+        if not isinstance(fair, bool):
+            raise ValidationError("fair must be True or False")
+        queued = limited != (None, None, None) or ttl is not None or fair
         if queued and semantics != "queue":
             raise ValidationError(
-                "max_in_flight_per_key, rate_limit and result_ttl are for queue topics (semantics='queue')"
+                "max_in_flight_per_key, rate_limit, result_ttl and fair are for queue topics (semantics='queue')"
             )
         wanted = TopicInfo(
             name=name,
@@ -495,7 +501,7 @@ class Bus:
             )
         self._topics[name] = existing
         if queued:
-            await queue_features.apply(self.context, name, limited=limited, ttl=ttl)
+            await queue_features.apply(self.context, name, limited=limited, ttl=ttl, fair=fair or None)
         return existing
 
     async def list_topics(self, namespace: str | None = None, task: str | None = None) -> list[TopicInfo]:
@@ -710,6 +716,7 @@ class Bus:
         delay: timedelta | float | None = None,
         deliver_at: datetime | None = None,
         priority: int | None = None,
+        unique: Unique | None = None,
     ) -> Record:
         """Append one message. With `connection`, inside the caller's transaction (outbox).
 
@@ -717,7 +724,23 @@ class Bus:
         and returns the original Record: retry a publish whose outcome is unknown with the same key.
         `delay`/`deliver_at` (not taken before) and `priority` (higher first among due jobs) are for
         queue topics; on a pubsub topic they raise ValidationError and nothing is written.
+        `unique=bus.Unique(key, period=...)` (queue topics): while a job published with that key is
+        waiting or running (or was published within `period`), returns that job's Record and adds
+        nothing, whatever the number of processes publishing it at once (see bus.job_features).
         """
+        if unique is not None:
+            from bus import job_features
+
+            publish = {
+                "key": key,
+                "partition": partition,
+                "headers": headers,
+                "idempotency_key": idempotency_key,
+                "delay": delay,
+                "deliver_at": deliver_at,
+                "priority": priority,
+            }
+            return await job_features.publish_unique(self, topic, payload, unique, connection, publish)
         timed = (
             None
             if delay is None and deliver_at is None and priority is None
@@ -889,6 +912,62 @@ class Bus:
             dead_letter=dead_letter,
             ordered_by_key=ordered_by_key,
         )
+
+    async def worker(
+        self,
+        topic: str,
+        handler: JobHandler,
+        *,
+        concurrency: int = 1,
+        visibility_timeout: float = 30.0,
+        max_attempts: int = 5,
+        dead_letter: str | None = None,
+        ordered_by_key: bool = False,
+        backoff: float | timedelta = 1.0,
+        max_backoff: float | timedelta = 60.0,
+    ) -> Worker:
+        """Run `handler` on the jobs of a queue topic, `concurrency` jobs in hand at once (see bus.worker).
+
+        One take for every free slot, the ack written after the handler returns (its return
+        value, if not None, is the job's result); a handler that raises nacks its job with a
+        doubling backoff, and its `max_attempts`-th failure dead-letters it. `await w.stop()`
+        lets the jobs in hand finish.
+        """
+        from bus.worker import Worker
+
+        worker = Worker(
+            self.context,
+            topic,
+            handler,
+            concurrency=concurrency,
+            visibility_timeout=visibility_timeout,
+            max_attempts=max_attempts,
+            dead_letter=dead_letter,
+            ordered_by_key=ordered_by_key,
+            backoff=backoff,
+            max_backoff=max_backoff,
+        )
+        return await worker.start()
+
+    async def job_status(self, topic: str, rec: Record) -> JobStatus:
+        """What became of a queue job: state, attempts, progress, result or errors (see bus.JobStatus)."""
+        from bus import job_features
+
+        return await job_features.job_status(self.context, topic, rec)
+
+    async def publish_group(
+        self,
+        topic: str,
+        jobs: Sequence[Outgoing | Any],
+        *,
+        on_complete: Outgoing,
+        connection: asyncpg.Connection | None = None,
+    ) -> JobGroup:
+        """Publish jobs as a group (one transaction): `on_complete` (a bus.Outgoing naming its `topic`)
+        is published once, in the transaction that acks, dead-letters or cancels the group's last job."""
+        from bus import job_features
+
+        return await job_features.publish_group(self, topic, jobs, on_complete, connection)
 
     async def job_result(self, topic: str, rec: Record, *, timeout: float | timedelta = 30.0) -> Any:  # noqa: ASYNC109 - the public API's shape
         """The result a queue job was acked with (None: acked without one), waiting up to `timeout` seconds.

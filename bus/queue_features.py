@@ -82,6 +82,7 @@ async def apply(
     paused: bool | None = None,
     limited: tuple[int | None, int | None, float | None] | None = None,
     ttl: float | None = None,
+    fair: bool | None = None,
 ) -> None:
     """Write the given settings of a queue topic (after checking it is one)."""
     info = await ctx.topic(topic)
@@ -91,7 +92,7 @@ async def apply(
             "(create it with semantics='queue')"
         )
     with db.translate_errors():
-        await sql.upsert(ctx.pool, topic, paused=paused, limits=limited, result_ttl=ttl)
+        await sql.upsert(ctx.pool, topic, paused=paused, limits=limited, result_ttl=ttl, fair=fair)
         if paused is False:
             await sql.announce_topic(ctx.pool, topic, ctx.channels.messages)
 

@@ -61,6 +61,7 @@ from bus.codec import decode_headers
 from bus.context import context_of
 from bus.types import Message, Outgoing
 from storage import db
+from storage import job_features as job_sql
 from storage import queue_controls as controls
 from storage import queues as sql
 from storage.db import Connection
@@ -175,7 +176,7 @@ class _QueueWriter:
         self._acks: Lane[_AckRequest] = Lane(
             self._write_acks, _MAX_ACK_BATCH, _PARALLEL, weight=_ack_weight, split_at=_SPLIT_AT
         )
-        self._takes: dict[tuple[str, float, bool], Lane[_TakeRequest]] = {}
+        self._takes: dict[tuple[str, float, bool, bool], Lane[_TakeRequest]] = {}
         # The queues last found to have limits: taken the limited way at once (see take_for).
         self._limited_topics: set[str] = set()
         # Per topic, below which its range leases were reclaimed: where the takes' scans for leases
@@ -199,12 +200,18 @@ class _QueueWriter:
         return future
 
     def take(
-        self, topic: str, limit: int, visibility_timeout: float, consumer: str, ordered: bool
+        self,
+        topic: str,
+        limit: int,
+        visibility_timeout: float,
+        consumer: str,
+        ordered: bool,
+        fair: bool = False,
     ) -> asyncio.Future[list[sql.TakenJob]]:
-        """Lease up to `limit` jobs of `topic` to `consumer`; the future holds the rows."""
+        """Lease up to `limit` jobs of `topic` to `consumer` (`fair`: rotating across keys); the future holds the rows."""
         future: asyncio.Future[list[sql.TakenJob]] = asyncio.get_running_loop().create_future()
         self.expiry(topic).leasing(visibility_timeout)
-        key = (topic, visibility_timeout, ordered)
+        key = (topic, visibility_timeout, ordered, fair)
         lane = self._takes.get(key)
         if lane is None:
             lane = self._takes[key] = Lane[_TakeRequest](
@@ -228,8 +235,8 @@ class _QueueWriter:
             if not future.done():
                 future.set_result(done)
 
-    async def _write_takes(self, key: tuple[str, float, bool], batch: list[_TakeRequest]) -> None:
-        topic, timeout, ordered = key
+    async def _write_takes(self, key: tuple[str, float, bool, bool], batch: list[_TakeRequest]) -> None:
+        topic, timeout, ordered, fair = key
         consumers, limits = [c for c, _, _ in batch], [n for _, n, _ in batch]
         with db.translate_errors():
             dealt = await sql.take_for(
@@ -242,6 +249,7 @@ class _QueueWriter:
                 limited_topics=self._limited_topics,
                 now=self._now(),
                 expiry=self.expiry(topic),
+                fair=fair,
             )
         # A limited queue's takes run one at a time in every process anyway (storage/queues.py):
         # one write at a time here, with every request that arrived meanwhile, instead of two
@@ -338,6 +346,7 @@ class QueueConsumer:
         self._writer = _writer_of(ctx)
         self._giving_back: set[asyncio.Task[None]] = set()
         self._missed = 0  # empty takes in a row while a job was visible
+        self._fair = False  # the queue was created with fair=True (read at start)
         self._open = False
         self._log = log.bind(topic=topic, consumer=self.consumer_id)
 
@@ -363,6 +372,8 @@ class QueueConsumer:
             self._log.info("dead_letter_topic_created", dead_letter=self.dead_letter)
         with db.translate_errors():
             self._partitions = await sql.partitions(self._ctx.pool, self.topic)
+            settings = await controls.get(self._ctx.pool, self.topic)
+        self._fair = settings is not None and bool(settings["fair"])
         keys: tuple[str | None, ...] = (
             (None,) if info.dynamic else tuple(str(pid) for pid in sorted(self._partitions))
         )
@@ -455,7 +466,12 @@ class QueueConsumer:
             for _ in range(10):  # each round dead-letters what it found exhausted
                 asked = limit - len(out)
                 pending = self._writer.take(
-                    self.topic, asked, self.visibility_timeout, self.consumer_id, self.ordered_by_key
+                    self.topic,
+                    asked,
+                    self.visibility_timeout,
+                    self.consumer_id,
+                    self.ordered_by_key,
+                    self._fair,
                 )
                 try:
                     # Shielded: the write may be shared with other consumers' takes.
@@ -625,6 +641,35 @@ class QueueConsumer:
         _metrics.queue_acked(self.topic, 1)
         if self.ordered_by_key:
             self._announce({lease[0]})
+
+    async def progress(self, msg: Message, data: Any) -> None:
+        """Report a taken job's progress (JSON-encodable): kept with the job and renewing its lease.
+
+        The lease runs `visibility_timeout` seconds from now again, so a long job that reports
+        progress more often than that is not handed out to another consumer. `b.job_status`
+        shows it. LeaseLostError if the job's lease ran out and another consumer took it.
+        """
+        from bus import job_features
+
+        text = job_features.encode_progress(data)
+        lease = self._lease(msg)
+        if lease is None or (msg.partition, msg.offset) in self._acking:
+            raise ValidationError(
+                f"message {msg.partition}@{msg.offset} is not held by this consumer (already acked or nacked?)"
+            )
+        with db.translate_errors():
+            ok = await job_sql.progress(
+                self._ctx.lender,
+                lease[0],
+                msg.offset,
+                lease[1],
+                text,
+                self.consumer_id,
+                self.visibility_timeout,
+                self._ctx.now(),
+            )
+        if not ok:
+            raise self._lost(msg, "progress")
 
     async def ack_many(self, msgs: list[Message]) -> None:
         """Ack several jobs in one statement; LeaseLostError (after acking the others) if any was lost."""

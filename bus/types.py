@@ -92,6 +92,9 @@ class Outgoing(msgspec.Struct, frozen=True):
     delay: timedelta | float | None = None
     deliver_at: datetime | None = None
     priority: int | None = None
+    # The topic of a group's completion callback (`publish_group(..., on_complete=...)`); publish and
+    # publish_many take the topic they are called with.
+    topic: str | None = None
 
 
 class Rate(msgspec.Struct, frozen=True):
@@ -99,6 +102,38 @@ class Rate(msgspec.Struct, frozen=True):
 
     limit: int
     per: float = 1.0
+
+
+class Unique(msgspec.Struct, frozen=True):
+    """A unique job: while a job published with `key` is waiting or running (or was published
+    less than `period` ago), a publish with the same key returns that job's Record and adds nothing."""
+
+    key: str
+    period: timedelta | float = 0.0
+
+
+class JobStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What became of a queue job (`b.job_status`).
+
+    `state`: "waiting" (free to take), "delayed" (not before its time, or nacked with a delay),
+    "running" (leased to a consumer), "done" (acked; `result` if it was acked with one),
+    "failed" (dead-lettered), "cancelled", or "gone" (acked without a result, or its
+    outcome expired). `progress`: what the job last reported through `q.progress` while it ran.
+    """
+
+    state: str
+    attempts: int
+    progress: Any = None
+    progress_at: datetime | None = None
+    result: Any = None
+    errors: list[dict[str, Any]] = []
+
+
+class JobGroup(msgspec.Struct, frozen=True):
+    """A group of jobs published by `b.publish_group`: its id and the jobs' Records."""
+
+    id: int
+    records: list[Record]
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):

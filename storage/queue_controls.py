@@ -17,11 +17,12 @@ import asyncpg
 from storage.db import Conn, Connection
 
 # $1 topic, $2 paused (NULL: keep), $3 set the limits (bool), $4 max_in_flight_per_key,
-# $5 rate_limit, $6 rate_per, $7 result_ttl (NULL: keep).
+# $5 rate_limit, $6 rate_per, $7 result_ttl (NULL: keep), $8 fair (NULL: keep; migration 031).
 UPSERT = """
-INSERT INTO queue_settings (topic, paused, max_in_flight_per_key, rate_limit, rate_per, result_ttl)
-VALUES ($1, COALESCE($2, false), $4, $5, $6, COALESCE($7, 86400))
+INSERT INTO queue_settings (topic, paused, max_in_flight_per_key, rate_limit, rate_per, result_ttl, fair)
+VALUES ($1, COALESCE($2, false), $4, $5, $6, COALESCE($7, 86400), COALESCE($8, false))
 ON CONFLICT (topic) DO UPDATE SET
+    fair = COALESCE($8, queue_settings.fair),
     paused = COALESCE($2, queue_settings.paused),
     max_in_flight_per_key = CASE WHEN $3 THEN $4 ELSE queue_settings.max_in_flight_per_key END,
     rate_limit = CASE WHEN $3 THEN $5 ELSE queue_settings.rate_limit END,
@@ -31,7 +32,7 @@ RETURNING topic
 """
 
 GET = """
-SELECT paused, max_in_flight_per_key, rate_limit, rate_per, result_ttl FROM queue_settings WHERE topic = $1
+SELECT paused, max_in_flight_per_key, rate_limit, rate_per, result_ttl, fair FROM queue_settings WHERE topic = $1
 """
 
 # Wake every consumer of the topic (a resume): one NOTIFY per partition.
@@ -126,10 +127,11 @@ async def upsert(
     paused: bool | None = None,
     limits: tuple[int | None, int | None, float | None] | None = None,
     result_ttl: float | None = None,
+    fair: bool | None = None,
 ) -> None:
     """Set what is given of a queue's settings (`limits`: max_in_flight_per_key, rate_limit, rate_per)."""
     per_key, rate, per = limits if limits is not None else (None, None, None)
-    await conn.fetchval(UPSERT, topic, paused, limits is not None, per_key, rate, per, result_ttl)
+    await conn.fetchval(UPSERT, topic, paused, limits is not None, per_key, rate, per, result_ttl, fair)
 
 
 async def get(conn: Conn, topic: str) -> asyncpg.Record | None:

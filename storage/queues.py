@@ -442,6 +442,61 @@ ORDER BY 12 DESC, 10, 2, 3
     6,
 )
 
+# fair=True (migration 031): takes rotate across keys. Each due job is ranked within its key
+# (kr: 1 for a key's first due job, by priority then visibility), and the take deals the jobs
+# of rank 1 of every key before any key's second: a key holding thousands of waiting jobs puts
+# one of them ahead of another key's job, not thousands. Among equal ranks the key served longest
+# ago goes first (queue_fair_served: a turn number per key, written for the keys each take deals),
+# so keys take turns even one job at a time. Jobs without a key share one rank.
+# Fair takes see detached jobs only (the consumer detaches the topic's fresh jobs first, as for
+# ordered takes), and rank every due job of the topic at each take: a cost that grows with the
+# due backlog, which fairness needs to see. A queue with limits is taken by TAKE_LIMITED instead.
+# $1..$5 as TAKE; $6 the time leases are judged by (as TAKE's $7); $7 the expiry scan's start.
+TAKE_FAIR = _judged_at(
+    _bounded(_TAKE_HEAD, 7)
+    + """
+    SELECT j.partition_id, j."offset", j.visible_at, j.priority, j.key, f.kr, COALESCE(s.turn, 0) AS turn
+    FROM queue_jobs j
+    JOIN (SELECT e.partition_id, e."offset",
+                 row_number() OVER (PARTITION BY e.key
+                                    ORDER BY e.priority DESC, e.visible_at, e.partition_id, e."offset") AS kr
+          FROM queue_jobs e
+          WHERE e.topic = $1 AND e.detached AND NOT e.cancelled AND e.visible_at <= statement_timestamp()
+            AND NOT (SELECT paused OR limited FROM g)) AS f
+      ON j.partition_id = f.partition_id AND j."offset" = f."offset"
+    LEFT JOIN queue_fair_served s ON s.topic = $1 AND s.key = COALESCE(j.key, '')
+    WHERE f.kr <= $5 AND j.detached AND NOT j.cancelled AND j.visible_at <= statement_timestamp()
+    ORDER BY f.kr, COALESCE(s.turn, 0), j.priority DESC, j.visible_at
+    LIMIT $5
+    FOR UPDATE OF j SKIP LOCKED
+), n AS (
+    SELECT partition_id, "offset", 0 AS fresh,
+           row_number() OVER (ORDER BY kr, turn, priority DESC, visible_at, partition_id, "offset") AS rn
+    FROM c
+"""
+    + _TAKE_DEAL.format(deal_if="")
+    + """, fs AS (
+    -- the keys dealt are served now (in the order dealt): the next take puts them after the others
+    INSERT INTO queue_fair_served (topic, key, turn)
+    SELECT $1, d.key, nextval('queue_fair_turns')
+    FROM (SELECT COALESCE(c.key, '') AS key, min(k.rn) AS first
+          FROM k JOIN c ON c.partition_id = k.partition_id AND c."offset" = k."offset"
+          GROUP BY 1 ORDER BY 2) AS d
+    ON CONFLICT (topic, key) DO UPDATE SET turn = EXCLUDED.turn
+)
+"""
+    + _TAKE_RESULT
+    + """UNION ALL
+SELECT 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE EXISTS (SELECT 1 FROM xj) AND NOT (SELECT paused OR limited FROM g)
+UNION ALL
+SELECT -1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, '-infinity'::timestamptz, true, 0
+WHERE (SELECT limited AND NOT paused FROM g)
+ORDER BY 12 DESC, 10, 2, 3
+""",
+    6,
+)
+
 # The take of a queue with a per-key or rate limit (migration 014). It runs in
 # a transaction that first locked the queue's settings row and detached its
 # fresh jobs (LOCK_AND_DETACH), so limited takes of every process run
@@ -921,8 +976,12 @@ async def take_for(
     limited_topics: set[str] | None = None,
     now: datetime | None = None,
     expiry: ExpiryBound | None = None,
+    fair: bool = False,
 ) -> list[list[TakenJob]]:
     """Lease free jobs of `topic` to several takers at once, each up to its limit: the jobs of each.
+
+    `fair` (a queue created with fair=True, taken unordered): TAKE_FAIR, after detaching the
+    topic's fresh jobs, as ordered takes do.
 
     Ordered takes detach the topic's fresh jobs first (one more statement,
     which finds nothing to do while no fresh job arrived). A statement that
@@ -950,8 +1009,10 @@ async def take_for(
             now=now,
             expiry=expiry,
         )
-    if ordered:
+    fair = fair and not ordered
+    if ordered or fair:
         await detach_fresh(conn, topic)
+    statement = TAKE_ORDERED if ordered else TAKE_FAIR if fair else TAKE
     dealt: list[list[TakenJob]] = [[] for _ in consumers]
     left = list(limits)
     for _ in range(4):
@@ -965,12 +1026,12 @@ async def take_for(
             [consumers[i] for i in asking],
             sum(left[i] for i in asking),
         ]
-        if not ordered:
+        if statement is TAKE:
             args.append(next(_turns))
         bound = None if expiry is None else expiry.for_take(now)
         args += (now, bound)
         again = False
-        for row in await conn.fetch(TAKE_ORDERED if ordered else TAKE, *args):
+        for row in await conn.fetch(statement, *args):
             request = row[REQUEST]
             if request == SCANNED:
                 if expiry is not None:
