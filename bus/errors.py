@@ -1,5 +1,12 @@
 """The errors of the public API (defined in `storage.errors`, re-exported here)."""
 
+from bus.workflows.errors import (
+    StepFailedError,
+    WorkflowCancelledError,
+    WorkflowFailedError,
+    WorkflowNotFoundError,
+    WorkflowVersionError,
+)
 from storage.errors import (
     BusError,
     ConcurrentAppendError,
@@ -34,4 +41,9 @@ __all__ = [
     "TopicConflictError",
     "TopicNotFoundError",
     "ValidationError",
+    "StepFailedError",
+    "WorkflowCancelledError",
+    "WorkflowFailedError",
+    "WorkflowNotFoundError",
+    "WorkflowVersionError",
 ]
