@@ -69,3 +69,157 @@ async def test_failed_step_is_retried_then_recorded_and_the_run_fails(b: bus.Bus
     info = await b.admin.workflow("p1")
     assert info.steps[0].attempts == 3 and info.steps[0].error is not None
     assert StepFailedError.__name__ == info.error_type
+
+
+async def test_compensations_run_newest_first_once_when_the_run_fails(b: bus.Bus) -> None:
+    done: list[str] = []
+
+    def book(what: str) -> str:
+        done.append(f"book {what}")
+        return what
+
+    def cancel(what: str) -> None:
+        done.append(f"cancel {what}")
+
+    def fail() -> None:
+        raise ValueError("no seats")
+
+    @b.workflow("trip")
+    async def trip(ctx: bus.WorkflowContext) -> None:
+        for what in ("flight", "hotel", "car"):
+            await ctx.step(book, what)
+            ctx.on_failure(cancel, what)
+        await ctx.step(fail)
+
+    run = await b.start_workflow("trip", workflow_id="trip-1")
+    with pytest.raises(WorkflowFailedError):
+        await run.result(timeout=30)
+    assert done == [
+        "book flight", "book hotel", "book car", "cancel car", "cancel hotel", "cancel flight",
+    ]
+    info = await b.admin.workflow("trip-1")
+    assert [s.name for s in info.steps[-3:]] == [f"compensate:{cancel.__qualname__}"] * 3
+    # resumed, the failure replays from its records: no booking and no compensation runs twice
+    assert await b.admin.resume_workflow("trip-1")
+    with pytest.raises(WorkflowFailedError):
+        await run.result(timeout=30)
+    assert done.count("cancel car") == 2  # resume retries the failed step, so the failure is new
+    assert done.count("book car") == 1
+
+
+async def test_children_fan_out_and_in_with_a_failing_child_started_again(b: bus.Bus) -> None:
+    failed: set[int] = set()
+
+    def pack_item(item: int) -> int:
+        if item == 2 and item not in failed:
+            failed.add(item)
+            raise RuntimeError("box jammed")
+        return item * 100
+
+    @b.workflow("pack")
+    async def pack(ctx: bus.WorkflowContext, item: int) -> int:
+        return int(await ctx.step(pack_item, item))
+
+    @b.workflow("order")
+    async def order(ctx: bus.WorkflowContext, items: list[int]) -> list[int]:
+        return list(
+            await asyncio.gather(*(ctx.child("pack", i, retry=bus.Retry(max_attempts=2)) for i in items))
+        )
+
+    run = await b.start_workflow("order", [1, 2, 3], workflow_id="o-1")
+    assert await run.result(timeout=30) == [100, 200, 300]
+    runs = {w.workflow_id: w for w in await b.admin.workflows(name="pack")}
+    assert {k: w.status for k, w in runs.items()} == {
+        "o-1/1": "succeeded", "o-1/2": "failed", "o-1/2.2": "succeeded", "o-1/3": "succeeded",
+    }
+    assert all(w.parent_id == "o-1" for w in runs.values())
+
+
+async def test_a_changed_workflow_raises_version_error_and_a_version_keeps_old_runs(b: bus.Bus) -> None:
+    def a() -> str:
+        return "a"
+
+    def other() -> str:
+        return "other"
+
+    @b.workflow("flow")
+    async def flow(ctx: bus.WorkflowContext) -> str:
+        await ctx.step(a)
+        await ctx.sleep(2.5)  # parks the run: the code changes before it resumes
+        return "old"
+
+    run = await b.start_workflow("flow", workflow_id="f-1")
+    await eventually(lambda: _status_is(b, "f-1", "waiting"))
+
+    @b.workflow("flow")
+    async def changed(ctx: bus.WorkflowContext) -> str:
+        await ctx.step(other)
+        return "new"
+
+    with pytest.raises(WorkflowVersionError):
+        await run.result(timeout=30)
+
+    @b.workflow("flow2", version="1")
+    async def flow2_v1(ctx: bus.WorkflowContext) -> str:
+        await ctx.step(a)
+        await ctx.sleep(2.5)
+        return "v1"
+
+    old = await b.start_workflow("flow2", workflow_id="f-2")
+    await eventually(lambda: _status_is(b, "f-2", "waiting"))
+
+    @b.workflow("flow2", version="2")
+    async def flow2_v2(ctx: bus.WorkflowContext) -> str:
+        await ctx.step(other)
+        return "v2"
+
+    new = await b.start_workflow("flow2", workflow_id="f-3")
+    assert await new.result(timeout=30) == "v2"
+    assert await old.result(timeout=30) == "v1"
+
+
+async def _status_is(b: bus.Bus, wid: str, status: str) -> bool:
+    return (await b.admin.workflow(wid)).status == status
+
+
+async def test_cancel_resume_and_fork(b: bus.Bus) -> None:
+    calls: list[str] = []
+
+    def first() -> str:
+        calls.append("first")
+        return "1"
+
+    def last(go: Any) -> str:
+        calls.append("last")
+        return f"done {go}"
+
+    @b.workflow("gate")
+    async def gate(ctx: bus.WorkflowContext) -> str:
+        await ctx.step(first)
+        go = await ctx.recv("go")
+        return str(await ctx.step(last, go))
+
+    run = await b.start_workflow("gate", workflow_id="g-1")
+
+    async def first_recorded() -> bool:
+        return len((await b.admin.workflow("g-1")).steps) == 1
+
+    await eventually(first_recorded)
+    assert await b.admin.cancel_workflow("g-1")
+    with pytest.raises(bus.errors.WorkflowCancelledError):
+        await run.result(timeout=10)
+    assert not await b.admin.cancel_workflow("g-1")  # finished already
+    await b.send("g-1", "go", 1)
+    assert (await b.admin.workflow("g-1")).status == "cancelled"
+    assert await b.admin.resume_workflow("g-1")
+    assert await run.result(timeout=30) == "done 1"
+    assert calls == ["first", "last"]
+    # a fork from step 3 keeps steps 1 and 2 (first, recv) and runs `last` again
+    fork = await b.admin.fork_workflow("g-1", from_step=3, new_id="g-2")
+    assert await fork.result(timeout=30) == "done 1"
+    assert calls == ["first", "last", "last"]
+    # a fork from step 2 waits for a message of its own
+    fork2 = await b.admin.fork_workflow("g-1", from_step=2, new_id="g-3")
+    await b.send("g-3", "go", 2)
+    assert await fork2.result(timeout=30) == "done 2"
+    assert calls == ["first", "last", "last", "last"]
