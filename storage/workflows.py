@@ -224,9 +224,12 @@ CHILDREN = "SELECT workflow_id FROM workflow_runs WHERE parent_id = $1 ORDER BY 
 async def create(
     conn: Conn, workflow_id: str, name: str, version: str, queue: str, payload: bytes, parent_id: str | None
 ) -> asyncpg.Record:
-    row = await conn.fetchrow(CREATE, workflow_id, name, version, queue, payload, parent_id)
-    assert row is not None
-    return row
+    """The run's row (inserted or not). A concurrent insert of the same id that committed while this
+    statement waited on it is not in this statement's snapshot: the next statement sees it."""
+    while True:
+        row = await conn.fetchrow(CREATE, workflow_id, name, version, queue, payload, parent_id)
+        if row is not None:
+            return row
 
 
 async def claim(conn: Conn, workflow_id: str, owner: str, lease: float) -> asyncpg.Record | None:
