@@ -66,6 +66,7 @@ SCENARIOS: tuple[str, ...] = (
     "pooler",
     "failover",
     "anyio_ab",
+    "workflows",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"

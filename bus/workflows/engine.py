@@ -308,7 +308,10 @@ class Engine:
             if isinstance(wid, str):
                 with db.translate_errors():
                     row = await sql.claim(self.ctx.pool, wid, self.owner, self.lease)
-            await consumer.ack(job)
+            try:
+                await consumer.ack(job)
+            except Exception as exc:  # the job comes back and finds the run claimed: nothing runs twice
+                self._log.warning("workflow_job_ack_failed", error=repr(exc))
             if row is not None:
                 await self._execute(row)
         except asyncio.CancelledError:
