@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -26,10 +26,13 @@ from storage.errors import ValidationError
 from storage.names import validate_name, validate_seconds
 
 if TYPE_CHECKING:
+    import contextlib
+
     import asyncpg
 
     from bus.consumer import Retry
-    from bus.workflows.engine import Engine
+    from bus.context import BusContext
+    from bus.queues import _Doorbell
 
 __all__ = ["WorkflowContext", "WorkflowTransaction"]
 
@@ -44,6 +47,41 @@ class Lost(BaseException):  # noqa: N818 - not an error: the run moved on withou
 
 class Parked(BaseException):  # noqa: N818 - not an error: the run waits for its timer job
     """The run is parked until its timer (a delayed job) comes due: stop here, nothing is lost."""
+
+
+class Engine(Protocol):
+    """What a run's context asks of the engine that executes it (bus.workflows.engine.Engine)."""
+
+    ctx: BusContext
+    channel: str
+    park_after: float
+
+    def return_type(self, fn: Callable[..., Any]) -> Any: ...
+    def result_type(self, name: str, version: str | None) -> Any: ...
+    def encode(self, value: Any, what: str) -> bytes: ...
+    def decode(self, data: bytes | None, kind: Any) -> Any: ...
+    def watching(self, workflow_id: str) -> contextlib.AbstractContextManager[asyncio.Event]: ...
+    def wait_slice(self, deadline: float | None) -> float: ...
+    async def park(self, ctx: WorkflowContext, wake_at: float) -> None: ...
+    async def check_held(self, ctx: WorkflowContext) -> None: ...
+    async def wait_event(self, event: asyncio.Event, deadline: float | None) -> None: ...
+    async def topic_bell(self, topic: str) -> _Doorbell: ...
+    async def create(
+        self,
+        workflow_id: str,
+        name: str,
+        args: Sequence[Any],
+        *,
+        version: str | None = None,
+        parent_id: str | None = None,
+        priority: int | None = None,
+    ) -> bool: ...
+    async def outcome(
+        self,
+        workflow_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - a wait bounded by the caller's deadline
+        held_by: WorkflowContext | None = None,
+    ) -> asyncpg.Record: ...
 
 
 class Recorded(msgspec.Struct, frozen=True):
@@ -185,6 +223,7 @@ class WorkflowContext:
         return rec
 
     def remember(self, seq: int, name: str, kind: str, output: bytes | None, error: str | None) -> None:
+        """Keep a record just written, for a replay within this execution."""
         self._records[seq] = Recorded(name, kind, output, error)
 
     async def _record(
