@@ -146,11 +146,12 @@ WITH RECURSIVE tree AS (
 SELECT workflow_id, pg_notify($2, workflow_id) FROM cancelled
 """
 
-# A cancelled or failed run goes on from its last successful step: the records of the failed
-# step and of what ran after it (compensations) are removed.
+# A failed run goes on from its last successful step: the records of the failed step and of what
+# ran after it (compensations) are removed. A cancelled run keeps every record.
 FORGET_FAILURE = """
 DELETE FROM workflow_steps s
  WHERE s.workflow_id = $1
+   AND EXISTS (SELECT 1 FROM workflow_runs r WHERE r.workflow_id = $1 AND r.status = 'failed')
    AND s.seq >= (SELECT coalesce(min(f.seq), 2147483647) FROM workflow_steps f
                   WHERE f.workflow_id = $1 AND f.error IS NOT NULL)
 """
