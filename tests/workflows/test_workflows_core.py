@@ -223,3 +223,34 @@ async def test_cancel_resume_and_fork(b: bus.Bus) -> None:
     await b.send("g-3", "go", 2)
     assert await fork2.result(timeout=30) == "done 2"
     assert calls == ["first", "last", "last", "last"]
+
+
+async def test_bad_input_raises_a_typed_error_and_writes_nothing(b: bus.Bus) -> None:
+    @b.workflow("noop")
+    async def noop(ctx: bus.WorkflowContext, value: object) -> object:
+        return value
+
+    with pytest.raises(bus.ValidationError):
+        await b.start_workflow("noop", object(), workflow_id="bad-args")  # not JSON-encodable
+    with pytest.raises(bus.ValidationError):
+        await b.start_workflow("noop", 1, workflow_id="x" * 201)
+    with pytest.raises(bus.ValidationError):
+        await b.start_workflow("no such name!", 1)
+    with pytest.raises(bus.ValidationError):
+        b.workflow("noop", version="")(noop)
+    with pytest.raises(bus.errors.WorkflowNotFoundError):
+        await b.workflow_result("never-started", timeout=1)
+    with pytest.raises(bus.errors.WorkflowNotFoundError):
+        await b.admin.cancel_workflow("never-started")
+    with pytest.raises(bus.ValidationError):
+        await b.admin.workflows(status="sleeping")
+    assert await b.admin.workflows() == []
+    run = await b.start_workflow("noop", {"a": 1}, workflow_id="good")
+    assert await run.result(timeout=30) == {"a": 1}
+    with pytest.raises(bus.ValidationError):  # the id is a run of another workflow
+        await b.start_workflow("trip", workflow_id="good")
+    # a workflow no process registered: its run waits, and a result times out
+    await b.start_workflow("elsewhere", workflow_id="waits")
+    with pytest.raises(TimeoutError):
+        await b.workflow_result("waits", timeout=0.3)
+    assert (await b.admin.workflow("waits")).status == "pending"
