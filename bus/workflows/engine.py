@@ -158,7 +158,7 @@ class Engine:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return  # started by the first start_workflow (or b.start_workflows()) on a running loop
+            return  # started by the first start_workflow on a running loop
         self.start()
 
     def start(self) -> None:
