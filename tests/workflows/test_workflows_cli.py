@@ -24,7 +24,11 @@ async def run_cli(dsn: str, schema: str, *args: str) -> subprocess.CompletedProc
 def _run_cli(dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BUS_DSN": dsn, "BUS_SCHEMA": schema, "COLUMNS": "160"}
     return subprocess.run(
-        [sys.executable, "-m", "bus", "workflows", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "bus", "workflows", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -95,7 +95,12 @@ async def test_compensations_run_newest_first_once_when_the_run_fails(b: bus.Bus
     with pytest.raises(WorkflowFailedError):
         await run.result(timeout=30)
     assert done == [
-        "book flight", "book hotel", "book car", "cancel car", "cancel hotel", "cancel flight",
+        "book flight",
+        "book hotel",
+        "book car",
+        "cancel car",
+        "cancel hotel",
+        "cancel flight",
     ]
     info = await b.admin.workflow("trip-1")
     assert [s.name for s in info.steps[-3:]] == [f"compensate:{cancel.__qualname__}"] * 3
@@ -130,7 +135,10 @@ async def test_children_fan_out_and_in_with_a_failing_child_started_again(b: bus
     assert await run.result(timeout=30) == [100, 200, 300]
     runs = {w.workflow_id: w for w in await b.admin.workflows(name="pack")}
     assert {k: w.status for k, w in runs.items()} == {
-        "o-1/1": "succeeded", "o-1/2": "failed", "o-1/2.2": "succeeded", "o-1/3": "succeeded",
+        "o-1/1": "succeeded",
+        "o-1/2": "failed",
+        "o-1/2.2": "succeeded",
+        "o-1/3": "succeeded",
     }
     assert all(w.parent_id == "o-1" for w in runs.values())
 

@@ -27,4 +27,11 @@ async def test_the_workflows_page_example_runs(b: bus.Bus, dsn: str, schema: str
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["{'charge': 'charge-42', 'shipment': {'carrier': 'ups'}}", "shipped"]
     info = await b.admin.workflow("order-42")
-    assert [s.kind for s in info.steps] == ["step", "transaction", "deadline", "deadline", "wait_for", "event"]
+    assert [s.kind for s in info.steps] == [
+        "step",
+        "transaction",
+        "deadline",
+        "deadline",
+        "wait_for",
+        "event",
+    ]

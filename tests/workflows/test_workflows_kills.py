@@ -26,7 +26,9 @@ KILL_POINTS = ["start"] + [
 ]
 
 
-def _spawn(dsn: str, schema: str, out: Path, mode: str, wid: str, kill: bool = False) -> subprocess.Popen[bytes]:
+def _spawn(
+    dsn: str, schema: str, out: Path, mode: str, wid: str, kill: bool = False
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "BUS_DSN": dsn}
     if kill:
         env["WF_KILL"] = "all"
@@ -37,7 +39,7 @@ def _spawn(dsn: str, schema: str, out: Path, mode: str, wid: str, kill: bool = F
     )
 
 
-async def _wait(p: subprocess.Popen[bytes], timeout: float = 120.0) -> int:
+async def _wait(p: subprocess.Popen[bytes], timeout: float = 120.0) -> int:  # noqa: ASYNC109 - a test's bound
     deadline = time.monotonic() + timeout
     while p.poll() is None:
         if time.monotonic() > deadline:
@@ -70,7 +72,7 @@ async def test_a_run_killed_at_every_step_boundary_resumes_and_calls_no_recorded
         kills += 1
     else:
         raise AssertionError("the run never finished")
-    used = sorted(p.name.removeprefix("killed-") for p in tmp_path.glob("killed-*"))
+    used = sorted(p.name.removeprefix("killed-") for p in tmp_path.glob("killed-*"))  # noqa: ASYNC240
     assert used == sorted(KILL_POINTS) and kills == len(KILL_POINTS)
     assert _results(tmp_path) == [[0, 1, 4]]
     # a step killed inside was not recorded: it is called again; every recorded step never is
@@ -80,8 +82,12 @@ async def test_a_run_killed_at_every_step_boundary_resumes_and_calls_no_recorded
     info = await b.admin.workflow("k-1")
     assert info.status == "succeeded" and info.executions == kills + 1
     assert [(s.seq, s.kind, s.attempts) for s in info.steps] == [
-        (1, "step", 1), (2, "transaction", 1), (3, "step", 1), (4, "transaction", 1),
-        (5, "step", 1), (6, "transaction", 1),
+        (1, "step", 1),
+        (2, "transaction", 1),
+        (3, "step", 1),
+        (4, "transaction", 1),
+        (5, "step", 1),
+        (6, "transaction", 1),
     ]
 
 
@@ -96,7 +102,8 @@ async def test_a_parked_sleep_wakes_on_time_after_every_process_died(
     assert await _wait(_spawn(dsn, schema, tmp_path, "serve", "nap-1")) == 0
     [woke] = _results(tmp_path)
     assert isinstance(woke, float)
-    [ready] = [float(p.read_text()) for p in tmp_path.glob("ready-*") if p.name != f"ready-{first.pid}"]
+    readies = [p for p in tmp_path.glob("ready-*") if p.name != f"ready-{first.pid}"]  # noqa: ASYNC240
+    [ready] = [float(p.read_text()) for p in readies]
     assert ready < info.wake_at.timestamp(), "the second process was not up before the wake-up time"
     late = woke - info.wake_at.timestamp()
     assert 0 <= late < 1.0, f"the sleep woke {late:.3f}s after its time"

@@ -98,12 +98,12 @@ async def main() -> None:
         if mode == "killable":
             await b.start_workflow("killable", 3, workflow_id=wid)
         elif mode == "race":
-            while not (out / "go").exists():
+            while not (out / "go").exists():  # noqa: ASYNC110 - another process's signal
                 await asyncio.sleep(0.005)
             await b.start_workflow("counted", workflow_id=wid)
         elif mode == "nap-start":
             await b.start_workflow("napper", 8.0, workflow_id=wid)
-            while (await b.admin.workflow(wid)).status != "waiting":
+            while (await b.admin.workflow(wid)).status != "waiting":  # noqa: ASYNC110 - the database's state
                 await asyncio.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
         result = await b.workflow_result(wid, timeout=90)
