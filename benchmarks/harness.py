@@ -68,6 +68,7 @@ SCENARIOS: tuple[str, ...] = (
     "failover",
     "anyio_ab",
     "stockpg",
+    "workflows",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATEST = "latest.md"

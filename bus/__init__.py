@@ -75,6 +75,11 @@ _LAZY = {
     "PositionedEvent": "bus.eventstore",
     "QueryCondition": "bus.eventstore",
     "ScheduleInfo": "bus.schedules",
+    "WorkflowContext": "bus.workflows.context",
+    "WorkflowTransaction": "bus.workflows.context",
+    "WorkflowHandle": "bus.workflows.engine",
+    "WorkflowInfo": "bus.workflows.types",
+    "StepInfo": "bus.workflows.types",
 }
 
 if TYPE_CHECKING:
@@ -105,6 +110,9 @@ if TYPE_CHECKING:
     from bus.schedules import ScheduleInfo
     from bus.transaction import Transaction
     from bus.worker import Worker
+    from bus.workflows.context import WorkflowContext, WorkflowTransaction
+    from bus.workflows.engine import WorkflowHandle
+    from bus.workflows.types import StepInfo, WorkflowInfo
 
 
 def __getattr__(name: str) -> Any:
@@ -185,4 +193,9 @@ __all__ = [
     "PartitionCursor",
     "PositionedEvent",
     "QueryCondition",
+    "StepInfo",
+    "WorkflowContext",
+    "WorkflowHandle",
+    "WorkflowInfo",
+    "WorkflowTransaction",
 ]

@@ -20,6 +20,8 @@ from storage.names import MAX_OFFSET, validate_int, validate_name, validate_seco
 
 if TYPE_CHECKING:
     from bus.context import BusContext, Connected
+    from bus.workflows.engine import WorkflowHandle
+    from bus.workflows.types import WorkflowInfo
 
 
 class GroupSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -333,6 +335,43 @@ class Admin:
             )
             for r in rows
         ]
+
+    # -- durable workflows (bus.workflows) ---------------------------------------------
+
+    async def workflows(
+        self, status: str | None = None, name: str | None = None, limit: int = 100
+    ) -> list[WorkflowInfo]:
+        """Workflow runs, newest first, with their recorded steps (attempts, errors)."""
+        from bus.workflows.engine import engine_of
+
+        return await engine_of(self._ctx).list(status, name, limit)
+
+    async def workflow(self, workflow_id: str) -> WorkflowInfo:
+        """One run with its recorded steps; WorkflowNotFoundError if no run has that id."""
+        from bus.workflows.engine import engine_of
+
+        return await engine_of(self._ctx).info(workflow_id)
+
+    async def cancel_workflow(self, workflow_id: str) -> bool:
+        """Cancel the run and its unfinished children (their executors stop at their next step)."""
+        from bus.workflows.engine import engine_of
+
+        return await engine_of(self._ctx).cancel(workflow_id)
+
+    async def resume_workflow(self, workflow_id: str) -> bool:
+        """A cancelled or failed run goes on from its last successful step; False if it was neither."""
+        from bus.workflows.engine import engine_of
+
+        return await engine_of(self._ctx).resume(workflow_id)
+
+    async def fork_workflow(
+        self, workflow_id: str, from_step: int = 1, *, new_id: str | None = None
+    ) -> WorkflowHandle:
+        """A new run of the same workflow and input that keeps the recorded steps before `from_step`
+        (numbered from 1) and runs the rest again."""
+        from bus.workflows.engine import engine_of
+
+        return await engine_of(self._ctx).fork(workflow_id, from_step, new_id)
 
 
 async def _queue_depth(ctx: BusContext, topic: str, dead_letter: str | None) -> QueueDepth:

@@ -29,6 +29,7 @@ from rich.table import Table
 import bus
 from bus.admin import GroupDescription
 from bus.tables import fit, table
+from bus.workflows.cli import workflows_app
 from storage.errors import BusError
 
 app = typer.Typer(
@@ -36,6 +37,7 @@ app = typer.Typer(
 )
 server_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL server under $BUS_HOME.")
 app.add_typer(server_app, name="server")
+app.add_typer(workflows_app, name="workflows")
 console = Console()
 T = TypeVar("T")
 

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import itertools
 import os
+import sys
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from contextlib import asynccontextmanager
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from bus.queues import QueueConsumer
     from bus.schedules import ScheduleInfo
     from bus.worker import JobHandler, Worker
+    from bus.workflows.engine import WorkflowHandle
 
 log = get_logger(__name__)
 
@@ -162,6 +164,8 @@ class Bus:
         if self._closed:
             return
         self._closed = True
+        if "bus.workflows.engine" in sys.modules:  # workflows load with their first use
+            await sys.modules["bus.workflows.engine"].close_engine(self.context)
         if self._cleaner is not None:
             await self._cleaner.stop(drain=False)
         if self._scheduler is not None:
@@ -976,6 +980,56 @@ class Bus:
         cancelled, TimeoutError if neither happened in time (see bus.queue_features).
         """
         return await queue_features.job_result(self.context, topic, rec, timeout)
+
+    # -- durable workflows (bus.workflows) ---------------------------------------------
+
+    def workflow(
+        self, name: str, *, version: str = "1"
+    ) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
+        """`@b.workflow("checkout")`: register an async function `(ctx, *args)` as a durable workflow.
+
+        Every process that registers it executes its runs (queued on the topic `workflows.<name>`).
+        New runs start on the newest version registered here; a run keeps the version it started
+        on, so registering the old code under its version beside the new one finishes old runs.
+        """
+        from bus.workflows.engine import engine_of
+
+        def register(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+            engine_of(self.context).register(name, version, fn)
+            return fn
+
+        return register
+
+    async def start_workflow(
+        self,
+        name: str,
+        *args: Any,
+        workflow_id: str | None = None,
+        version: str | None = None,
+        priority: int | None = None,
+    ) -> WorkflowHandle:
+        """Start a run of the workflow `name` with `args`; the same `workflow_id` again is the same run."""
+        from bus.workflows.engine import engine_of
+
+        return await engine_of(self.context).start_run(name, args, workflow_id, version, priority)
+
+    async def workflow_result(self, workflow_id: str, *, timeout: float | timedelta | None = None) -> Any:  # noqa: ASYNC109 - the public API's shape
+        """The run's return value (see WorkflowHandle.result)."""
+        from bus.workflows.engine import engine_of
+
+        return await engine_of(self.context).result(workflow_id, timeout)
+
+    async def send(self, workflow_id: str, topic: str, payload: Any) -> None:
+        """Send `payload` to the run's `ctx.recv(topic)` (kept until it is received)."""
+        from bus.workflows.engine import engine_of
+
+        await engine_of(self.context).send(workflow_id, topic, payload)
+
+    async def get_event(self, workflow_id: str, key: str, *, timeout: float | timedelta | None = None) -> Any:  # noqa: ASYNC109 - the public API's shape
+        """The value the run set with `ctx.set_event(key, value)`; waits up to `timeout` (None: now)."""
+        from bus.workflows.engine import engine_of
+
+        return await engine_of(self.context).get_event(workflow_id, key, timeout)
 
     # -- reading -------------------------------------------------------------------
 

@@ -1,5 +1,12 @@
 """The errors of the public API (defined in `storage.errors`, re-exported here)."""
 
+from bus.workflows.errors import (
+    StepFailedError,
+    WorkflowCancelledError,
+    WorkflowFailedError,
+    WorkflowNotFoundError,
+    WorkflowVersionError,
+)
 from storage.errors import (
     ActorStoppedError,
     BusError,
@@ -40,4 +47,9 @@ __all__ = [
     "TopicConflictError",
     "TopicNotFoundError",
     "ValidationError",
+    "StepFailedError",
+    "WorkflowCancelledError",
+    "WorkflowFailedError",
+    "WorkflowNotFoundError",
+    "WorkflowVersionError",
 ]

@@ -210,6 +210,18 @@ async def _compaction(b: Bus, history: views.History, request: Request) -> tuple
     return "compaction.html", await views.compaction_page(b)
 
 
+async def _workflows(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    from bus.workflows.dashboard import runs_page
+
+    return "workflows.html", await runs_page(b)
+
+
+async def _workflow(b: Bus, history: views.History, request: Request) -> tuple[str, dict[str, Any]]:
+    from bus.workflows.dashboard import run_page
+
+    return "workflow.html", await run_page(b, request.path_params["workflow_id"])
+
+
 _PAGES: list[tuple[str, Page]] = [
     ("/", _topics),
     ("/topics", _topics),
@@ -222,6 +234,8 @@ _PAGES: list[tuple[str, Page]] = [
     ("/claims/{name}", _claim_group),
     ("/eventstore/{store}/{name}", _es_group),
     ("/compaction", _compaction),
+    ("/workflows", _workflows),
+    ("/workflows/{workflow_id:path}", _workflow),
 ]
 
 

@@ -743,7 +743,77 @@ async def setup_faststream_ecosystem(ctx: Ctx) -> Plan:
 
 Setup = Callable[[Ctx], Awaitable[Plan]]
 
+
 # phrase (unique to one block) -> (setup, xfail reason or None)
+async def setup_workflows(ctx: Ctx) -> Plan:
+    import msgspec
+
+    table = f"{ctx.schema}.payments"
+    await ctx.b.pool.execute(f"CREATE TABLE {table} (order_id text PRIMARY KEY)")
+    await ctx.b.create_topic("shipments", partitions=2)
+
+    class Order(msgspec.Struct):
+        id: str
+        items: list[int]
+
+    class Receipt(msgspec.Struct):
+        card: str
+        packed: list[int]
+        shipped: bool
+        ok: bool
+
+    charged: list[str] = []
+
+    def charge_card(order: Order) -> str:
+        charged.append(order.id)
+        return f"card-{order.id}"
+
+    def refund(card: str) -> None:
+        raise AssertionError("nothing failed: no compensation runs")
+
+    @ctx.b.workflow("pack")
+    async def pack(wctx: bus.WorkflowContext, item: int) -> int:
+        return item * 10
+
+    def short(hours: float = 0, days: float = 0) -> timedelta:
+        """The snippet's hours and days, as tenths of a second and seconds."""
+        return timedelta(seconds=hours * 0.1 + days * 10)
+
+    order = Order(id="1", items=[1, 2, 3])
+    await ctx.b.send("order-1", "approval", True)  # kept until the run receives it
+
+    async def check(got: dict[str, Any], _: str | None) -> None:
+        assert got["receipt"] == Receipt(card="card-1", packed=[10, 20, 30], shipped=True, ok=True)
+        assert charged == ["1"]
+        assert await ctx.b.pool.fetchval(f"SELECT count(*) FROM {table}") == 1
+        assert await ctx.b.get_event("order-1", "status") == "shipped"
+        assert (await ctx.b.admin.workflow("order-1")).status == "succeeded"
+        forks = [w for w in await ctx.b.admin.workflows(name="checkout") if w.workflow_id != "order-1"]
+        assert len(forks) == 1 and forks[0].steps[0].name.endswith(
+            "charge_card"
+        )  # steps 1-2 kept by the fork
+
+    return Plan(
+        names={
+            "Order": Order,
+            "Receipt": Receipt,
+            "charge_card": charge_card,
+            "refund": refund,
+            "order": order,
+            "wid": "order-1",
+            "timedelta": short,
+        },
+        fill={
+            "INSERT INTO payments ...": f'"INSERT INTO {table} (order_id) VALUES (1)"',
+            "...": "*(card, packed, shipped is not None, ok)",
+        },
+        insert_after={
+            'run = await b.start_workflow("checkout"': 'await b.publish("shipments", {"carrier": "ups"}, key=order.id)'
+        },
+        check=check,
+    )
+
+
 SETUPS: dict[str, tuple[Setup, str | None]] = {
     "async with bus.connect(dsn=None, **config) as b:": (setup_connecting, None),
     "info = await b.create_topic(": (setup_topics, None),
@@ -763,6 +833,7 @@ SETUPS: dict[str, tuple[Setup, str | None]] = {
     'pooler="transaction",': (setup_where_services_run, None),
     "from bus.faststream import BusBroker, TestBusBroker": (setup_faststream, None),
     "router = bus.faststream.BusRouter(prefix=": (setup_faststream_ecosystem, None),
+    '@b.workflow("checkout")': (setup_workflows, None),
 }
 
 
