@@ -814,6 +814,44 @@ async def setup_workflows(ctx: Ctx) -> Plan:
     )
 
 
+async def setup_job_features(ctx: Ctx) -> Plan:
+    # "jobs" is made as the block's create_topic makes it (fair), so that call finds it there;
+    # a consumer `q` holds one job (`job`) for the progress call; `rec` is another job's record.
+    await ctx.b.create_topic("jobs", semantics="queue", fair=True)
+    await ctx.b.create_topic("jobs.done", partitions=1)
+    held = await ctx.b.publish("jobs", {"held": 1})
+    q = ctx.b.queue_consumer("jobs", visibility_timeout=30)
+    await q.start()
+    (job,) = await q.take(max_messages=1, timeout=5.0)
+    assert job.offset == held.offset
+    rec = await ctx.b.publish("jobs", {"resize": 7})
+
+    async def check(got: dict[str, Any], _: str | None) -> None:
+        try:
+            b = ctx.b
+            assert isinstance(got["w"], bus.Worker)
+            status = await b.job_status("jobs", held)
+            assert status.state == "running" and status.progress == {"done": 40, "of": 100}
+            again = await b.publish("jobs", {"other": 1}, unique=bus.Unique("report:42"))
+            assert isinstance(again, bus.Record)
+            assert isinstance(got["group"], bus.JobGroup)
+            assert await b.read("jobs.done") == []  # the group's jobs are waiting: no callback yet
+        finally:
+            await q.close()
+
+    return Plan(
+        names={
+            "payload": {"report": 42},
+            "timedelta": timedelta,
+            "q": q,
+            "job": job,
+            "rec": rec,
+            "outgoing_list": [bus.Outgoing({"n": i}) for i in range(3)],
+        },
+        check=check,
+    )
+
+
 SETUPS: dict[str, tuple[Setup, str | None]] = {
     "async with bus.connect(dsn=None, **config) as b:": (setup_connecting, None),
     "info = await b.create_topic(": (setup_topics, None),
@@ -834,6 +872,7 @@ SETUPS: dict[str, tuple[Setup, str | None]] = {
     "from bus.faststream import BusBroker, TestBusBroker": (setup_faststream, None),
     "router = bus.faststream.BusRouter(prefix=": (setup_faststream_ecosystem, None),
     '@b.workflow("checkout")': (setup_workflows, None),
+    'w = await b.worker("jobs", resize, concurrency=16)': (setup_job_features, None),
 }
 
 
