@@ -30,9 +30,12 @@ async def test_a_delayed_job_is_not_taken_early_and_is_taken_within_a_second_of_
         assert [m.payload for m in first] == [b"now"]
         await q.ack_many(first)
         early = await q.take(max_messages=10, timeout=0.3)
-        assert early == [] and time.monotonic() < due
-        (job,) = await q.take(max_messages=10, timeout=3.0)
-        taken = time.monotonic()
+        if early:  # a loaded machine ran this take past the job's time: it must not have come sooner
+            taken = time.monotonic()
+            (job,) = early
+        else:
+            (job,) = await q.take(max_messages=10, timeout=3.0)
+            taken = time.monotonic()
         assert job.offset == rec.offset and job.payload == b"later"
         assert due - 0.05 <= taken <= due + 1.0
         await q.ack(job)
