@@ -41,6 +41,7 @@ from bus.workflows.errors import (
 from bus.workflows.types import StepInfo, WorkflowInfo
 from storage import db
 from storage import workflows as sql
+from storage.availability import is_unavailable
 from storage.errors import ValidationError
 from storage.logs import get_logger
 from storage.names import validate_int, validate_name, validate_seconds
@@ -63,6 +64,9 @@ _PARK_AFTER = 2.0
 _TIMER_LEAD = 0.5
 # A run of a version this process does not have goes back to the queue for this long.
 _OTHER_VERSION_DELAY = 5.0
+# A run interrupted because the database went away is taken up again this long after it is given
+# back (its next executor replays the recorded steps and goes on from the first unrecorded one).
+_INTERRUPTED_DELAY = 0.5
 _MAX_RUNS = 256  # runs executing at once in one process
 _encoder = msgspec.json.Encoder()
 
@@ -360,6 +364,13 @@ class Engine:
             await self._finish(ctx, "failed", None, str(exc), "WorkflowVersionError")
             return
         except Exception as exc:
+            if is_unavailable(exc):
+                # The database went away under the run (a restart, a failover, a lost connection):
+                # not the workflow's failure. Nothing unrecorded is kept, so the run goes back to its
+                # queue and resumes from its last recorded step.
+                self._log.warning("workflow_run_interrupted", workflow_id=ctx.workflow_id, error=repr(exc))
+                await self._interrupted(ctx)
+                return
             errors = await ctx.compensate()
             message = str(exc) + (f" (compensations failed: {'; '.join(errors)})" if errors else "")
             await self._finish(ctx, "failed", None, message, type(exc).__name__)
@@ -379,6 +390,17 @@ class Engine:
             await sql.finish(
                 self.ctx.pool, ctx.workflow_id, ctx.epoch, status, output, error, error_type, self.channel
             )
+
+    async def _interrupted(self, ctx: WorkflowContext) -> None:
+        """Give back a run the database's absence interrupted; if it is still away, the run's lease lapses."""
+        try:
+            with db.translate_errors():
+                async with self.ctx.pool.acquire() as conn, conn.transaction():
+                    queue = await sql.release(conn, ctx.workflow_id, ctx.epoch)
+                    if queue is not None:
+                        await self._kick(conn, queue, ctx.workflow_id, delay=_INTERRUPTED_DELAY)
+        except Exception as exc:  # still away: the lease lapses and a process takes the run over
+            self._log.debug("workflow_give_back_failed", workflow_id=ctx.workflow_id, error=repr(exc))
 
     async def _give_back(self, wid: str, epoch: int) -> None:
         """A run of a version this process lacks: back to the queue for another process."""
