@@ -45,7 +45,7 @@ bench: $(STAMP)
 	$(BIN)/bus bench
 
 lint: $(STAMP)
-	$(BIN)/ruff check bus actors storage
+	$(BIN)/ruff check bus actors storage tests benchmarks
 	$(BIN)/ruff format --check bus actors storage
 	$(BIN)/mypy --strict bus actors storage
 

@@ -14,15 +14,13 @@ position, or whose lease was taken.
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 
 from actors import metrics
 from actors.committer import Commit
+from actors.handler_runner import COMMIT_INTERVAL, HandlerRunner
 from actors.messages import (
     CheckLease,
     CommitDue,
@@ -38,126 +36,25 @@ from actors.messages import (
     Unwatch,
     Wake,
     Watch,
-    WorkerFailed,
     WorkerMessage,
 )
-from actors.runtime import Actor, ActorRef, ActorStoppedError, AskTimeoutError, Timer
+from actors.runtime import Actor, ActorRef, ActorStoppedError, AskTimeoutError
+from actors.sink import Batch, RetryPolicy, Sink, TxOutcome, WorkerSpec
 from storage import leases
 from storage.availability import warn_unless_said
-from storage.db import TRANSIENT_ERRORS, Lender, Now, server_clock
+from storage.db import TRANSIENT_ERRORS, Lender
 from storage.logs import get_logger
-from storage.names import validate_int, validate_seconds
 
-#: Handler mode: the shortest time between two commits of one partition (seconds). A position
-#: handled meanwhile is committed by a timer at the end of the interval, or as the partition is let go.
-COMMIT_INTERVAL = 0.2
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Fetched rows of one partition, tagged with the lease epoch they were read under."""
-
-    topic: str
-    partition: str
-    partition_id: int
-    epoch: int
-    rows: list[asyncpg.Record]
-    worker: ActorRef[WorkerMessage]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How a handler failure is retried: `max_attempts` in all, backoff doubling from `backoff` seconds."""
-
-    max_attempts: int = 3
-    backoff: float = 0.5
-    max_backoff: float = 30.0
-
-    @classmethod
-    def checked(
-        cls, max_attempts: int, backoff: timedelta | float, max_backoff: timedelta | float
-    ) -> RetryPolicy:
-        """A policy from user input: ValidationError (saying what to pass) for anything out of range."""
-        return cls(
-            validate_int(max_attempts, "retry max_attempts", 1),
-            validate_seconds(backoff, "retry backoff", allow_zero=True),
-            validate_seconds(max_backoff, "retry max_backoff", allow_zero=True),
-        )
-
-    def delay(self, attempt: int) -> float:
-        return float(min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
-
-
-@dataclass(frozen=True)
-class TxOutcome:
-    """What a transactional handler's batch came to (`Sink.handle_transaction`).
-
-    `committed`: the position committed with the handler's writes (None: the lease
-    had moved on, nothing applied). `failed`: the index in the batch of the message
-    that failed with `attempts` failed attempts so far (the offsets stop at it);
-    `stopped`: its last attempt failed and there is no dead-letter topic.
-    """
-
-    committed: int | None
-    failed: int | None = None
-    attempts: int = 0
-    stopped: BaseException | None = None
-
-
-class Sink(Protocol):
-    """Where a worker's messages go: the consumer's buffer (poll) or the user's handler (subscribe)."""
-
-    handler_mode: bool
-    transactional: bool
-    retry: RetryPolicy
-
-    def acquired(self, partition_id: int, epoch: int, worker: ActorRef[WorkerMessage]) -> None:
-        """Poll mode: this worker holds the partition's lease of `epoch` (before any batch of it)."""
-
-    def offer(self, batch: Batch) -> bool:
-        """Poll mode: buffer the batch; False when the buffer is full (try again later)."""
-
-    def consumed(self, partition_id: int, epoch: int) -> int | None:
-        """Poll mode, auto-commit: the position the user has polled through (None: nothing to commit)."""
-
-    def revoked(self, partition_id: int, epoch: int) -> None:
-        """Drop whatever is buffered from this lease."""
-
-    def released(self, partition_id: int, epoch: int, committed: int | None) -> None:
-        """Poll mode: the lease ended; `committed` is the position the worker committed as it let go (None: none)."""
-
-    async def handle(self, topic: str, partition: str, row: asyncpg.Record, attempt: int) -> None:
-        """Handler mode: process one message (raise to retry)."""
-
-    async def dead_letter(
-        self, topic: str, partition: str, row: asyncpg.Record, error: BaseException, attempts: int
-    ) -> bool:
-        """Handler mode: send to the dead-letter topic; False when there is none."""
-
-    def failed(self, topic: str, partition: str, error: BaseException) -> None:
-        """Handler mode: the partition stopped on an error it could not get past."""
-
-    async def handle_transaction(
-        self, spec: WorkerSpec, epoch: int, rows: list[asyncpg.Record], now: datetime | None
-    ) -> TxOutcome:
-        """Transactional handler mode: handle `rows` and commit their offsets in one transaction."""
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a PartitionWorker needs to know, fixed for its life."""
-
-    group: str
-    member_id: str
-    generation: int
-    topic: str
-    partition: str
-    partition_id: int
-    lease_time: float
-    poll_interval: float
-    fetch_size: int
-    messages_channel: str
-    now: Now = server_clock  # the time its lease is taken, renewed and judged at (the Bus's)
+# Where the Bus and the Coordinator import them from.
+__all__ = [
+    "COMMIT_INTERVAL",
+    "Batch",
+    "PartitionWorker",
+    "RetryPolicy",
+    "Sink",
+    "TxOutcome",
+    "WorkerSpec",
+]
 
 
 class PartitionWorker(Actor[WorkerMessage]):
@@ -185,24 +82,10 @@ class PartitionWorker(Actor[WorkerMessage]):
         self._sink = sink
         self._notifier = notifier
         self._coordinator = coordinator
-        self._committer = committer  # handler mode: the member's commits go together through it
         self._epoch: int | None = None
         self._position = 0  # next offset to fetch
-        self._committed = 0  # last committed position (handler mode)
-        # Handler mode: the position handled through (committed at most every COMMIT_INTERVAL).
-        self._handled = 0
-        self._last_commit = 0.0  # loop time of the last commit write
-        self._commit_timer: Timer | None = None
         self._pending: Batch | None = None
         self._fetch_size = spec.fetch_size
-        # Handler mode: the rows left when a handler failed, and the next attempt number.
-        self._retry: tuple[list[asyncpg.Record], int] | None = None
-        self._retry_timer: Timer | None = None
-        self._stopped_on_error = False
-        # Transactional handler mode, after a database error: whether the last transaction
-        # committed is unknown (a COMMIT whose reply was lost), so the position is read back
-        # from the committed offset before anything is fetched again.
-        self._reread = False
         self._log = get_logger(
             __name__,
             group=spec.group,
@@ -211,6 +94,17 @@ class PartitionWorker(Actor[WorkerMessage]):
             topic=spec.topic,
             partition=spec.partition,
         )
+        # Handler mode: the handler, its retries and the commits (poll mode: the consumer commits).
+        self._handler = (
+            HandlerRunner(spec, sink, self, lender, coordinator, committer, self._log)
+            if sink.handler_mode
+            else None
+        )
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the lease this worker holds (None: it holds none)."""
+        return self._epoch
 
     async def on_start(self) -> None:
         ref = self.self_ref
@@ -234,9 +128,9 @@ class PartitionWorker(Actor[WorkerMessage]):
         epoch, self._epoch = self._epoch, None
         committed: int | None = None
         try:
-            self._cancel_commit_timer()
-            if self._sink.handler_mode:
-                position: int | None = max(self._committed, self._handled)
+            if self._handler is not None:
+                self._handler.cancel_commit_timer()
+                position: int | None = max(self._handler.committed, self._handler.handled)
             else:
                 position = self._sink.consumed(self.spec.partition_id, epoch)
                 self._sink.revoked(self.spec.partition_id, epoch)
@@ -266,7 +160,7 @@ class PartitionWorker(Actor[WorkerMessage]):
             committed = None
             self._log.warning("release_failed", error=str(exc))
         finally:
-            if not self._sink.handler_mode:
+            if self._handler is None:
                 self._sink.released(self.spec.partition_id, epoch, committed)
 
     def _wake(self) -> None:
@@ -279,7 +173,7 @@ class PartitionWorker(Actor[WorkerMessage]):
         A worker with a Wake queued is not idle: it reports after that Wake. One without
         the lease, or with a batch the consumer's buffer refused, is woken at every poll.
         """
-        if self._again or self._stopped_on_error:
+        if self._again or (self._handler is not None and self._handler.stopped_on_error):
             return
         watch = (self._epoch, self._position, self._epoch is None or self._pending is not None)
         if watch != self._watch and self._poller.signal(
@@ -309,7 +203,7 @@ class PartitionWorker(Actor[WorkerMessage]):
             case CheckLease():
                 if self._epoch is not None:
                     try:
-                        await self._check_lease()
+                        await self.check_lease()
                     except TRANSIENT_ERRORS as exc:
                         warn_unless_said(self._log, "lease_check_failed", exc)
             case Wake():
@@ -321,7 +215,7 @@ class PartitionWorker(Actor[WorkerMessage]):
                     warn_unless_said(self._log, "fetch_failed", exc)
                     self._resume_from_committed()
             case Seek(offset=offset):
-                if self._epoch is not None and not self._sink.handler_mode:
+                if self._epoch is not None and self._handler is None:
                     self._sink.revoked(self.spec.partition_id, self._epoch)
                 self._pending = None
                 self._position = offset
@@ -334,19 +228,17 @@ class PartitionWorker(Actor[WorkerMessage]):
                 except TRANSIENT_ERRORS as exc:
                     warn_unless_said(self._log, "retry_failed", exc)
                     self._resume_from_committed()
-            case CommitDue(epoch=epoch):
-                self._commit_timer = None
-                if epoch == self._epoch:
-                    try:
-                        await self._commit(self._handled)
-                    except TRANSIENT_ERRORS as exc:
-                        warn_unless_said(self._log, "commit_failed", exc)
-                        self._resume_from_committed()
+            case CommitDue(epoch=epoch) if self._handler is not None:
+                try:
+                    await self._handler.commit_due(epoch)
+                except TRANSIENT_ERRORS as exc:
+                    warn_unless_said(self._log, "commit_failed", exc)
+                    self._resume_from_committed()
         return None
 
     async def _rewind(self) -> bool:
         """Go back to the committed offset: what was handed out past it comes again."""
-        if self._epoch is not None and not self._sink.handler_mode:
+        if self._epoch is not None and self._handler is None:
             self._sink.revoked(self.spec.partition_id, self._epoch)
         self._pending = None
         if self._epoch is None:
@@ -360,7 +252,8 @@ class PartitionWorker(Actor[WorkerMessage]):
             await self._lost()
             return True
         self._position = max(int(row["committed"]), int(row["log_start"]))
-        self._committed = self._handled = self._position
+        if self._handler is not None:
+            self._handler.start_at(self._position)
         self._wake()
         return True
 
@@ -377,19 +270,21 @@ class PartitionWorker(Actor[WorkerMessage]):
         if got is None:
             return False
         self._epoch, self._position = got
-        self._committed = self._handled = self._position
-        self._reread = False
-        if not self._sink.handler_mode:
+        if self._handler is not None:
+            self._handler.start_at(self._position)
+            self._handler.reread = False
+        else:
             self._sink.acquired(self.spec.partition_id, self._epoch, self.self_ref)
         self._log.debug("partition_acquired", epoch=self._epoch, position=self._position)
         return True
 
     async def _work(self) -> None:
-        if self._stopped_on_error or self._retry is not None:
+        handler = self._handler
+        if handler is not None and handler.waiting:
             return  # stopped, or a handler's backoff is running (RetryDue resumes)
-        if self._reread and self._epoch is not None:
+        if handler is not None and handler.reread and self._epoch is not None:
             if await self._rewind():  # the committed offset, or the lease is gone; it wakes us
-                self._reread = False
+                handler.reread = False
             return
         if self._epoch is None and not await self._acquire():
             # The previous owner is still revoking (it commits, then releases);
@@ -415,8 +310,8 @@ class PartitionWorker(Actor[WorkerMessage]):
             return  # idle: the poller checks the lease of every idle worker of the process at once
         self._position = rows[-1]["offset"] + 1
         metrics.fetched(self.spec.group, self.spec.topic, len(rows))
-        if self._sink.handler_mode:
-            await self._run_handler(rows)
+        if handler is not None:
+            await self._run_handler(handler, rows)
         else:
             batch = Batch(
                 self.spec.topic, self.spec.partition, self.spec.partition_id, self._epoch, rows, self.self_ref
@@ -427,7 +322,8 @@ class PartitionWorker(Actor[WorkerMessage]):
         if len(rows) == limit:
             self._wake()
 
-    async def _check_lease(self) -> None:
+    async def check_lease(self) -> None:
+        """Read the lease; if it was taken (or ran out), let the partition go."""
         # On the hot path's lent connection: a pool acquire would add the pool's reset statement.
         row = await leases.state(self._lender, self.spec.group, self.spec.partition_id, self.spec.now())
         if (
@@ -441,179 +337,33 @@ class PartitionWorker(Actor[WorkerMessage]):
     async def _lost(self) -> None:
         self._log.info("lease_lost", epoch=self._epoch)
         metrics.lease_lost(self.spec.group, self.spec.topic)
-        if not self._sink.handler_mode and self._epoch is not None:
+        if self._handler is None and self._epoch is not None:
             self._sink.revoked(self.spec.partition_id, self._epoch)
             self._sink.released(self.spec.partition_id, self._epoch, None)
         self._epoch = None
         self._pending = None
-        self._cancel_retry()
+        if self._handler is not None:
+            self._handler.cancel_retry()
         self._coordinator.signal(LeaseLost(self.spec.partition_id))
 
     def _resume_from_committed(self) -> None:
-        """Handler mode, after a database error: start again after the last message handled.
+        """Handler mode, after a database error: start again after the last message handled."""
+        if self._handler is not None:
+            self._position = self._handler.resume_from_committed()
 
-        The position already points past the fetched batch; whatever of it was
-        not handled (a handler's retry, a dead-letter publish or a fetch failed on
-        the lost connection) must come again, not be skipped. What was handled
-        stays handled: it is not handed to the handler again, and the commit
-        timer is set again for it (a commit that failed is retried). Had the lease
-        been lost meanwhile, its next owner reads from the committed offset
-        (at-least-once).
-        """
-        if self._sink.handler_mode:
-            self._cancel_retry()
-            self._cancel_commit_timer()
-            self._position = self._handled
-            if self._sink.transactional:
-                self._reread = True  # its transaction may have committed: the database says where it is
-            if self._epoch is not None and self._handled > self._committed:
-                self._commit_timer = self.self_ref.schedule_once(COMMIT_INTERVAL, CommitDue(self._epoch))
-
-    def _cancel_retry(self) -> None:
-        self._retry = None
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-            self._retry_timer = None
-
-    async def _run_handler(self, rows: list[asyncpg.Record], attempt: int = 1) -> None:
-        """Hand `rows` to the handler in order; `attempt` is the first row's attempt number.
-
-        A failure with attempts left schedules a RetryDue after the backoff and
-        returns: the worker stays responsive (a revoke or stop never waits
-        behind a backoff), fetches nothing new meanwhile, and resumes at that
-        row when the timer fires.
-        """
-        assert self._epoch is not None
-        if self._sink.transactional:
-            await self._run_transactional(rows)
-            return
-        done = self._committed
-        for index, row in enumerate(rows):
-            while True:
-                try:
-                    await self._sink.handle(self.spec.topic, self.spec.partition, row, attempt)
-                    break
-                except Exception as exc:  # the user's handler: anything may come out
-                    metrics.handler_error(self.spec.group, self.spec.topic)
-                    if attempt < self._sink.retry.max_attempts:
-                        self._log.info(
-                            "handler_retry", offset=row["offset"], attempt=attempt, error=repr(exc)
-                        )
-                        await self._commit(done)
-                        self._retry = (rows[index:], attempt + 1)
-                        self._retry_timer = self.self_ref.schedule_once(
-                            self._sink.retry.delay(attempt), RetryDue(self._epoch)
-                        )
-                        return
-                    if await self._sink.dead_letter(self.spec.topic, self.spec.partition, row, exc, attempt):
-                        self._log.warning(
-                            "dead_lettered", offset=row["offset"], attempts=attempt, error=repr(exc)
-                        )
-                        metrics.dead_lettered(self.spec.group, self.spec.topic)
-                        break
-                    # No dead-letter topic: stop this partition where it is; the
-                    # failed message stays uncommitted for whoever fixes and resumes.
-                    self._log.error(
-                        "partition_stopped", offset=row["offset"], attempts=attempt, error=repr(exc)
-                    )
-                    await self._commit(done)
-                    self._stopped_on_error = True
-                    self._sink.failed(self.spec.topic, self.spec.partition, exc)
-                    self._coordinator.signal(WorkerFailed(self.spec.partition_id, repr(exc)))
-                    return
-            attempt = 1
-            done = row["offset"] + 1
-        await self._commit_soon(done)
-
-    async def _run_transactional(self, rows: list[asyncpg.Record]) -> None:
-        """Hand `rows` to a transactional handler: its writes and the offsets commit together.
-
-        The attempts of a failing message are counted in the database, in that
-        transaction; a retry re-runs from the failing message after the backoff.
-        """
-        assert self._epoch is not None
-        epoch = self._epoch
-        out = await self._sink.handle_transaction(self.spec, epoch, rows, self.spec.now())
-        if out.committed is None:
-            self._position = self._handled  # nothing applied: the new owner (or this one) reads again
-            await self._check_lease()
-            return
-        self._last_commit = asyncio.get_running_loop().time()
-        self._committed = self._handled = max(self._committed, out.committed)
-        if out.failed is None:
-            return
-        row = rows[out.failed]
-        metrics.handler_error(self.spec.group, self.spec.topic)
-        if out.stopped is not None:
-            self._log.error(
-                "partition_stopped", offset=row["offset"], attempts=out.attempts, error=repr(out.stopped)
-            )
-            self._stopped_on_error = True
-            self._sink.failed(self.spec.topic, self.spec.partition, out.stopped)
-            self._coordinator.signal(WorkerFailed(self.spec.partition_id, repr(out.stopped)))
-            return
-        self._retry = (rows[out.failed :], out.attempts + 1)
-        self._retry_timer = self.self_ref.schedule_once(self._sink.retry.delay(out.attempts), RetryDue(epoch))
+    async def _run_handler(
+        self, handler: HandlerRunner, rows: list[asyncpg.Record], attempt: int = 1
+    ) -> None:
+        """Hand `rows` to the handler; a transactional batch that applied nothing is fetched again."""
+        again = await handler.run(rows, attempt)
+        if again is not None:
+            self._position = again
 
     async def _retry_due(self, epoch: int) -> None:
-        if self._retry is None or epoch != self._epoch:
+        handler = self._handler
+        retry = handler.due_retry(epoch) if handler is not None else None
+        if handler is None or retry is None:
             return  # the lease changed since: the new lease starts from the committed offset
-        rows, attempt = self._retry
-        self._retry = None
-        await self._run_handler(rows, attempt)
-        if self._retry is None and not self._stopped_on_error:
+        await self._run_handler(handler, *retry)
+        if not handler.waiting:
             self._wake()
-
-    async def _commit_soon(self, position: int) -> None:
-        """Handler mode, after a batch: commit now if the last commit is COMMIT_INTERVAL old, else on a timer.
-
-        Every commit writes a new version of the group's cursor row; at one
-        commit per message a busy partition writes hundreds a second, and an old
-        snapshot held by any session keeps every one of them (each later read
-        of the row walks them all). Coalescing bounds the versions to a few per
-        second; what was handled and not yet committed is committed when the
-        timer fires or the partition is let go, and comes again only after a
-        crash in between (at-least-once, as any uncommitted message).
-        """
-        self._handled = max(self._handled, position)
-        if self._epoch is None or position <= self._committed:
-            return
-        wait = self._last_commit + COMMIT_INTERVAL - asyncio.get_running_loop().time()
-        if wait <= 0:
-            await self._commit(position)
-        elif self._commit_timer is None:
-            self._commit_timer = self.self_ref.schedule_once(wait, CommitDue(self._epoch))
-
-    def _cancel_commit_timer(self) -> None:
-        if self._commit_timer is not None:
-            self._commit_timer.cancel()
-            self._commit_timer = None
-
-    async def _commit(self, position: int) -> None:
-        if self._epoch is None or position <= self._committed:
-            return
-        self._last_commit = asyncio.get_running_loop().time()
-        if await self._commit_applied(position, self._epoch):
-            self._committed = position
-        else:
-            await self._check_lease()
-
-    async def _commit_applied(self, position: int, epoch: int) -> bool:
-        """Commit through the member's Committer (one statement with its other workers' commits).
-
-        Bounded by the lease time (TimeoutError is a database error: the caller resumes from the
-        last commit); with no Committer, or one that stopped, the worker writes its commit itself.
-        """
-        spec, committer = self.spec, self._committer
-        if committer is not None and committer.is_alive:
-            reply: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(spec.lease_time):
-                    await committer.tell(Commit(spec.member_id, spec.partition_id, position, epoch, reply))
-                    return await reply
-            except ActorStoppedError:
-                pass  # the member is stopping, or the Committer gave up: write it here
-        applied = await leases.commit(
-            self._lender, spec.group, spec.member_id, [(spec.partition_id, position, epoch)], spec.now()
-        )
-        return spec.partition_id in applied

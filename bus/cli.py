@@ -544,7 +544,7 @@ def compact(
     ),
 ) -> None:
     """Run the Spark compaction and archive job with a progress display."""
-    from bus.compact import compact_command, sidecar_command
+    from bus.compaction.command import compact_command, sidecar_command
 
     if every and not status:
         code = sidecar_command(console, master, archive, topics_ or None, every)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -29,7 +30,9 @@ async def test_the_service_walkthrough_runs_and_prints_what_it_says(dsn: str, tm
     schema = "service_" + uuid.uuid4().hex[:8]
     env = {**os.environ, "BUS_DSN": dsn, "BUS_SCHEMA": schema}
     try:
-        proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=180)
+        proc = await asyncio.to_thread(
+            subprocess.run, [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=180
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.splitlines() == expected.splitlines(), proc.stdout
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -33,8 +34,8 @@ async def test_a_readme_script_runs(dsn: str, tmp_path: Path, index: int) -> Non
     schema = "readme_" + uuid.uuid4().hex[:8]
     env = {**os.environ, "BUS_DSN": dsn, "BUS_SCHEMA": schema}
     try:
-        proc = subprocess.run(
-            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+        proc = await asyncio.to_thread(
+            subprocess.run, [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         if 'describe_group("billing")' in code:

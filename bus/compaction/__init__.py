@@ -1,7 +1,8 @@
 """History: the PySpark job that archives records to Parquet and compacts the log.
 
 `run_compaction(dsn, schema, ...)` runs (or resumes) one run; `bus compact`
-and `spark-submit bus/compaction/job.py` call it. See `job.py` for what
+(`command.py`: progress display, status, `--every`) and
+`spark-submit bus/compaction/job.py` call it. See `job.py` for what
 counts as history and how a run survives crashes, `spark.py` for Java 17 and
 the JDBC driver. Its SQL lives in `storage.compaction`.
 """

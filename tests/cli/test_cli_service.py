@@ -65,7 +65,8 @@ async def test_messages_follow_prints_what_is_published_after_it_started(connect
     b = await connect(**FAST)
     await b.create_topic("orders", partitions=1)
     await b.publish("orders", {"n": 0})
-    proc = subprocess.Popen(
+    proc = await asyncio.to_thread(
+        subprocess.Popen,
         [sys.executable, "-m", "bus", "messages", "orders", "--follow", "--json"],
         env=_env(dsn, schema), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

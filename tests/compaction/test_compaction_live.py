@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 import bus
-from bus.compact import compact_command, sidecar_command
 from bus.compaction import run_compaction
+from bus.compaction.command import compact_command, sidecar_command
 from storage.compaction import sql as compaction_sql
 from tests.compaction.compaction_model import SET_COMMITTED, load, make_group
 

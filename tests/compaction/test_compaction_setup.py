@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import bus
-from bus.compact import parse_every
 from bus.compaction import SparkSetupError, jdbc_target, run_compaction
 from bus.compaction.archive import split_ranges
+from bus.compaction.command import parse_every
 from bus.compaction.spark import java_home, jdbc_jar
 from storage.compaction.sql import split_predicate
 from storage.errors import ValidationError

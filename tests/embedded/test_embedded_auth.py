@@ -18,8 +18,8 @@ import asyncpg
 import pytest
 
 import bus
-from bus.server import embedded
 from bus.compaction.spark import jdbc_target
+from bus.server import embedded
 from tests.embedded.helpers import private_home
 
 # Servers of their own, started and stopped by processes: one at a time, with the cores to themselves.

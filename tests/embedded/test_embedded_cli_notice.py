@@ -73,8 +73,13 @@ async def test_server_status_counts_the_processes_that_use_it(home: Path) -> Non
     assert started.returncode == 0, started.stderr[-2000:]
     env = {**os.environ, "BUS_HOME": str(home)}
     env.pop("BUS_DSN", None)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    holder = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-c", _HOLDER],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert await asyncio.wait_for(asyncio.to_thread(holder.stdout.readline), 120) == "ready\n"  # type: ignore[union-attr]

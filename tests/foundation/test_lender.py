@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from bus.testing import eventually
 from storage import db
 from storage.errors import StorageUnavailableError
 from tests.conftest import Connect
@@ -62,8 +63,7 @@ async def test_at_most_size_connections_are_out_and_the_next_borrower_waits(pool
             await release.wait()
 
     holders = [asyncio.create_task(hold()) for _ in range(2)]
-    while holding < 2:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: holding == 2)
     third = asyncio.create_task(lender.fetchval("SELECT 3"))
     await asyncio.sleep(0.1)
     assert not third.done() and lender.borrowed == 2  # waits for a lent one: no third connection

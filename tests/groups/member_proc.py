@@ -26,7 +26,7 @@ async def main() -> None:
         config[k] = float(v) if k != "default_start" else v
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    fh = open(out, "a", buffering=1)
+    fh = await asyncio.to_thread(open, out, "a", buffering=1)
     pid = os.getpid()
 
     async def handler(m: bus.Message) -> None:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import bus
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 Each commit writes a new version of the group's cursor row; a snapshot held by
 any session keeps every version, and every later read of the row walks them.
-The worker coalesces its commits (actors.worker.COMMIT_INTERVAL), and what it
+The worker coalesces its commits (actors.handler_runner.COMMIT_INTERVAL), and what it
 handled is still committed soon after the load stops and when it lets go.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import bus
-from actors import worker
+from actors import handler_runner
 from bus.testing import eventually
 
 # Counts the writes of `committed` with a row per write, in the test's own schema.
@@ -55,13 +55,13 @@ async def test_steady_load_commits_a_few_times_a_second_and_everything_handled_e
     writes = await b.pool.fetchval("SELECT count(*) FROM commit_writes")
     # At most one write per interval over the time the load and its tail really took (a
     # busy machine stretches the 0.6 s); one per message would be 60.
-    bound = loaded / worker.COMMIT_INTERVAL + 3
+    bound = loaded / handler_runner.COMMIT_INTERVAL + 3
     assert 1 <= writes <= bound, (writes, bound)
     await sub.stop()
 
 
 async def test_a_stop_inside_the_interval_commits_what_was_handled(connect, fast, monkeypatch) -> None:
-    monkeypatch.setattr(worker, "COMMIT_INTERVAL", 30.0)  # the stop comes long before the timer
+    monkeypatch.setattr(handler_runner, "COMMIT_INTERVAL", 30.0)  # the stop comes long before the timer
     b = await connect(**fast)
     await b.create_topic("t", partitions=1)
     seen: list[int] = []

@@ -1,14 +1,4 @@
-import asyncio
-
-import bus
-
-
-async def drain(c, n, timeout=10.0):
-    got = []
-    deadline = asyncio.get_running_loop().time() + timeout
-    while len(got) < n and asyncio.get_running_loop().time() < deadline:
-        got.extend(await c.poll(timeout=0.5))
-    return got
+from tests.helpers import drain
 
 
 async def test_single_consumer_reads_everything_in_partition_order(connect, fast) -> None:
@@ -17,7 +7,7 @@ async def test_single_consumer_reads_everything_in_partition_order(connect, fast
     for i in range(40):
         await b.publish("orders", {"i": i}, key=f"k{i % 7}")
     async with b.consumer("g1", topics=["orders"]) as c:
-        got = await drain(c, 40)
+        got = await drain([c], 40)
         assert len(got) == 40
         by_part = {}
         for m in got:
@@ -50,13 +40,13 @@ async def test_auto_commit_is_soft_and_an_explicit_commit_waits_for_the_flush(
 
     monkeypatch.setattr(leases, "commit_all", wrapper)
     async with b.consumer("g1", topics=["orders"]) as c:
-        got = await drain(c, 10)
+        got = await drain([c], 10)
         assert len(got) == 10
         await c.poll(timeout=0.2)  # auto-commit of what the polls returned
         assert durable and not any(durable), durable
         assert await b.pool.fetchval("SELECT sum(committed) FROM offsets WHERE group_name='g1'") == 10
     async with b.consumer("g2", topics=["orders"], auto_commit=False) as c:
-        assert len(await drain(c, 10)) == 10
+        assert len(await drain([c], 10)) == 10
         durable.clear()
         await c.commit()
         assert durable == [True]

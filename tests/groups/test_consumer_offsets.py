@@ -10,17 +10,10 @@ import pytest
 
 import bus
 from bus.errors import ValidationError
+from tests.helpers import drain
 
 T0 = bus.TopicPartition("orders", "0")
 T1 = bus.TopicPartition("orders", "1")
-
-
-async def _poll_until(c: bus.Consumer, want: int, within: float = 10.0) -> list[bus.Message]:
-    got: list[bus.Message] = []
-    deadline = asyncio.get_running_loop().time() + within
-    while len(got) < want and asyncio.get_running_loop().time() < deadline:
-        got += await c.poll(timeout=0.2)
-    return got
 
 
 async def _consumer(connect: Any, fast: dict[str, Any], **kw: Any) -> tuple[bus.Bus, bus.Consumer]:
@@ -39,11 +32,11 @@ async def test_a_paused_partition_is_skipped_by_poll_and_resumes_where_it_stoppe
     try:
         for p in ("0", "1"):
             await b.publish_many("orders", [bus.Outgoing({"i": i}, partition=p) for i in range(5)])
-        first = await _poll_until(c, 1)
+        first = await drain([c], 1, timeout=10.0)
         c.pause(T0)
         assert c.paused() == {T0}
         assert c.assignment() == {T0, T1}  # paused partitions stay assigned
-        got = first + await _poll_until(c, 10, within=1.5)
+        got = first + await drain([c], 10, timeout=1.5)
         from_0 = [m.offset for m in got if m.partition == "0"]
         # Nothing of partition 0 after the pause (what the first poll took before it is all it gives).
         assert [m.offset for m in got if m.partition == "1"] == list(range(5))
@@ -52,7 +45,7 @@ async def test_a_paused_partition_is_skipped_by_poll_and_resumes_where_it_stoppe
         assert [m for m in await c.poll(timeout=0.5) if m.partition == "0"] == []
         c.resume(T0)
         assert c.paused() == set()
-        rest = await _poll_until(c, 6 - before)
+        rest = await drain([c], 6 - before, timeout=10.0)
         assert from_0 + [m.offset for m in rest if m.partition == "0"] == list(range(6))
     finally:
         await c.close()
@@ -79,7 +72,7 @@ async def test_position_committed_and_bounds_follow_polls_commits_and_seeks(
         assert await c.beginning_offsets([T0, T1]) == {T0: 0, T1: 0}
         assert await c.end_offsets([T0, T1]) == {T0: 7, T1: 0}
         assert await c.position(T1) == 0
-        got = [m for m in await _poll_until(c, 1) if m.partition == "0"]
+        got = [m for m in await drain([c], 1, timeout=10.0) if m.partition == "0"]
         assert got and await c.position(T0) == got[-1].offset + 1
         assert await c.committed(T0) == 0  # the cursor starts at the log start; nothing committed yet
         await c.commit()
@@ -89,7 +82,7 @@ async def test_position_committed_and_bounds_follow_polls_commits_and_seeks(
         assert await c.poll(timeout=0.3) == []
         await c.seek_to_beginning()  # every assigned partition
         assert await c.position(T0) == 0
-        again = await _poll_until(c, 7)
+        again = await drain([c], 7, timeout=10.0)
         assert [m.offset for m in again if m.partition == "0"] == list(range(7))
         assert await c.position(T0) == 7
         with pytest.raises(ValidationError, match="no such partition"):

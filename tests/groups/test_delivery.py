@@ -8,7 +8,7 @@ import pytest
 
 import bus
 from bus.testing import eventually
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 
 async def test_a_message_whose_notification_never_came_is_still_delivered_by_the_poll_fallback(

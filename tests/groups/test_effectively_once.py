@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 
 async def test_handler_writes_and_offset_commit_apply_or_roll_back_together(connect, fast, dsn) -> None:

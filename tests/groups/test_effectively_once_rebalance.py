@@ -18,6 +18,7 @@ import pytest
 
 import bus
 from bus.testing import eventually
+from tests.helpers import poll_until
 
 
 @pytest.fixture
@@ -44,17 +45,6 @@ async def _publish(b: bus.Bus, per_partition: int, start: int = 0) -> None:
     for i in range(start, start + per_partition):
         for p in ("0", "1"):
             await b.publish("t", {"i": i}, partition=p)
-
-
-async def _poll_until(c: bus.Consumer, n: int, timeout: float = 20.0) -> list[bus.Message]:  # noqa: ASYNC109
-    got: list[bus.Message] = []
-
-    async def more() -> bool:
-        got.extend(await c.poll(timeout=0.05))
-        return len(got) >= n
-
-    await eventually(more, timeout=timeout, every=0)
-    return got
 
 
 async def _low_level_unit(
@@ -115,12 +105,12 @@ async def test_a_refused_resend_of_an_already_committed_moved_partition_loses_no
     await _publish(b, 4)
     a = await b.consumer("g", topics=["t"], auto_commit=False).start()
     await eventually(lambda: len(a.assignment()) == 2)
-    assert await _low_level_unit(a, conn, table, await _poll_until(a, 8))
+    assert await _low_level_unit(a, conn, table, await poll_until(a, 8))
     b2 = await b.consumer("g", topics=["t"], auto_commit=False).start()
     await eventually(lambda: len(a.assignment()) == 1 and len(b2.assignment()) == 1)
     await _publish(b, 4, start=4)
     kept = next(iter(a.assignment()))
-    batch = await _poll_until(a, 4)
+    batch = await poll_until(a, 4)
     assert {m.partition for m in batch} == {kept.partition}
     # Only the kept partition's rows: the moved partition's committed position is not a move.
     assert await _low_level_unit(a, conn, table, batch)
@@ -148,7 +138,7 @@ async def test_a_partition_that_moved_while_its_batch_was_processed_fails_the_co
         "g", topics=["t"], auto_commit=False, on_revoke=on_revoke if with_on_revoke else None
     ).start()
     await eventually(lambda: len(a.assignment()) == 2)
-    batch = await _poll_until(a, 8)
+    batch = await poll_until(a, 8)
     b2 = await b.consumer("g", topics=["t"], auto_commit=False).start()
     await eventually(lambda: len(a.assignment()) == 1 and len(b2.assignment()) == 1)
     # All 8 rows written, then the commit: refused as a whole, the rows roll back with it.
@@ -169,12 +159,12 @@ async def test_transaction_commits_writes_and_offsets_together_across_a_rebalanc
     await _publish(b, 4)
     a = await b.consumer("g", topics=["t"], auto_commit=False).start()
     await eventually(lambda: len(a.assignment()) == 2)
-    await _poll_until(a, 1)  # fetching is under way
+    await poll_until(a, 1)  # fetching is under way
     await a.rewind()
     refused = False
     with pytest.raises(bus.StaleGenerationError):
         async with a.transaction() as tx:
-            batch = await _poll_until(a, 8)
+            batch = await poll_until(a, 8)
             await _insert(tx.connection, table, batch)
             b2 = await b.consumer("g", topics=["t"], auto_commit=False).start()
             await eventually(lambda: len(a.assignment()) == 1 and len(b2.assignment()) == 1)
@@ -183,7 +173,7 @@ async def test_transaction_commits_writes_and_offsets_together_across_a_rebalanc
     # Rolled back: none of the rows, none of the offsets; the partition still owned comes again.
     assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
     kept = next(iter(a.assignment()))
-    again = await _poll_until(a, 4)
+    again = await poll_until(a, 4)
     assert sorted(m.offset for m in again if m.partition == kept.partition) == [0, 1, 2, 3]
     await a.rewind()
     for c in (a, b2):
@@ -212,12 +202,12 @@ async def test_transaction_rolls_back_and_rewinds_on_the_users_own_error(connect
     await eventually(lambda: len(c.assignment()) == 2)
     with pytest.raises(RuntimeError, match="handler failed"):
         async with c.transaction() as tx:
-            first = await _poll_until(c, 6)
+            first = await poll_until(c, 6)
             await _insert(tx.connection, table, first)
             raise RuntimeError("handler failed")
     assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
     async with c.transaction() as tx:
-        again = await _poll_until(c, 6)
+        again = await poll_until(c, 6)
         assert sorted((m.partition, m.offset) for m in again) == sorted(
             (m.partition, m.offset) for m in first
         )
@@ -237,12 +227,12 @@ async def test_rewind_delivers_what_was_polled_and_not_committed_again(connect, 
     await _publish(b, 5)
     c = await b.consumer("g", topics=["t"], auto_commit=False).start()
     await eventually(lambda: len(c.assignment()) == 2)
-    first = await _poll_until(c, 10)
+    first = await poll_until(c, 10)
     await c.commit()
     await _publish(b, 5, start=5)
-    uncommitted = await _poll_until(c, 10)
+    uncommitted = await poll_until(c, 10)
     await c.rewind()
-    again = await _poll_until(c, 10)
+    again = await poll_until(c, 10)
     assert sorted((m.partition, m.offset) for m in again) == sorted(
         (m.partition, m.offset) for m in uncommitted
     )

@@ -6,7 +6,7 @@ import asyncio
 
 import bus
 from bus.testing import eventually
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 
 async def test_a_fenced_member_joins_again_once_even_when_many_fence_notices_queued_up(connect, fast) -> None:

@@ -7,7 +7,7 @@ import pytest
 import bus
 from bus.testing import eventually
 from storage import leases
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 
 async def test_commit_including_a_partition_that_moved_raises_and_applies_nothing(connect, fast) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 import bus
 from bus.testing import Clock, eventually
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 
 async def test_moving_the_clock_past_a_session_sweeps_the_silent_member(connect, fast) -> None:

@@ -23,7 +23,7 @@ async def test_handler_sees_every_message_in_order_per_partition(connect, fast) 
         await b.publish("t", {"i": i}, partition=str(i % 3))
     sub = await b.subscribe("g", handler, topics=["t"])
     await eventually(lambda: sum(map(len, seen.values())) == 90)
-    for p, vals in seen.items():
+    for vals in seen.values():
         assert vals == sorted(vals)
     await sub.stop()
     committed = await b.pool.fetchval("SELECT sum(committed) FROM offsets WHERE group_name='g'")
@@ -176,11 +176,11 @@ async def test_wildcard_group_picks_up_topics_created_later(connect, fast) -> No
         await b.publish("shop.refunds", b"2", partition="1")
         later = []
         await eventually(
-            lambda: _poll_until(c, later, lambda: any(m.topic == "shop.refunds" for m in later)), timeout=15
+            lambda: _poll_once(c, later, lambda: any(m.topic == "shop.refunds" for m in later)), timeout=15
         )
 
 
-async def _poll_until(c, out, done):
+async def _poll_once(c, out, done):
     out += await c.poll(timeout=0.2)
     return done()
 
@@ -191,9 +191,9 @@ async def test_dynamic_partitions_created_later_are_assigned(connect, fast) -> N
     await b.publish("devices", b"a", partition="dev-1")
     async with b.consumer("g", topics=["devices"]) as c:
         got = []
-        await eventually(lambda: _poll_until(c, got, lambda: len(got) == 1))
+        await eventually(lambda: _poll_once(c, got, lambda: len(got) == 1))
         await b.publish("devices", b"b", partition="dev-2")
-        await eventually(lambda: _poll_until(c, got, lambda: len(got) == 2), timeout=15)
+        await eventually(lambda: _poll_once(c, got, lambda: len(got) == 2), timeout=15)
         assert {m.partition for m in got} == {"dev-1", "dev-2"}
 
 

@@ -74,7 +74,7 @@ async def test_heartbeats_go_on_while_every_pool_connection_is_held(connect, fas
     try:
         while True:  # every connection the pool still has to give
             held.append(await b.pool.acquire(timeout=0.3))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     try:
         assert held

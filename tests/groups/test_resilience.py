@@ -7,7 +7,7 @@ import asyncio
 import asyncpg
 
 import bus
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 
 async def _publish_retrying(b: bus.Bus, payload: dict, partition: str) -> bus.Record:

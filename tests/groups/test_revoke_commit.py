@@ -8,7 +8,7 @@ import pytest
 
 import bus
 from bus.testing import eventually
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 
 async def _committed(b: bus.Bus) -> dict[str, int]:

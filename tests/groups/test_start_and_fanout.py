@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bus
 from bus.testing import eventually
-from tests.groups.helpers import drain
+from tests.helpers import drain
 
 
 async def test_latest_group_that_joined_after_three_old_messages_shows_lag_zero(connect, fast) -> None:

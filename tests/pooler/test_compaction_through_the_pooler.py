@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 import bus
-from bus.compact import compact_command
+from bus.compaction.command import compact_command
 from tests.compaction.compaction_model import load
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 import bus
+from bus.testing import eventually
 from tests.conftest import Connect
 
 
@@ -36,14 +37,6 @@ async def _partitions_locked(
         await conn.close()
 
 
-async def _wait_for(check: Any, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 async def test_concurrent_publishes_are_coalesced_in_call_order(b: bus.Bus) -> None:
     await b.create_topic("t", partitions=1)
     stats = b.producer_stats
@@ -67,10 +60,10 @@ async def test_publishes_gather_while_a_flush_is_in_flight(b: bus.Bus, dsn: str,
     stats = b.producer_stats
     async with _partitions_locked(dsn, schema, "t"):
         blocked = asyncio.create_task(b.publish("t", b"first"))
-        await _wait_for(lambda: stats.pending_calls == 0)  # the first flush is in flight, waiting
+        await eventually(lambda: stats.pending_calls == 0)  # the first flush is in flight, waiting
         await asyncio.sleep(0.05)
         rest = [asyncio.create_task(b.publish("t", b"%d" % i)) for i in range(50)]
-        await _wait_for(lambda: stats.pending_calls == 50)
+        await eventually(lambda: stats.pending_calls == 50)
         flushes = stats.flushes
     await blocked
     recs = await asyncio.gather(*rest)
@@ -247,7 +240,7 @@ async def test_one_wake_up_per_flush(b: bus.Bus, dsn: str, schema: str) -> None:
             tasks = [asyncio.create_task(b.publish("t", b"%d" % i)) for i in range(30)]
             await asyncio.sleep(0.1)
         await asyncio.gather(*tasks)
-        await _wait_for(lambda: len(got) >= 1)
+        await eventually(lambda: len(got) >= 1)
         await asyncio.sleep(0.3)
         # Thirty messages, two flushes: one wake-up each at most (the Announcer may merge the two).
         assert 1 <= len(got) <= 2, got
@@ -298,7 +291,7 @@ async def test_a_lone_flush_notifies_with_its_commit_and_side_by_side_flushes_th
         ids = {r[1]: r[0] for r in rows}
         # Alone: the NOTIFY is part of the flush's own statement (sent by the Producer's backend).
         await b.publish("t", b"alone", partition="0")
-        await _wait_for(lambda: len(got) == 1)
+        await eventually(lambda: len(got) == 1)
         assert got[0] == (got[0][0], ids["0"]) and got[0][0] in b.producer_stats.server_pids
         got.clear()
         # Partition 0's flush waits on a lock; partition 1's flush runs beside it, so its
@@ -307,11 +300,11 @@ async def test_a_lone_flush_notifies_with_its_commit_and_side_by_side_flushes_th
             first = asyncio.create_task(b.publish("t", b"held", partition="0"))
             await asyncio.sleep(0.2)
             await b.publish("t", b"beside", partition="1")
-            await _wait_for(lambda: len(got) == 1)
+            await eventually(lambda: len(got) == 1)
             pid, payload = got[0]
             assert payload == ids["1"] and pid not in b.producer_stats.server_pids
         await first
-        await _wait_for(lambda: len(got) == 2)
+        await eventually(lambda: len(got) == 2)
         assert got[1][1] == ids["0"] and got[1][0] in b.producer_stats.server_pids
     finally:
         await listener.close()
@@ -331,7 +324,7 @@ async def test_flushes_whose_callers_all_gave_up_free_their_slots(b: bus.Bus, ds
             blocked = asyncio.create_task(b.publish("t", b"kept"))
             await asyncio.sleep(0.05)  # its flush is out, waiting on the lock
             gave_up = [asyncio.create_task(b.publish("t", b"dropped")) for _ in range(5)]
-            await _wait_for(lambda: stats.pending_calls == 5)
+            await eventually(lambda: stats.pending_calls == 5)
             for task in gave_up:
                 task.cancel()
             await asyncio.gather(*gave_up, return_exceptions=True)

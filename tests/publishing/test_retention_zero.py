@@ -6,6 +6,7 @@ import asyncio
 from datetime import timedelta
 
 import bus
+from bus.testing import eventually
 from tests.conftest import Connect
 
 
@@ -24,14 +25,6 @@ async def _stored(b: bus.Bus, topic: str) -> list[int]:
             topic,
         )
     ]
-
-
-async def _until(check: object, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if await check():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 async def _poll_commit(c: object, count: int) -> list[bus.Message]:
@@ -58,12 +51,12 @@ async def test_retention_zero_removes_what_every_live_group_committed_past(conne
         await _poll_commit(fast, 10)
         await _poll_commit(slow, 4)
         # The slowest live group holds the rest; what both passed goes at once.
-        await _until(lambda: _stored_is(b, list(range(4, 10))))
+        await eventually(lambda: _stored_is(b, list(range(4, 10))))
         await asyncio.sleep(0.2)  # more cleaner passes remove nothing more
         assert await _stored(b, "t") == list(range(4, 10))
         assert await _log_start(b, "t") == 4
         await _poll_commit(slow, 6)
-        await _until(lambda: _stored_is(b, []))
+        await eventually(lambda: _stored_is(b, []))
         assert await _log_start(b, "t") == 10
         # Readers are told where the log starts now.
         assert await b.read("t", offset=10) == []
@@ -80,5 +73,5 @@ async def test_retention_zero_without_any_group_removes_at_once(connect: Connect
     b = await connect(cleaner_interval=0.05)
     await b.create_topic("t", partitions=1, retention=0)
     await b.publish_many("t", [b"a", b"b"])
-    await _until(lambda: _stored_is(b, []))
+    await eventually(lambda: _stored_is(b, []))
     assert await _log_start(b, "t") == 2

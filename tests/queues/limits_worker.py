@@ -22,7 +22,7 @@ import bus
 
 async def main(dsn: str, schema: str, topic: str, path: str, work: float, idle: float) -> None:
     async with bus.connect(dsn, schema=schema) as b, b.queue_consumer(topic) as q:
-        with open(path, "a", encoding="utf-8") as out:
+        with await asyncio.to_thread(open, path, "a", encoding="utf-8") as out:
             out.write("R\n")
             out.flush()
             quiet_since = time.monotonic()

@@ -27,8 +27,7 @@ async def _run(dsn: str, schema: str, topic: str, tmp: Path, work: float, idle: 
     outs = [tmp / f"w{i}.txt" for i in range(3)]
     procs = [_start(dsn, schema, topic, o, work, idle) for o in outs]
     try:
-        while any(p.poll() is None for p in procs):
-            await asyncio.sleep(0.1)
+        await asyncio.gather(*(asyncio.to_thread(p.wait) for p in procs))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -97,8 +96,7 @@ async def test_a_paused_queue_hands_out_nothing_in_any_process(
         # Before the call: a worker woken by the resume may take before the call returns here.
         resumed_at = time.time()
         await b.admin.resume_queue("jobs")
-        while any(p.poll() is None for p in procs):
-            await asyncio.sleep(0.1)
+        await asyncio.gather(*(asyncio.to_thread(p.wait) for p in procs))
     finally:
         for p in procs:
             if p.poll() is None:

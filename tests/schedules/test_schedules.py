@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 import bus
 from actors.runtime import spawn
 from actors.scheduler import Check, Scheduler, plan
+from bus.testing import eventually
 from tests.conftest import Connect
 
 EVERY_SECOND = "* * * * * *"  # croniter: a sixth field is seconds
@@ -22,10 +22,11 @@ async def ticks(b: bus.Bus, topic: str = "jobs") -> list[datetime]:
 
 
 async def wait_ticks(b: bus.Bus, count: int, timeout: float = 10.0) -> list[datetime]:  # noqa: ASYNC109
-    async with asyncio.timeout(timeout):
-        while len(found := await ticks(b)) < count:
-            await asyncio.sleep(0.05)
-    return found
+    async def enough() -> list[datetime] | None:
+        found = await ticks(b)
+        return found if len(found) >= count else None
+
+    return await eventually(enough, timeout)
 
 
 async def test_each_tick_published_once_with_payload_and_headers(connect: Connect) -> None:
@@ -89,9 +90,7 @@ async def test_replaced_definition_publishes_to_its_new_topic(connect: Connect) 
     await b.create_topic("other", partitions=1)
     await b.schedule("every", cron="0 0 1 1 *", topic="jobs", payload=1)
     await b.schedule("every", cron=EVERY_SECOND, topic="other", payload=2)
-    async with asyncio.timeout(5):
-        while not await b.read("other", 0, 0):
-            await asyncio.sleep(0.05)
+    await eventually(lambda: b.read("other", 0, 0), timeout=5)
     assert await b.read("jobs", 0, 0) == []
 
 

@@ -1,6 +1,6 @@
 """`bus compact`: run the Spark compaction and archive job with a progress display, or show past runs.
 
-The job itself lives in `bus/compaction/` (also runnable with
+The job itself is `job.py` beside it (also runnable with
 `spark-submit bus/compaction/job.py`). Database and schema come from
 `BUS_DSN` / `BUS_SCHEMA` like every command; without `BUS_DSN` the embedded
 server under `$BUS_HOME` is used (it listens on TCP, which JDBC needs).
