@@ -136,7 +136,7 @@ async def test_a_job_whose_worker_process_is_killed_mid_handler_comes_back(
     await b.create_topic("jobs", partitions=1, semantics="queue")
     await b.publish("jobs", {"n": 7})
     marker = tmp_path / "started"
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # noqa: ASYNC220 - started here, polled without blocking
         [sys.executable, "-m", "tests.queues.worker_process", schema, "jobs", str(marker)],
         cwd=ROOT,
         env={**os.environ, "BUS_DSN": dsn},
