@@ -59,6 +59,7 @@ from actors.runtime import Message as ActorMessage
 from bus import queue_features, tracing
 from bus.codec import decode_headers
 from bus.context import context_of
+from bus.queue_expiry import ExpiryBound
 from bus.types import Message, Outgoing
 from storage import db
 from storage import job_features as job_sql
@@ -181,13 +182,13 @@ class _QueueWriter:
         self._limited_topics: set[str] = set()
         # Per topic, below which its range leases were reclaimed: where the takes' scans for leases
         # that ran out start (every take of a topic from this Bus is written here).
-        self._expiry: dict[str, sql.ExpiryBound] = {}
+        self._expiry: dict[str, ExpiryBound] = {}
 
-    def expiry(self, topic: str) -> sql.ExpiryBound:
+    def expiry(self, topic: str) -> ExpiryBound:
         """The bound of `topic`'s scans for range leases that ran out (the first take scans fully)."""
         bound = self._expiry.get(topic)
         if bound is None:
-            bound = self._expiry[topic] = sql.ExpiryBound()
+            bound = self._expiry[topic] = ExpiryBound()
         return bound
 
     def ack(self, jobs: list[_Job], leases: set[int]) -> asyncio.Future[set[tuple[int, int]]]:

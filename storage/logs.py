@@ -2,7 +2,7 @@
 
 The library never configures logging globally. Its loggers are structlog
 loggers wrapped around stdlib loggers named after the module, all under one
-tree, `bus` (`bus.client`, `bus.storage.db`, `bus.actors.worker`, ...), so
+tree, `bus` (`bus.client`, `bus.storage.migrate`, `bus.actors.worker`, ...), so
 `logging.getLogger("bus")` sets the level of every event, and a service's
 own `logging` setup decides what is shown (by default: warnings and errors),
 and a service that configures structlog gets our events with their bound

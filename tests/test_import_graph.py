@@ -131,3 +131,37 @@ def test_import_bus_loads_names_not_the_driver_and_connect_loads_the_bus() -> No
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_storage_imports_nothing_of_the_bus_or_the_actors() -> None:
+    modules = _modules()
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for name, path in modules.items()
+        if name.split(".")[0] == "storage"
+        for target, line, _type_only in _imports(name, path, modules)
+        if target.split(".")[0] in ("bus", "actors")
+    ]
+    assert wrong == []
+
+
+# The modules that may import `bus.client`: the facade and the CLI, which build a Bus.
+FACADE = {"bus", "bus.client", "bus.cli"}
+# Integrations handed a user's Bus: they name its type for annotations only and never import it to run.
+TAKE_A_BUS = {"bus.dashboard", "bus.dashboard.views", "bus.dashboard.web", "bus.faststream"}
+
+
+def test_only_the_facade_and_the_cli_import_the_bus_client() -> None:
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        if name in FACADE:
+            continue
+        for target, line, type_only in _imports(name, path, modules):
+            if target == "bus.client" and not (name in TAKE_A_BUS and type_only):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports bus.client")
+    assert wrong == []
+    # The check sees an import of the client where one is written.
+    probe = ROOT / "bus" / "admin.py"
+    assert all(target != "bus.client" for target, _, _ in _imports("bus.admin", probe, modules))
+    assert any(target == "bus.client" for target, _, _ in _imports("bus.cli", ROOT / "bus" / "cli.py", modules))

@@ -2,7 +2,7 @@
 
 Every statement the bus runs is a constant string; values travel as $n
 parameters. The only identifier ever interpolated is the validated schema
-name in storage/db.py (CREATE SCHEMA during migrations).
+name in storage/migrate.py (CREATE SCHEMA during migrations).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ SQL_WORDS = re.compile(
 )
 # (file, snippet of the interpolated statement): the validated-schema identifier spots.
 ALLOWED = {
-    ("storage/db.py", 'CREATE SCHEMA IF NOT EXISTS "{schema}"'),
-    ("storage/db.py", 'DROP SCHEMA IF EXISTS "{schema}" CASCADE'),  # validate_schema() just before
+    ("storage/migrate.py", 'CREATE SCHEMA IF NOT EXISTS "{schema}"'),
+    ("storage/migrate.py", 'DROP SCHEMA IF EXISTS "{schema}" CASCADE'),  # validate_schema() just before
 }
 
 
@@ -160,7 +160,7 @@ def test_the_checker_catches_formatted_statements() -> None:
     }
     for line, bad in cases.items():
         assert bool(_violations(line + "\n", "storage/probe.py")) is bad, line
-    # The allowed spots are allowed only in storage/db.py.
+    # The allowed spots are allowed only in storage/migrate.py.
     spot = "await conn.execute(f'CREATE SCHEMA IF NOT EXISTS \"{schema}\"')\n"
-    assert _violations(spot, "storage/db.py") == []
+    assert _violations(spot, "storage/migrate.py") == []
     assert _violations(spot, "storage/topics.py") != []

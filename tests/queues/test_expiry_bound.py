@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 
 import bus
+from bus import queue_expiry
 from bus.queues import _writer_of
 from bus.testing import Clock
 from storage import db
@@ -51,12 +52,12 @@ async def test_a_lease_that_ran_out_is_reclaimed_by_a_bounded_take(b: bus.Bus, d
     conn = await db.connect(dsn, schema)
     try:
         t0 = await _server_now(conn) - timedelta(seconds=60)
-        expiry = queue_sql.ExpiryBound(clock=_Ticks())
+        expiry = queue_expiry.ExpiryBound(clock=_Ticks())
         assert expiry.for_take(t0) is None  # the first take scans fully
         first = await queue_sql.take(conn, "jobs", 1, 30.0, "one", ordered=False, now=t0, expiry=expiry)
         assert [j[queue_sql.OFFSET] for j in first] == [0]
         # It reclaimed nothing: the bound moved to the time it judged by, less the margin.
-        assert expiry.bound == t0 - queue_sql.EXPIRY_MARGIN
+        assert expiry.bound == t0 - queue_expiry.EXPIRY_MARGIN
         second = await queue_sql.take(conn, "jobs", 1, 30.0, "two", ordered=False, now=t0, expiry=expiry)
         assert [j[queue_sql.OFFSET] for j in second] == [1]
         assert await _leases(conn) == [(0, 0), (1, 1)]
@@ -67,7 +68,7 @@ async def test_a_lease_that_ran_out_is_reclaimed_by_a_bounded_take(b: bus.Bus, d
         got = await queue_sql.take(conn, "jobs", 10, 30.0, "three", ordered=False, now=later, expiry=expiry)
         assert sorted((j[queue_sql.OFFSET], j[queue_sql.ATTEMPTS]) for j in got) == [(0, 2), (1, 2), (2, 1)]
         assert await _leases(conn) == [(2, 2)]
-        assert expiry.bound == later - queue_sql.EXPIRY_MARGIN
+        assert expiry.bound == later - queue_expiry.EXPIRY_MARGIN
     finally:
         await conn.close()
 
@@ -92,7 +93,7 @@ async def test_ordered_and_limited_takes_reclaim_from_the_bound_and_move_it(
         (plain,) = await queue_sql.take(conn, "jobs", 1, 30.0, "plain", ordered=False, now=t0)
         assert plain[queue_sql.OFFSET] == 0 and plain[queue_sql.LEASE_ID] is not None
         assert await _leases(conn) == [(0, 0)]
-        expiry = queue_sql.ExpiryBound(clock=_Ticks())
+        expiry = queue_expiry.ExpiryBound(clock=_Ticks())
         limited_topics: set[str] = set()
 
         async def take(n: int, now: datetime) -> list[Any]:
@@ -111,7 +112,7 @@ async def test_ordered_and_limited_takes_reclaim_from_the_bound_and_move_it(
 
         (first,) = await take(1, t0)
         assert first[queue_sql.OFFSET] == 1
-        assert expiry.bound == t0 - queue_sql.EXPIRY_MARGIN
+        assert expiry.bound == t0 - queue_expiry.EXPIRY_MARGIN
         assert ("jobs" in limited_topics) == limited
         later = t0 + timedelta(seconds=31)
         assert expiry.for_take(later) is not None
@@ -121,7 +122,7 @@ async def test_ordered_and_limited_takes_reclaim_from_the_bound_and_move_it(
         assert sorted((j[queue_sql.OFFSET], j[queue_sql.ATTEMPTS]) for j in again) == [(0, 2), (1, 2)]
         assert await _leases(conn) == []
         # Moved by that take's report: to the server's time at its start (before `later`), less the margin.
-        assert t0 - queue_sql.EXPIRY_MARGIN < expiry.bound < later - queue_sql.EXPIRY_MARGIN
+        assert t0 - queue_expiry.EXPIRY_MARGIN < expiry.bound < later - queue_expiry.EXPIRY_MARGIN
     finally:
         await conn.close()
 
@@ -138,7 +139,7 @@ async def test_a_lease_a_take_locked_and_let_go_below_the_bound_is_reclaimed_by_
         (job,) = await queue_sql.take(conn, "jobs", 1, 1.0, "gone", ordered=False, now=t0)
         assert job[queue_sql.OFFSET] == 0
         ticks = _Ticks()
-        expiry = queue_sql.ExpiryBound(full_every=10.0, clock=ticks)
+        expiry = queue_expiry.ExpiryBound(full_every=10.0, clock=ticks)
         # Another take locked the run-out lease (SKIP LOCKED: ours passes over it), then rolls back.
         tx = holder.transaction()
         await tx.start()
@@ -179,7 +180,7 @@ async def test_a_lease_written_before_the_scan_and_committed_after_it_is_not_hid
         first, second = sorted(await conn.fetch("SELECT id, name FROM partitions WHERE topic = 'jobs'"))
         assert (first["name"], second["name"]) == ("0", "1")
         t0 = await _server_now(conn) - timedelta(seconds=60)
-        expiry = queue_sql.ExpiryBound(clock=_Ticks())
+        expiry = queue_expiry.ExpiryBound(clock=_Ticks())
         # A slow take: it writes its lease on partition 0 (judged at t0, a 0.1 s timeout) and
         # commits only after our scan below, whose snapshot therefore does not see the lease.
         tx = holder.transaction()
@@ -197,7 +198,7 @@ async def test_a_lease_written_before_the_scan_and_committed_after_it_is_not_hid
         )
         assert [j[queue_sql.PARTITION_ID] for j in got] == [second["id"]]
         await tx.commit()
-        assert expiry.bound == scanned_at - queue_sql.EXPIRY_MARGIN
+        assert expiry.bound == scanned_at - queue_expiry.EXPIRY_MARGIN
         # The next take, bounded, reclaims it: the margin put the bound below its end.
         later = scanned_at + timedelta(seconds=1)
         assert expiry.for_take(later) is not None
@@ -216,7 +217,7 @@ async def test_a_bound_judged_ahead_of_the_server_clock_does_not_hide_a_lease_wr
     conn = await db.connect(dsn, schema)
     try:
         ahead = await _server_now(conn) + timedelta(seconds=100)
-        expiry = queue_sql.ExpiryBound(clock=_Ticks())
+        expiry = queue_expiry.ExpiryBound(clock=_Ticks())
         # Our takes judge by a clock moved ahead (a test's Clock); another taker keeps the
         # server's and leases a job for 1 s.
         (ours,) = await queue_sql.take(conn, "jobs", 1, 30.0, "ours", ordered=False, now=ahead, expiry=expiry)
@@ -283,7 +284,7 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
     report = await db.connect(dsn, schema)
     try:
         await conn.execute(db.GENERIC_PLANS)  # as the Bus's own connections plan
-        expiry = queue_sql.ExpiryBound(clock=_Ticks())
+        expiry = queue_expiry.ExpiryBound(clock=_Ticks())
         (job,) = await queue_sql.take(conn, "jobs", 1, 30.0, "live", ordered=False, expiry=expiry)
         bound = expiry.bound
         assert bound is not None
@@ -349,21 +350,21 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
 
 def test_takes_judged_within_a_quarter_second_of_the_last_scan_skip_theirs() -> None:
     ticks = _Ticks()
-    expiry = queue_sql.ExpiryBound(clock=ticks)
+    expiry = queue_expiry.ExpiryBound(clock=ticks)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     assert expiry.for_take(t0) is None  # the first: full
     expiry.scanned(None, 0, t0)
     bound = expiry.bound
-    assert bound == t0 - queue_sql.EXPIRY_MARGIN
+    assert bound == t0 - queue_expiry.EXPIRY_MARGIN
     # Judged by the test's clock: 0.1 s on, no scan; 0.25 s on, a scan from the bound.
-    assert expiry.for_take(t0 + timedelta(seconds=0.1)) == queue_sql.SKIP_SCAN
-    assert expiry.for_take(t0 + queue_sql.EXPIRY_SCAN_EVERY) == bound
+    assert expiry.for_take(t0 + timedelta(seconds=0.1)) == queue_expiry.SKIP_SCAN
+    assert expiry.for_take(t0 + queue_expiry.EXPIRY_SCAN_EVERY) == bound
     # A skipped scan reports nothing that moves the bound.
-    expiry.scanned(queue_sql.SKIP_SCAN, 0, t0 + timedelta(seconds=5))
+    expiry.scanned(queue_expiry.SKIP_SCAN, 0, t0 + timedelta(seconds=5))
     assert expiry.bound == bound
     # Judged by the server's clock: as far on as the bound's own clock moved.
     ticks.t = 0.1
-    assert expiry.for_take(None) == queue_sql.SKIP_SCAN
+    assert expiry.for_take(None) == queue_expiry.SKIP_SCAN
     ticks.t = 0.3
     assert expiry.for_take(None) == bound
     # A scan that may have left leases behind is followed by another at once.
@@ -373,7 +374,7 @@ def test_takes_judged_within_a_quarter_second_of_the_last_scan_skip_theirs() -> 
 
 def test_an_idle_look_that_found_no_lease_ending_soon_spares_the_next_ones_the_walk() -> None:
     ticks = _Ticks()
-    expiry = queue_sql.ExpiryBound(clock=ticks)
+    expiry = queue_expiry.ExpiryBound(clock=ticks)
     assert expiry.lease_look(None)  # nothing known yet
     expiry.leasing(30.0)
     expiry.looked(None, started=0.0, lease_in=None, within=2.0)
@@ -411,7 +412,7 @@ async def test_an_idle_look_on_the_server_clock_sees_a_lease_another_bus_left_on
     await b.create_topic("jobs", partitions=1, semantics="queue")
     await b.publish("jobs", b"a")
     ticks = _Ticks()
-    expiry = queue_sql.ExpiryBound(clock=ticks)
+    expiry = queue_expiry.ExpiryBound(clock=ticks)
     conn = await db.connect(dsn, schema)
     try:
         assert await queue_sql.seconds_until_visible(conn, "jobs", None, expiry, 2.0) is not None
@@ -434,7 +435,7 @@ def test_full_scans_that_find_nothing_come_less_often_and_one_that_reclaims_brin
     # A full scan walks every lease acked since a snapshot held elsewhere began: while they find
     # nothing (no take failed holding leases), each waits twice as long, up to the longest period.
     ticks = _Ticks()
-    expiry = queue_sql.ExpiryBound(full_every=10.0, clock=ticks, longest=60.0)
+    expiry = queue_expiry.ExpiryBound(full_every=10.0, clock=ticks, longest=60.0)
     judged = datetime(2026, 1, 1, tzinfo=UTC)
 
     def full_scans_until(end: float, reclaim_at: float | None = None) -> list[float]:

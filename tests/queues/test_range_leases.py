@@ -235,7 +235,7 @@ async def test_jobs_of_a_schema_made_before_range_leases_keep_their_state(
     dsn: str, schema: str, drop_schema: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     every = db.migrations()
-    monkeypatch.setattr(db, "migrations", lambda: [m for m in every if m[0] < 13])
+    monkeypatch.setattr("storage.migrate.migrations", lambda: [m for m in every if m[0] < 13])
     old = await bus.connect(dsn, schema=schema)
     try:
         await old.create_topic("jobs", partitions=1, semantics="queue")

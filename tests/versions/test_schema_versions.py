@@ -69,7 +69,7 @@ async def test_a_changed_migration_file_is_refused_with_its_name(
         await db.migrate(conn, schema)
         original = db.migrations()
         edited = [(v, n, sql + "\n-- an edit\n" if v == 3 else sql) for v, n, sql in original]
-        monkeypatch.setattr(db, "migrations", lambda: edited)
+        monkeypatch.setattr("storage.migrate.migrations", lambda: edited)
         with pytest.raises(bus.errors.SchemaVersionError, match=r"003_queues\.sql was changed"):
             await db.migrate(conn, schema)
         status = await db.migration_status(conn, schema)

@@ -1,0 +1,272 @@
+"""Opening connections and pools that run bus statements in the bus schema.
+
+Every connection the bus opens has `search_path` set to the bus schema, so
+every statement in `storage/` is a constant string with unqualified names.
+Through a transaction pooler (PgBouncer) nothing may live in the session:
+`TransactionPooledConnection` names the schema in every transaction instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal, TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from storage.codecs import preload_array_types, setup_connection
+from storage.errors import ConfigurationError, StorageUnavailableError
+from storage.lender import Lender
+from storage.names import validate_schema
+
+#: One connection: a plain one, or one acquired from a pool.
+Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
+#: Anything statements can run on: one connection, or the pool or the Lender (one statement, autocommit).
+Conn: TypeAlias = (
+    "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record] | asyncpg.Pool[asyncpg.Record]"
+    " | Lender"
+)
+
+SHOW_SEARCH_PATH = "SELECT current_setting('search_path')"
+SET_LOCAL_SEARCH_PATH = "SELECT set_config('search_path', $1, true)"
+
+
+def search_path(schema: str) -> str:
+    """The search_path value naming `schema`, quoted so that a mixed-case schema is not folded to lower case."""
+    return '"' + validate_schema(schema) + '"'
+
+
+def server_settings(schema: str, application_name: str = "bus") -> dict[str, str]:
+    """Session settings of every bus connection: the bus schema first on the search_path."""
+    return {"search_path": search_path(schema), "application_name": application_name}
+
+
+@asynccontextmanager
+async def on_schema(conn: Connection, schema: str) -> AsyncIterator[None]:
+    """Run bus statements on a caller's connection (the outbox), whatever its own search_path.
+
+    Inside a transaction (a savepoint when the caller already has one) the
+    bus schema becomes the search_path, and the caller's own is put back
+    before the block ends; on an error the savepoint's rollback restores it.
+    """
+    wanted = search_path(schema)
+    async with conn.transaction():
+        previous = await conn.fetchval(SHOW_SEARCH_PATH)
+        if previous == wanted:
+            yield
+            return
+        await conn.execute(SET_LOCAL_SEARCH_PATH, wanted)
+        yield
+        await conn.execute(SET_LOCAL_SEARCH_PATH, previous)
+
+
+#: How the bus reaches PostgreSQL: directly (None), or through a pooler in session or transaction mode.
+Pooler: TypeAlias = Literal["transaction", "session"] | None
+POOLERS: tuple[Pooler, ...] = (None, "session", "transaction")
+
+
+class TransactionPooledConnection(asyncpg.Connection):
+    """A connection through a pooler in transaction mode (PgBouncer `pool_mode = transaction`).
+
+    Such a pooler gives each transaction whichever server connection is free,
+    so nothing may live in the session: no startup `search_path`, no session
+    `SET`, no named prepared statements (`statement_cache_size=0`). Every
+    statement therefore runs in a transaction that names the bus schema with
+    `SET LOCAL search_path`: a statement outside one gets its own (`BEGIN;
+    SET LOCAL ...`, the statement, `COMMIT`: asyncpg's unnamed statement is
+    parsed and executed under one server connection), and a transaction the
+    bus opens sets it right after its `BEGIN`. `bus_schema` is set on a
+    subclass per schema (`pooled_connection_class`).
+    """
+
+    bus_schema = "bus"
+
+    def _set_local(self) -> str:
+        # An identifier cannot be a bind parameter: the schema is validated (a plain identifier) and quoted.
+        return f"SET LOCAL search_path TO {search_path(self.bus_schema)}"
+
+    async def execute(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109 - asyncpg's signature
+    ) -> str:
+        run = super().execute
+        if args or self.is_in_transaction():
+            return await run(query, *args, timeout=timeout)
+        if query.lstrip()[:5].upper() in ("BEGIN", "START"):  # a transaction's start (asyncpg's Transaction)
+            status = await run(query, timeout=timeout)
+            await run(self._set_local(), timeout=timeout)
+            return status
+        result: str = await self._in_transaction(run(query, timeout=timeout))
+        return result
+
+    async def _do_execute(
+        self,
+        query: str,
+        executor: Any,
+        timeout: Any,  # noqa: ASYNC109 - asyncpg's signature
+        retry: bool = True,
+        **kw: Any,
+    ) -> Any:
+        # asyncpg's one path for statements with parameters (fetch, fetchrow, fetchval, execute, executemany).
+        run = super()._do_execute  # type: ignore[misc]
+        if self.is_in_transaction():
+            return await run(query, executor, timeout, retry, **kw)
+        return await self._in_transaction(run(query, executor, timeout, retry, **kw))
+
+    async def _simple(self, sql: str) -> None:
+        await self._protocol.query(sql, None)  # type: ignore[attr-defined]
+
+    async def _in_transaction(self, statement: Any) -> Any:
+        try:
+            await self._simple("BEGIN; " + self._set_local())
+        except BaseException:
+            statement.close()
+            raise
+        try:
+            result = await statement
+        except BaseException:
+            if not self.is_closed() and self.is_in_transaction():
+                await self._simple("ROLLBACK")
+            raise
+        await self._simple("COMMIT")
+        return result
+
+
+def through_transaction_pooler(conn: Any) -> bool:
+    """Whether `conn` (a connection or a pool's proxy of one) goes through a transaction pooler."""
+    return isinstance(getattr(conn, "_con", conn), TransactionPooledConnection)
+
+
+@functools.cache
+def pooled_connection_class(schema: str) -> type[TransactionPooledConnection]:
+    """The TransactionPooledConnection subclass of `schema` (one per schema, made once)."""
+    validate_schema(schema)
+    return type(
+        f"TransactionPooledConnection_{schema}", (TransactionPooledConnection,), {"bus_schema": schema}
+    )
+
+
+async def _set_session_search_path(conn: asyncpg.Connection, schema: str) -> None:
+    await conn.execute(SET_SESSION_SEARCH_PATH, search_path(schema))
+
+
+SET_SESSION_SEARCH_PATH = "SELECT set_config('search_path', $1, false)"
+
+
+def _connect_kwargs(schema: str, pooler: Pooler) -> dict[str, Any]:
+    """How asyncpg opens a bus connection: startup settings directly, none through a pooler."""
+    if pooler is None:
+        return {"server_settings": server_settings(schema)}
+    if pooler == "transaction":
+        return {"statement_cache_size": 0, "connection_class": pooled_connection_class(schema)}
+    return {}  # session: the search_path is SET once the connection is open (no startup parameters)
+
+
+def _unavailable(exc: BaseException, pooler: Pooler) -> StorageUnavailableError:
+    text = str(exc)
+    if pooler is None and "unsupported startup parameter" in text:
+        return StorageUnavailableError(
+            f"cannot connect to PostgreSQL ({text}): this DSN reaches a connection pooler (PgBouncer); "
+            "pass pooler='transaction' (or pooler='session' for a session pooler) to bus.connect(), "
+            "and direct_dsn= for wake-ups by LISTEN"
+        )
+    return StorageUnavailableError(
+        f"cannot connect to PostgreSQL ({text}); check the DSN and that the server runs"
+    )
+
+
+_DSN_SCHEMES = ("postgresql", "postgres")
+
+
+def check_dsn(dsn: object) -> str:
+    """`dsn` if it is a PostgreSQL URI asyncpg can parse; ConfigurationError (never "retry it") if not.
+
+    A typo in the scheme or a port that is not a number is the service's configuration,
+    not an outage: a retry loop around `connect()` must not spin on it.
+    """
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise ConfigurationError(f"the DSN must be a postgresql:// URI, got {dsn!r}")
+    scheme, sep, rest = dsn.partition("://")
+    if not sep or scheme not in _DSN_SCHEMES:
+        raise ConfigurationError(
+            f"the DSN's scheme must be postgresql:// (or postgres://), got {scheme + sep if sep else dsn[:20]!r}: "
+            "fix BUS_DSN or the dsn= argument (e.g. postgresql://user:password@host:5432/database)"
+        )
+    netloc = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    for host in filter(None, netloc.split(",")):
+        port = host.rsplit("]", 1)[-1].partition(":")[2] if host.startswith("[") else host.partition(":")[2]
+        if port and not port.isdigit():
+            raise ConfigurationError(
+                f"the DSN's port must be a number, got {port!r} in {host!r}: fix the DSN"
+            )
+    return dsn
+
+
+def _configuration(exc: BaseException) -> ConfigurationError:
+    return ConfigurationError(
+        f"the DSN or connection settings are wrong ({exc}); fix them, a retry cannot help"
+    )
+
+
+async def create_pool(
+    dsn: str, schema: str, *, min_size: int = 1, max_size: int = 20, pooler: Pooler = None, **kwargs: Any
+) -> asyncpg.Pool:
+    """An asyncpg pool whose connections run bus statements in `schema` (see `Pooler`)."""
+    check_dsn(dsn)
+    from storage.availability import quiet_pool_floor_retries
+
+    quiet_pool_floor_retries()  # a traceback per reconnect attempt while the server is away: said once instead
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if pooler == "session":
+            await _set_session_search_path(conn, schema)
+        await setup_connection(conn)
+
+    try:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=init, **_connect_kwargs(schema, pooler), **kwargs
+        )
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise _unavailable(exc, pooler) from exc
+    except (asyncpg.ClientConfigurationError, ValueError) as exc:
+        raise _configuration(exc) from exc
+    assert pool is not None
+    return pool
+
+
+async def create_service_pool(dsn: str, *, max_size: int, pooler: Pooler = None) -> asyncpg.Pool:
+    """A pool for the service's own statements: PostgreSQL's default search_path, nothing of the bus's.
+
+    Empty until used (min_size 0). Through a transaction pooler it prepares no statements.
+    """
+    check_dsn(dsn)
+    kwargs: dict[str, Any] = {"statement_cache_size": 0} if pooler == "transaction" else {}
+    try:
+        pool = await asyncpg.create_pool(dsn, min_size=0, max_size=max_size, **kwargs)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise _unavailable(exc, pooler) from exc
+    assert pool is not None
+    return pool
+
+
+async def connect(dsn: str, schema: str, *, pooler: Pooler = None, **kwargs: Any) -> asyncpg.Connection:
+    """One connection that runs bus statements in `schema` (listeners, migrations, the Producer)."""
+    check_dsn(dsn)
+    try:
+        conn: asyncpg.Connection = await asyncpg.connect(dsn, **_connect_kwargs(schema, pooler), **kwargs)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise _unavailable(exc, pooler) from exc
+    except (asyncpg.ClientConfigurationError, ValueError) as exc:
+        raise _configuration(exc) from exc
+    try:
+        if pooler == "session":
+            await _set_session_search_path(conn, schema)
+        await preload_array_types(conn)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
