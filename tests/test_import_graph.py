@@ -131,3 +131,43 @@ def test_import_bus_loads_names_not_the_driver_and_connect_loads_the_bus() -> No
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _faststream_private_uses(source: str) -> list[str]:
+    """What a module reaches of FastStream's private API: imports of `faststream._internal`, name-mangled attributes."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("faststream._internal"):
+            found.append(f"{node.lineno}: from {node.module}")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"{node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name.startswith("faststream._internal")
+            ]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and "__" in node.attr.strip("_"):
+            found.append(f"{node.lineno}: .{node.attr}")  # `_Class__name`: a class's private, mangled name
+    return found
+
+
+def test_only_the_compat_module_of_bus_faststream_uses_faststreams_private_api() -> None:
+    package = ROOT / "bus" / "faststream"
+    compat = package / "_compat.py"
+    assert _faststream_private_uses(compat.read_text(encoding="utf-8")), "_compat.py no longer holds them"
+    wrong = {
+        str(path.relative_to(ROOT)): uses
+        for path in sorted(package.rglob("*.py"))
+        if path != compat and (uses := _faststream_private_uses(path.read_text(encoding="utf-8")))
+    }
+    assert wrong == {}
+    # The check sees each kind of use.
+    assert (
+        len(
+            _faststream_private_uses(
+                "import faststream._internal.constants\n"
+                "from faststream._internal.di import FastDependsConfig\n"
+                "x = sub._SubscriberUsecase__build__middlewares_stack()\n"
+            )
+        )
+        == 3
+    )
