@@ -148,7 +148,18 @@ def test_storage_imports_nothing_of_the_bus_or_the_actors() -> None:
 # The modules that may import `bus.client`: the facade and the CLI, which build a Bus.
 FACADE = {"bus", "bus.client", "bus.cli"}
 # Integrations handed a user's Bus: they name its type for annotations only and never import it to run.
-TAKE_A_BUS = {"bus.dashboard", "bus.dashboard.views", "bus.dashboard.web", "bus.faststream"}
+TAKE_A_BUS = {
+    "bus.dashboard",
+    "bus.dashboard.views",
+    "bus.dashboard.web",
+    "bus.workflows.dashboard",
+    "bus.faststream.configs",
+    "bus.faststream.testing",
+    "bus.faststream.broker.broker",
+    "bus.faststream.broker.router",
+    "bus.faststream.publisher.producer",
+    "bus.faststream.subscriber.usecase",
+}
 
 
 def test_only_the_facade_and_the_cli_import_the_bus_client() -> None:
@@ -164,4 +175,46 @@ def test_only_the_facade_and_the_cli_import_the_bus_client() -> None:
     # The check sees an import of the client where one is written.
     probe = ROOT / "bus" / "admin.py"
     assert all(target != "bus.client" for target, _, _ in _imports("bus.admin", probe, modules))
-    assert any(target == "bus.client" for target, _, _ in _imports("bus.cli", ROOT / "bus" / "cli.py", modules))
+    assert any(
+        target == "bus.client" for target, _, _ in _imports("bus.cli", ROOT / "bus" / "cli.py", modules)
+    )
+
+
+def _faststream_private_uses(source: str) -> list[str]:
+    """What a module reaches of FastStream's private API: imports of `faststream._internal`, name-mangled attributes."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("faststream._internal"):
+            found.append(f"{node.lineno}: from {node.module}")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"{node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name.startswith("faststream._internal")
+            ]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and "__" in node.attr.strip("_"):
+            found.append(f"{node.lineno}: .{node.attr}")  # `_Class__name`: a class's private, mangled name
+    return found
+
+
+def test_only_the_compat_module_of_bus_faststream_uses_faststreams_private_api() -> None:
+    package = ROOT / "bus" / "faststream"
+    compat = package / "_compat.py"
+    assert _faststream_private_uses(compat.read_text(encoding="utf-8")), "_compat.py no longer holds them"
+    wrong = {
+        str(path.relative_to(ROOT)): uses
+        for path in sorted(package.rglob("*.py"))
+        if path != compat and (uses := _faststream_private_uses(path.read_text(encoding="utf-8")))
+    }
+    assert wrong == {}
+    # The check sees each kind of use.
+    assert (
+        len(
+            _faststream_private_uses(
+                "import faststream._internal.constants\n"
+                "from faststream._internal.di import FastDependsConfig\n"
+                "x = sub._SubscriberUsecase__build__middlewares_stack()\n"
+            )
+        )
+        == 3
+    )

@@ -6,10 +6,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from fastapi.datastructures import Default
-from faststream._internal.context import ContextRepo
-from faststream._internal.fastapi.router import StreamRouter
 
-from bus.faststream import BusBroker, BusPublisher, BusSubscriber
+from bus.faststream._compat import ContextRepo, StreamRouter
+from bus.faststream.broker.broker import BusBroker
+from bus.faststream.publisher.usecase import BusPublisher
+from bus.faststream.subscriber.usecase import BusSubscriber
 from bus.types import Message
 
 __all__ = ["BusRouter"]

@@ -1,0 +1,1 @@
+"""The BusBroker, its registrator and the broker-level router."""

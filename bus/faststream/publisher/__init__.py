@@ -1,0 +1,1 @@
+"""A BusBroker's publishers: the producer that writes to the bus, and the publisher itself."""

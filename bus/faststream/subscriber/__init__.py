@@ -1,0 +1,1 @@
+"""A BusBroker's subscribers: their configs, AsyncAPI description and the subscriber itself."""
