@@ -35,10 +35,10 @@
 --   --finalize`): that release moves `partitions.next_offset` under the row's
 --   lock, so every publish locks the row first, as migration 020 did.
 --
--- The functions plan with sequential and bitmap scans off (migrations 024 and
--- 026: the heads table's statistics say nothing of the versions a held
--- snapshot keeps) and without JIT (those settings price every plan far above
--- the JIT thresholds of a server that has it on).
+-- The functions plan with sequential and bitmap scans off (as migrations 024
+-- and 026 explain: the heads table's statistics say nothing of the versions a
+-- held snapshot keeps) and without JIT (those settings price every plan far
+-- above the JIT thresholds of a server that has it on).
 
 ALTER TABLE log_heads ADD COLUMN closed boolean NOT NULL DEFAULT false;
 
