@@ -2,10 +2,10 @@
 
 The other release is built into a virtualenv of its own from `git archive REV`
 (cached under `.bench/` at the top of the checkout, which git ignores; one
-directory per commit, reused by later runs). Each round runs
-`benchmarks/against_worker.py` once under each release's interpreter, the
-other release first, then this checkout, on the same server and with the same
-sizes; each side's best round is reported, with the ratios between them and to
+directory per commit, reused by later runs). Each measurement runs
+`benchmarks/against_worker.py` under each release's interpreter in turn, the
+other release first, then this checkout, for as many rounds as asked, on the
+same server and with the same sizes; each side's best round is reported, with the ratios between them and to
 the raw rows each worker measured in its own process (see the worker for what
 it measures). Rows:
 
@@ -262,13 +262,17 @@ async def run(dsn: str, quick: bool, rev: str | None = None) -> list[Result]:
     count = int(os.environ.get("BUS_BENCH_AGAINST_COUNT", "400" if quick else "6000"))
     seconds = os.environ.get("BUS_BENCH_AGAINST_SECONDS", "2" if quick else "20")
     args = ["--count", str(count), "--outbox", "50" if quick else "1000", "--seconds", seconds]
-    args += ["--shapes", ",".join(f"{c}x{p}" for c, p in SHAPES)]
     other_python = await asyncio.to_thread(release_python, rev)
     mine_python = Path(sys.executable)
     theirs: list[dict[str, Any]] = []
     mine: list[dict[str, Any]] = []
-    for round_no in range(rounds):
-        theirs.append(await run_worker(other_python, dsn, args))
-        mine.append(await run_worker(mine_python, dsn, args))
-        log.info("against_round", round=round_no, release=rev, other=theirs[-1], current=mine[-1])
+    # Alternation per measurement (a worker each), not per whole run: on a shared machine the
+    # load moves within minutes, and a measurement's two sides should meet the same load.
+    measurements = [["--what", "concurrent", "--shapes", f"{c}x{p}"] for c, p in SHAPES]
+    measurements += [["--what", "outbox"], ["--what", "mixed"]]
+    for what in measurements:
+        for round_no in range(rounds):
+            theirs.append(await run_worker(other_python, dsn, args + what))
+            mine.append(await run_worker(mine_python, dsn, args + what))
+            log.info("against_round", round=round_no, release=rev, other=theirs[-1], current=mine[-1])
     return rows(_best(mine), _best(theirs), rev)

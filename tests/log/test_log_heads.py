@@ -1,7 +1,8 @@
 """A partition's head (migration 020): publishing beside a held snapshot, and the previous release's counter.
 
-A publish locks its partition's row, which writes no new version of it, and moves the newest
-row of the partition's head; every 64 publishes a new head row replaces it. So however long
+A publish moves the newest row of the partition's head, whose row lock orders the partition's
+publishers, and writes no version of the partition's row; every 64 publishes a new head row
+replaces it (a publisher that waited for the closing one moves the new one). So however long
 another transaction holds its snapshot, a publish walks at most one head row's versions. The
 previous release moves `partitions.next_offset` itself: those moves allocate from the same head,
 and while that release may run on the schema a publish moves the counter as well.
@@ -57,7 +58,7 @@ async def test_publishing_beside_a_held_snapshot_writes_no_version_of_the_partit
     before = await b.pool.fetchrow(ROW, "t")
     offsets = [(await b.publish("t", b"x")).offset for _ in range(200)]
     assert offsets == list(range(200))
-    # The row was locked 200 times and never rewritten: no version chain for a publish to walk.
+    # The partition's row was never rewritten: no version chain for a publish to walk.
     assert tuple(await b.pool.fetchrow(ROW, "t")) == tuple(before)
     # Head rows took 64 publishes each: generations 0-2 filled, 3 took the last 8; only the
     # newest two are left (a rotation deletes the ones before the generation it closes).
