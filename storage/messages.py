@@ -59,7 +59,7 @@ FROM bumped b CROSS JOIN ts
 # $1 partition id, $2..$4 key, headers, payload arrays, $5 as APPEND's $8.
 APPEND_ONE = """
 WITH p AS (
-    SELECT t.base FROM log_take_offsets_many(ARRAY[$1::bigint], ARRAY[cardinality($4::bytea[])::bigint]) AS t
+    SELECT t.base FROM log_take_offset($1, cardinality($4::bytea[])) AS t(base)
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
@@ -75,7 +75,7 @@ SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL
 # $5 as APPEND's $8.
 APPEND_SINGLE = """
 WITH p AS (
-    SELECT t.base FROM log_take_offsets_many(ARRAY[$1::bigint], '{1}'::bigint[]) AS t
+    SELECT t.base FROM log_take_offset($1, 1) AS t(base)
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (

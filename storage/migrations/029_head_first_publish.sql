@@ -213,6 +213,56 @@ BEGIN
 END
 $$;
 
+-- The first of `n` offsets of partition `pid` (no row: the partition is gone):
+-- log_take_offsets_many for the one partition of a lone publish, without the
+-- arrays and the topic.
+CREATE FUNCTION log_take_offset(pid bigint, n bigint) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    compat boolean;
+    claimed boolean;
+    gen bigint;
+    first bigint;
+    closing boolean;
+BEGIN
+    SELECT COALESCE((SELECT string_to_array(r.min_release, '.')::integer[] < ARRAY[0, 2, 0]
+                     FROM bus_schema_release r), true) INTO compat;
+    IF compat THEN
+        RETURN QUERY SELECT t.base FROM log_take_offsets_many(ARRAY[pid], ARRAY[n]) AS t;
+        RETURN;
+    END IF;
+    UPDATE log_heads h
+    SET next_offset = h.next_offset + n, appends = h.appends + 1, closed = h.appends + 1 >= 64
+    WHERE h.partition_id = pid
+      AND h.generation = (SELECT max(x.generation) FROM log_heads x WHERE x.partition_id = pid)
+      AND NOT h.closed
+    RETURNING h.generation, h.next_offset - n, h.closed INTO gen, first, closing;
+    IF NOT FOUND THEN
+        first := log_head_move(pid, n);
+        IF first IS NULL THEN
+            RETURN;
+        END IF;
+    ELSIF closing THEN
+        INSERT INTO log_heads (partition_id, generation, next_offset) VALUES (pid, gen + 1, first + n);
+        DELETE FROM log_heads WHERE partition_id = pid AND generation = gen - 1;
+    END IF;
+    SELECT p.claimed INTO claimed FROM partitions p WHERE p.id = pid;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF claimed THEN
+        PERFORM 1 FROM partitions p WHERE p.id = pid FOR NO KEY UPDATE;
+        UPDATE offsets SET pending_since = clock_timestamp() WHERE partition_id = pid AND pending_since IS NULL;
+    END IF;
+    RETURN NEXT first;
+END
+$$;
+
 -- One partition (the SQL `publish` function, compaction's bulk append): the same allocation.
 CREATE OR REPLACE FUNCTION log_take_offsets(pid bigint, n bigint)
 RETURNS TABLE (base bigint, topic text)
