@@ -511,6 +511,45 @@ def main(
     if scenario is not None and scenario not in SCENARIOS and _import_scenario_safely(scenario) is None:
         console.print(f"[red]error:[/red] no scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
         return 2
+    server = os.environ.get("BUS_BENCH_SERVER") or None
+    if server is not None and server not in SERVERS:
+        console.print(f"[red]error:[/red] unknown server {server!r}; choose one of {', '.join(SERVERS)}")
+        return 2
+    with _server(server) as started:
+        return _main(names, quick, console, dsn or started, results_dir, today, server)
+
+
+# Servers a run can start for itself (`bus bench --server NAME`): Debian's PostgreSQL 15 with its defaults.
+SERVERS = ("pg15",)
+_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@contextmanager
+def _server(name: str | None) -> Iterator[str | None]:
+    """The DSN of server `name`, started by its script (and stopped after, if it was not running); None: none."""
+    if name is None:
+        yield None
+        return
+    home = Path(os.environ.get("BUS_HOME", "./.bus")).resolve()
+    was_running = (home / name / "data" / "postmaster.pid").is_file()
+    script = str(_SCRIPTS / f"{name}.sh")
+    dsn = subprocess.run([script, "start"], check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        yield dsn
+    finally:
+        if not was_running:
+            subprocess.run([script, "stop"], check=False, capture_output=True)
+
+
+def _main(
+    names: list[str],
+    quick: bool,
+    console: Console,
+    dsn: str | None,
+    results_dir: Path | None,
+    today: date | None,
+    server: str | None,
+) -> int:
     if dsn is None:
         dsn = os.environ.get("BUS_DSN") or None
     if dsn is None:
@@ -537,9 +576,16 @@ def main(
         machine["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     rows = [r for o in outcomes for r in o.rows]
     print_table(console, rows, outcomes)
-    stem = (today or date.today()).isoformat() + ("-quick" if quick else "")
+    # A comparison with another release, or a run on another server, is a file of its own.
+    against = os.environ.get("BUS_BENCH_AGAINST")
+    variant = ("-against-" + re.sub(r"[^A-Za-z0-9._-]", "_", against) if against else "") + (
+        f"-{server}" if server else ""
+    )
+    stem = (today or date.today()).isoformat() + variant + ("-quick" if quick else "")
     target_dir = results_dir or RESULTS_DIR
-    paths = write_results(outcomes, machine, target_dir, stem, quick=quick, update_latest=not quick)
+    paths = write_results(
+        outcomes, machine, target_dir, stem, quick=quick, update_latest=not quick and not variant
+    )
     console.print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 1 if any(o.status == "failed" for o in outcomes) else 0
 

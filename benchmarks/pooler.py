@@ -9,6 +9,13 @@ carries no session state, so every bus statement runs in a transaction that name
 - consume: a subscription draining a 4-partition topic, msg/s;
 - queue drain: two consumers taking 100 and acking each batch, jobs/s.
 
+Beside each, raw asyncpg doing the same work through the same bouncer and directly (a pool of
+the bus's size; through the bouncer without prepared statements, as PgBouncer 1.18 requires):
+8 callers inserting one row each, a reader of 4 partitions that reads 100 rows and stores its
+position per batch, and two consumers that lock 100 jobs (FOR UPDATE SKIP LOCKED) and delete
+them. The raw rows' pooled/direct ratio is the pooler's own cost; the bus's ratio set beside
+it (`vs raw`, target ≥ 0.9×) is what the bus adds to it.
+
 Run it alone with `bus bench pooler` (or `python -m benchmarks.pooler`).
 """
 
@@ -24,9 +31,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
+
 import bus
 from benchmarks.rawpeers import drop_schema
 from benchmarks.result import Result
+from bus.config import Config
+from storage.names import validate_schema
 
 SCENARIO = "pooler"
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pgbouncer.sh"
@@ -98,6 +109,110 @@ async def _drain(b: bus.Bus, n: int) -> float:
     return n / (time.perf_counter() - started)
 
 
+# The raw peers' statements; `{s}` is the run's schema (validated; a transaction pooler keeps no
+# search_path, so every name is qualified).
+RAW_TABLES = """
+CREATE TABLE "{s}".raw_messages (id bigserial PRIMARY KEY, partition int NOT NULL, key text, payload jsonb);
+CREATE INDEX ON "{s}".raw_messages (partition, id);
+CREATE TABLE "{s}".raw_positions (partition int PRIMARY KEY, position bigint NOT NULL);
+CREATE TABLE "{s}".raw_jobs (id bigserial PRIMARY KEY, payload jsonb, locked_until timestamptz);
+"""
+RAW_INSERT = 'INSERT INTO "{s}".raw_messages (partition, key, payload) VALUES ($1, $2, $3::jsonb)'
+RAW_FILL = """
+INSERT INTO "{s}".raw_messages (partition, key, payload)
+SELECT g % 4, g::text, jsonb_build_object('i', g) FROM generate_series($1::int, $2::int - 1) AS g
+"""
+RAW_READ = """
+SELECT id, key, payload FROM "{s}".raw_messages WHERE partition = $1 AND id > $2 ORDER BY id LIMIT 100
+"""
+RAW_POSITION = """
+INSERT INTO "{s}".raw_positions (partition, position) VALUES ($1, $2)
+ON CONFLICT (partition) DO UPDATE SET position = EXCLUDED.position
+"""
+RAW_JOBS = """
+INSERT INTO "{s}".raw_jobs (payload) SELECT jsonb_build_object('i', g) FROM generate_series(1, $1::int) AS g
+"""
+RAW_TAKE = """
+UPDATE "{s}".raw_jobs j SET locked_until = clock_timestamp() + interval '60 seconds'
+WHERE j.id IN (SELECT id FROM "{s}".raw_jobs WHERE locked_until IS NULL OR locked_until < clock_timestamp()
+               ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED)
+RETURNING j.id, j.payload
+"""
+RAW_ACK = 'DELETE FROM "{s}".raw_jobs WHERE id = ANY($1::bigint[])'
+
+
+async def _raw_publish(pool: asyncpg.Pool, s: str, n: int) -> float:
+    sql = RAW_INSERT.format(s=s)
+    started = time.perf_counter()
+
+    async def caller(k: int) -> None:
+        for i in range(k, n, 8):
+            await pool.execute(sql, i % 4, str(i), f'{{"i": {i}}}')
+
+    await asyncio.gather(*(caller(k) for k in range(8)))
+    return n / (time.perf_counter() - started)
+
+
+async def _raw_consume(pool: asyncpg.Pool, s: str, n: int) -> float:
+    await pool.execute(RAW_FILL.format(s=s), 0, n)
+    read, position = RAW_READ.format(s=s), RAW_POSITION.format(s=s)
+    seen = 0
+    started = time.perf_counter()
+
+    async def reader(partition: int) -> None:
+        nonlocal seen
+        after = 0
+        while True:
+            rows = await pool.fetch(read, partition, after)
+            if not rows:
+                return
+            seen += len(rows)
+            after = rows[-1]["id"]
+            await pool.execute(position, partition, after)
+
+    await asyncio.gather(*(reader(p) for p in range(4)))
+    assert seen == n, (seen, n)
+    return n / (time.perf_counter() - started)
+
+
+async def _raw_drain(pool: asyncpg.Pool, s: str, n: int) -> float:
+    await pool.execute(RAW_JOBS.format(s=s), n)
+    take, ack = RAW_TAKE.format(s=s), RAW_ACK.format(s=s)
+    started = time.perf_counter()
+
+    async def consumer() -> None:
+        while True:
+            jobs = await pool.fetch(take)
+            if not jobs:
+                return
+            await pool.execute(ack, [j["id"] for j in jobs])
+
+    await asyncio.gather(consumer(), consumer())
+    return n / (time.perf_counter() - started)
+
+
+async def _raw_side(dsn: str, admin_dsn: str, what: str, n: int, pooled: bool) -> float:
+    """The raw asyncpg peer of one row, on `dsn` (the bouncer when `pooled`), in a schema of its own."""
+    schema = validate_schema("bench_" + uuid.uuid4().hex[:10])
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE SCHEMA "{schema}"')  # validated just above
+        await admin.execute(RAW_TABLES.format(s=schema))
+    finally:
+        await admin.close()
+    size = Config().pool_max_size
+    # Through a transaction pooler a prepared statement may meet another server connection.
+    pool = await asyncpg.create_pool(
+        dsn, min_size=size, max_size=size, statement_cache_size=0 if pooled else 100
+    )
+    try:
+        run = {"publish": _raw_publish, "consume": _raw_consume, "drain": _raw_drain}[what]
+        return await run(pool, schema, n)
+    finally:
+        await pool.close()
+        await drop_schema(admin_dsn, schema)
+
+
 async def _side(dsn: str, what: str, n: int, **config: Any) -> float:
     schema = "bench_" + uuid.uuid4().hex[:10]
     b = await bus.connect(dsn, schema=schema, cleaner_interval=0, **config)
@@ -128,6 +243,8 @@ async def run(dsn: str, quick: bool) -> list[Result]:
                 ):
                     rate = await _side(target, what, n, **config)
                     best[(what, side)] = max(best.get((what, side), 0.0), rate)
+                    raw = await _raw_side(target, dsn, what, n, pooled=side == "pooled")
+                    best[(what, "raw " + side)] = max(best.get((what, "raw " + side), 0.0), raw)
     finally:
         await asyncio.to_thread(subprocess.run, [str(SCRIPT), "stop", work], check=False)
     names = {
@@ -135,18 +252,46 @@ async def run(dsn: str, quick: bool) -> list[Result]:
         "consume": "consume, subscription",
         "drain": "queue drain, 2 x take(100)",
     }
-    return [
-        Result(
-            SCENARIO,
-            f"{names[what]}, through PgBouncer (transaction mode)",
-            best[(what, "pooled")],
-            "msg/s",
-            best[(what, "direct")],
-            "direct",
-            extra={"messages": n},
+    results: list[Result] = []
+    for what, n in sizes.items():
+        bus_ratio = best[(what, "pooled")] / best[(what, "direct")]
+        raw_ratio = best[(what, "raw pooled")] / best[(what, "raw direct")]
+        results.append(
+            Result(
+                SCENARIO,
+                f"{names[what]}, through PgBouncer (transaction mode)",
+                best[(what, "pooled")],
+                "msg/s",
+                best[(what, "direct")],
+                "direct",
+                extra={"messages": n},
+            )
         )
-        for what, n in sizes.items()
-    ]
+        results.append(
+            Result(
+                SCENARIO,
+                f"{names[what]}, raw asyncpg through PgBouncer (transaction mode)",
+                best[(what, "raw pooled")],
+                "msg/s",
+                best[(what, "raw direct")],
+                "raw direct",
+                extra={"messages": n},
+            )
+        )
+        # The bus's pooled/direct ratio against raw asyncpg's: what the bus adds to the pooler's own cost.
+        results.append(
+            Result(
+                SCENARIO,
+                f"{names[what]}, pooled/direct ratio of the bus vs raw asyncpg's",
+                round(bus_ratio, 3),
+                "ratio",
+                round(raw_ratio, 3),
+                "raw asyncpg's ratio",
+                target="≥ 0.9×",
+                extra={"messages": n},
+            )
+        )
+    return results
 
 
 if __name__ == "__main__":
@@ -157,5 +302,6 @@ if __name__ == "__main__":
     target = os.environ.get("BUS_DSN") or ensure_server().dsn
     for row in asyncio.run(run(target, quick="--quick" in sys.argv)):
         print(
-            f"{row.name:60s} {row.value:10.1f} {row.unit} vs {row.baseline:10.1f} direct  ({row.ratio:.2f}x)"
+            f"{row.name:80s} {row.value:10.3f} {row.unit} vs {row.baseline:10.3f} {row.baseline_name}  "
+            f"({row.ratio:.2f}x)"
         )

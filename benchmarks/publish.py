@@ -19,7 +19,8 @@ message on both sides), the same keys (1000 customers) and the same header
 (raw: the same CRC-32 of the key picks the partition number). Each run uses
 a fresh schema `bench_<random>`, dropped afterwards.
 
-Run it alone with `bus bench publish` (or `python -m benchmarks.publish`);
+Run it alone with `bus bench publish` (or `python -m benchmarks.publish`); `bus bench publish
+--against REV` compares this checkout with another release instead (benchmarks/against.py);
 `BUS_BENCH_PUBLISH_SINGLE` overrides the messages per single-publish measurement.
 """
 
@@ -357,7 +358,15 @@ async def memory_run(b: bus.Bus, total: int) -> list[Result]:
 
 
 async def run(dsn: str, quick: bool) -> list[Result]:
-    """The publish scenario: concurrent publishers and publish_many next to raw asyncpg, then the RSS rows."""
+    """The publish scenario: concurrent publishers and publish_many next to raw asyncpg, then the RSS rows.
+
+    With BUS_BENCH_AGAINST set (`bus bench publish --against REV`): this checkout's publish
+    path next to release REV's instead (benchmarks/against.py).
+    """
+    if os.environ.get("BUS_BENCH_AGAINST"):
+        from benchmarks import against
+
+        return await against.run(dsn, quick)
     sizes = QUICK if quick else FULL
     schema = "bench_" + uuid.uuid4().hex[:12]
     defaults = Config()

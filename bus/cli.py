@@ -560,8 +560,17 @@ def bench(
         None, help="publish | groups | queue | fanout | claims | eventstore | compact | xmin (default: all)"
     ),
     quick: bool = typer.Option(False, help="smaller sizes, for a smoke run"),
+    against: str = typer.Option(
+        None,
+        "--against",
+        help="publish: compare with release REV (a virtualenv built from `git archive REV`)",
+    ),
+    server: str = typer.Option(
+        None, "--server", help="pg15: run on Debian's PostgreSQL 15 with its defaults (scripts/pg15.sh)"
+    ),
 ) -> None:
     """Run the benchmark harness from a checkout; writes benchmarks/results/<date>.json and .md there."""
+    import os
     import subprocess
     from pathlib import Path
 
@@ -572,8 +581,18 @@ def bench(
             "bus bench runs from a checkout of the project: cd into it (benchmarks/ is not installed)"
         )
         raise typer.Exit(2)
+    if against and scenario != "publish":
+        console.print("--against compares the publish path: run `bus bench publish --against REV`")
+        raise typer.Exit(2)
     args = [scenario] if scenario else []
-    code = subprocess.call([sys.executable, "-m", "benchmarks", *args, *(["--quick"] if quick else [])])
+    env = dict(os.environ)
+    if against:
+        env["BUS_BENCH_AGAINST"] = against
+    if server:
+        env["BUS_BENCH_SERVER"] = server
+    code = subprocess.call(
+        [sys.executable, "-m", "benchmarks", *args, *(["--quick"] if quick else [])], env=env
+    )
     if code:
         raise typer.Exit(code)
 

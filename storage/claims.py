@@ -49,11 +49,18 @@ ORDER BY p.id
 
 MAX_PARTITION_ID = "SELECT COALESCE(MAX(id), 0) FROM partitions"
 
-# Before a group's first cursors on partitions are made: lock the rows (in id
-# order, waiting for in-flight publishers) and mark them claimed, so that every
-# later publish wakes caught-up cursors there (migration 012). Held until commit.
+# Before a group's first cursors on partitions are made: hold the newest heads
+# of the ones not claimed yet (waiting for in-flight publishers, which move the
+# head first and lock nothing else of an unclaimed partition; migration 029),
+# then lock the rows (in id order) and mark them claimed, so that every later
+# publish wakes caught-up cursors there (migration 012). Heads before rows, in
+# id order, as a publish takes them: no deadlock. Held until commit.
 MARK_CLAIMED = """
-WITH l AS (SELECT id FROM partitions WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE)
+WITH h AS MATERIALIZED (
+    SELECT s.id, log_head_hold(s.id) AS held FROM (SELECT u.id FROM unnest($1::bigint[]) AS u(id) ORDER BY u.id) AS s
+), l AS (
+    SELECT p.id FROM partitions p JOIN h ON h.id = p.id AND h.held ORDER BY p.id FOR NO KEY UPDATE OF p
+)
 UPDATE partitions p SET claimed = true FROM l WHERE p.id = l.id AND NOT p.claimed
 """
 

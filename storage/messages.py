@@ -1,11 +1,11 @@
 """The log: publishing and reading messages.
 
-Offsets come from the partition's head (`log_heads`, migration 020), moved
-under the partition's row lock in the publishing transaction: two publishers
-to one partition serialize on that lock, so offsets are dense and commit in
-offset order (invariant 1). A `bigserial` alone would let offset 8 commit
-before offset 7 and a reader that already moved past 7 would miss it for good.
-The lock writes no new version of the partition's row and a head row takes a
+Offsets come from the partition's head (`log_heads`, migrations 020 and 029),
+moved in the publishing transaction: two publishers to one partition
+serialize on the head row's lock, so offsets are dense and commit in offset
+order (invariant 1). A `bigserial` alone would let offset 8 commit before
+offset 7 and a reader that already moved past 7 would miss it for good. A
+publish writes no version of the partition's row and a head row takes a
 bounded number of publishes before the next one replaces it, so a snapshot
 held open elsewhere does not make publishing slower the longer it stays open.
 A partition's end is its newest head (`p.log_end` for a partition row `p`).
@@ -35,16 +35,13 @@ Target = asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy
 # partition (computed by the caller: no sort or window function here); $6/$7
 # the distinct partition ids and their message counts; $8 a channel to NOTIFY
 # once per partition written (NULL: none; the wake-up goes with the commit,
-# see actors/announcer.py for when that is wanted). Partition rows are
-# locked in id order (no deadlock between two such statements), each head
-# moves once, so offsets are dense and commit in order (invariant 1). Every
+# see actors/announcer.py for when that is wanted). Partition heads are
+# moved in id order (no deadlock between two such statements), each once, so offsets are dense and commit in order (invariant 1). Every
 # message of the statement gets one created_at, and the answer is one row per
 # partition (its first offset) rather than one per message.
 APPEND = """
 WITH bumped AS (
-    SELECT c.pid AS id, t.base
-    FROM (SELECT pid, n FROM unnest($6::bigint[], $7::int[]) AS u(pid, n) ORDER BY pid) AS c
-    CROSS JOIN LATERAL log_take_offsets(c.pid, c.n) AS t
+    SELECT t.id, t.base FROM log_take_offsets_many($6::bigint[], $7::bigint[]) AS t
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
@@ -62,7 +59,7 @@ FROM bumped b CROSS JOIN ts
 # $1 partition id, $2..$4 key, headers, payload arrays, $5 as APPEND's $8.
 APPEND_ONE = """
 WITH p AS (
-    SELECT t.base FROM log_take_offsets($1, cardinality($4::bytea[])) AS t
+    SELECT t.base FROM log_take_offset($1, cardinality($4::bytea[])) AS t(base)
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
@@ -78,7 +75,7 @@ SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL
 # $5 as APPEND's $8.
 APPEND_SINGLE = """
 WITH p AS (
-    SELECT t.base FROM log_take_offsets($1, 1) AS t
+    SELECT t.base FROM log_take_offset($1, 1) AS t(base)
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), m AS (
@@ -92,9 +89,7 @@ SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL
 # `semantics='queue'` topic also gets its job row, in the same statement.
 APPEND_QUEUE = """
 WITH bumped AS (
-    SELECT c.pid AS id, t.base, t.topic
-    FROM (SELECT pid, n FROM unnest($6::bigint[], $7::int[]) AS u(pid, n) ORDER BY pid) AS c
-    CROSS JOIN LATERAL log_take_offsets(c.pid, c.n) AS t
+    SELECT t.id, t.base, t.topic FROM log_take_offsets_many($6::bigint[], $7::bigint[]) AS t
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), rows AS (
@@ -121,9 +116,7 @@ FROM bumped b CROSS JOIN ts
 # others are fresh jobs, leased by range (see storage/queues.py).
 APPEND_QUEUE_TIMED = """
 WITH bumped AS (
-    SELECT c.pid AS id, t.base, t.topic
-    FROM (SELECT pid, n FROM unnest($6::bigint[], $7::int[]) AS u(pid, n) ORDER BY pid) AS c
-    CROSS JOIN LATERAL log_take_offsets(c.pid, c.n) AS t
+    SELECT t.id, t.base, t.topic FROM log_take_offsets_many($6::bigint[], $7::bigint[]) AS t
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), rows AS (
@@ -244,7 +237,8 @@ async def _append(
         return [(pid, first + i, at, None) for i in range(len(partition_ids))]
     counters: defaultdict[int, Iterator[int]] = defaultdict(itertools.count)
     index = [next(counters[pid]) for pid in partition_ids]
-    counts = {pid: next(c) for pid, c in counters.items()}
+    # In partition id order: the heads move in that order (no deadlock between two flushes).
+    counts = {pid: next(counters[pid]) for pid in sorted(counters)}
     args: list[object] = [
         db.int_array(partition_ids),
         keys_arg,

@@ -19,13 +19,14 @@ from tests.conftest import Connect
 async def _partitions_locked(
     dsn: str, schema: str, topic: str, only: str | None = None
 ) -> AsyncIterator[None]:
-    """Hold the topic's partition rows (or only partition `only`) locked, so a flush waits (and callers gather)."""
+    """Hold the heads of the topic's partitions (or only partition `only`) locked, so a flush waits (and callers gather)."""
     conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
     try:
         tx = conn.transaction()
         await tx.start()
         await conn.execute(
-            "SELECT id FROM partitions WHERE topic = $1 AND ($2::text IS NULL OR name = $2) FOR UPDATE",
+            "SELECT h.partition_id FROM log_heads h JOIN partitions p ON p.id = h.partition_id "
+            "WHERE p.topic = $1 AND ($2::text IS NULL OR p.name = $2) FOR UPDATE OF h",
             topic,
             only,
         )
