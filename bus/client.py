@@ -53,6 +53,20 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+# How long `Bus.close` waits for its actors to stop and for each pool's connections to come back;
+# past it the connections are closed at once (a statement a caller still runs gets an error).
+CLOSE_TIMEOUT = 30.0
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    """Close `pool` gracefully, or terminate it when a connection is not given back in CLOSE_TIMEOUT."""
+    try:
+        await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT)
+    except TimeoutError:
+        log.warning("close_pool_timed_out", seconds=CLOSE_TIMEOUT)
+        pool.terminate()
+
+
 T = TypeVar("T")
 
 _SEMANTICS = ("pubsub", "queue")
@@ -165,20 +179,28 @@ class Bus:
             return
         self._closed = True
         if "bus.workflows.engine" in sys.modules:  # workflows load with their first use
-            await sys.modules["bus.workflows.engine"].close_engine(self.context)
+            try:
+                await asyncio.wait_for(
+                    sys.modules["bus.workflows.engine"].close_engine(self.context), CLOSE_TIMEOUT
+                )
+            except TimeoutError:  # runs left here are taken over when their leases lapse
+                log.warning("close_workflows_timed_out", seconds=CLOSE_TIMEOUT)
         if self._cleaner is not None:
             await self._cleaner.stop(drain=False)
         if self._scheduler is not None:
             await self._scheduler.stop(drain=False)
         if self.context.system is not None:
-            await self.context.system.stop()
+            try:
+                await asyncio.wait_for(self.context.system.stop(), CLOSE_TIMEOUT)
+            except TimeoutError:  # an actor still waiting on the database: its work is soft state
+                log.warning("close_actors_timed_out", seconds=CLOSE_TIMEOUT)
         await self.lender.close()
         if self._service_pool is not None:
             if self._service_pool.done() and not self._service_pool.exception():
-                await self._service_pool.result().close()
+                await _close_pool(self._service_pool.result())
             else:
                 self._service_pool.cancel()
-        await self.pool.close()
+        await _close_pool(self.pool)
 
     def health(self) -> Health:
         """Whether this Bus can do its work now ("healthy"), is waiting out a database outage
