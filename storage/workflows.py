@@ -44,9 +44,11 @@ UPDATE workflow_runs
 RETURNING workflow_id, name, version, input, epoch, parent_id, created_at, wake_at
 """
 
+# Only the runs the process still executes ($3): a run it stopped executing (given back after the
+# database went away, with the give-back lost too) must lapse, so that a process takes it over.
 RENEW = """
 UPDATE workflow_runs SET lease_until = clock_timestamp() + make_interval(secs => $2)
- WHERE owner = $1 AND status = 'running'
+ WHERE owner = $1 AND status = 'running' AND workflow_id = ANY($3::text[])
 """
 
 # A closing process lets its runs' leases lapse at once (the reaper gives them back to the queue).
@@ -237,8 +239,8 @@ async def claim(conn: Conn, workflow_id: str, owner: str, lease: float) -> async
     return await conn.fetchrow(CLAIM, workflow_id, owner, lease)
 
 
-async def renew(conn: Conn, owner: str, lease: float) -> None:
-    await conn.execute(RENEW, owner, lease)
+async def renew(conn: Conn, owner: str, lease: float, running: list[str]) -> None:
+    await conn.execute(RENEW, owner, lease, running)
 
 
 async def drop_leases(conn: Conn, owner: str) -> None:

@@ -426,7 +426,7 @@ class Engine:
         while not self._closed:
             try:
                 with db.translate_errors():
-                    await sql.renew(self.ctx.pool, self.owner, self.lease)
+                    await sql.renew(self.ctx.pool, self.owner, self.lease, list(self._runs))
                     await self._reap()
                 await self._ensure_listening()
             except asyncio.CancelledError:
