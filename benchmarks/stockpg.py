@@ -33,7 +33,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 
@@ -262,10 +261,6 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     finally:
         await asyncio.to_thread(server.stop)
     return rows
-
-
-def summary(rows: list[Result]) -> dict[str, Any]:
-    return {r.name: (r.value, r.baseline, r.ratio) for r in rows}
 
 
 if __name__ == "__main__":

@@ -58,12 +58,19 @@ log = get_logger(__name__)
 CLOSE_TIMEOUT = 30.0
 
 
+async def _bounded(step: Awaitable[object], event: str) -> bool:
+    """Await `step` for at most CLOSE_TIMEOUT; False (and `event` logged) when it ran out."""
+    try:
+        await asyncio.wait_for(step, CLOSE_TIMEOUT)
+    except TimeoutError:
+        log.warning(event, seconds=CLOSE_TIMEOUT)
+        return False
+    return True
+
+
 async def _close_pool(pool: asyncpg.Pool) -> None:
     """Close `pool` gracefully, or terminate it when a connection is not given back in CLOSE_TIMEOUT."""
-    try:
-        await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT)
-    except TimeoutError:
-        log.warning("close_pool_timed_out", seconds=CLOSE_TIMEOUT)
+    if not await _bounded(pool.close(), "close_pool_timed_out"):
         pool.terminate()
 
 
@@ -179,21 +186,17 @@ class Bus:
             return
         self._closed = True
         if "bus.workflows.engine" in sys.modules:  # workflows load with their first use
-            try:
-                await asyncio.wait_for(
-                    sys.modules["bus.workflows.engine"].close_engine(self.context), CLOSE_TIMEOUT
-                )
-            except TimeoutError:  # runs left here are taken over when their leases lapse
-                log.warning("close_workflows_timed_out", seconds=CLOSE_TIMEOUT)
+            # runs left here when it runs out are taken over as their leases lapse
+            await _bounded(
+                sys.modules["bus.workflows.engine"].close_engine(self.context), "close_workflows_timed_out"
+            )
         if self._cleaner is not None:
             await self._cleaner.stop(drain=False)
         if self._scheduler is not None:
             await self._scheduler.stop(drain=False)
         if self.context.system is not None:
-            try:
-                await asyncio.wait_for(self.context.system.stop(), CLOSE_TIMEOUT)
-            except TimeoutError:  # an actor still waiting on the database: its work is soft state
-                log.warning("close_actors_timed_out", seconds=CLOSE_TIMEOUT)
+            # an actor still waiting on the database when it runs out holds soft state only
+            await _bounded(self.context.system.stop(), "close_actors_timed_out")
         await self.lender.close()
         if self._service_pool is not None:
             if self._service_pool.done() and not self._service_pool.exception():

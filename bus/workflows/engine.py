@@ -394,21 +394,17 @@ class Engine:
     async def _interrupted(self, ctx: WorkflowContext) -> None:
         """Give back a run the database's absence interrupted; if it is still away, the run's lease lapses."""
         try:
-            with db.translate_errors():
-                async with self.ctx.pool.acquire() as conn, conn.transaction():
-                    queue = await sql.release(conn, ctx.workflow_id, ctx.epoch)
-                    if queue is not None:
-                        await self._kick(conn, queue, ctx.workflow_id, delay=_INTERRUPTED_DELAY)
+            await self._give_back(ctx.workflow_id, ctx.epoch, delay=_INTERRUPTED_DELAY)
         except Exception as exc:  # still away: the lease lapses and a process takes the run over
             self._log.debug("workflow_give_back_failed", workflow_id=ctx.workflow_id, error=repr(exc))
 
-    async def _give_back(self, wid: str, epoch: int) -> None:
-        """A run of a version this process lacks: back to the queue for another process."""
+    async def _give_back(self, wid: str, epoch: int, delay: float = _OTHER_VERSION_DELAY) -> None:
+        """Back to the queue for another process (a run of a version this process lacks, or interrupted)."""
         with db.translate_errors():
             async with self.ctx.pool.acquire() as conn, conn.transaction():
                 queue = await sql.release(conn, wid, epoch)
                 if queue is not None:
-                    await self._kick(conn, queue, wid, delay=_OTHER_VERSION_DELAY)
+                    await self._kick(conn, queue, wid, delay=delay)
 
     async def park(self, ctx: WorkflowContext, wake_at: float) -> None:
         """Park the run until `wake_at` (epoch seconds): a delayed job resumes it. Raises Parked."""
