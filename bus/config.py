@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from storage.errors import ValidationError
-from storage.names import MAX_SECONDS, validate_schema
+from storage.names import MAX_SECONDS, validate_name, validate_schema
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
@@ -53,6 +53,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     direct_dsn: str | None = None
     # How often readers look for work when no wake-up can come by LISTEN (a transaction pooler, no direct_dsn).
     poll_interval: float = 0.25
+    # A name for this process's workflow executor that survives its restarts (a StatefulSet pod's
+    # name, a systemd unit instance); no two running processes may share it. A process started
+    # under it takes back at once the runs it was executing when it died. None: a name of its own
+    # per Bus, and a dead process's runs are taken over when their leases (`lease_time`) lapse.
+    workflow_executor: str | None = None
 
     @property
     def listens(self) -> bool:
@@ -123,6 +128,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
             raise ValidationError(
                 f"invalid configuration: pooler must be None, 'session' or 'transaction', not {self.pooler!r}"
             )
+        if self.workflow_executor is not None:
+            validate_name(self.workflow_executor, "workflow_executor")
         if not 0 < self.poll_interval <= MAX_SECONDS:
             raise ValidationError("invalid configuration: poll_interval must be > 0 (and finite)")
         if not 0 <= self.linger <= 10:

@@ -119,7 +119,10 @@ class Engine:
 
     def __init__(self, ctx: BusContext) -> None:
         self.ctx = ctx
-        self.owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # A named executor (config `workflow_executor`) is the same owner after a restart, so the
+        # process takes its previous incarnation's runs back at once instead of waiting out their leases.
+        self.executor = ctx.config.workflow_executor
+        self.owner = self.executor or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.channel = f"{ctx.config.schema}.workflows"
         self.lease = float(ctx.config.lease_time)
         self.park_after = _PARK_AFTER
@@ -138,6 +141,7 @@ class Engine:
         self._bells: dict[str, _Doorbell] = {}
         self._wakers: list[Any] = []
         self._closed = False
+        self._recovered = asyncio.Event()  # the workers take runs once a named executor took its own back
         self._log = log.bind(owner=self.owner)
 
     # -- registry ------------------------------------------------------------------
@@ -271,6 +275,7 @@ class Engine:
         """Take the queue's jobs and execute their runs, at most `max_runs` at once in this process."""
         from bus.queues import QueueConsumer
 
+        await self._recovered.wait()
         while not self._closed:
             try:
                 await self._queue(queue)
@@ -419,6 +424,7 @@ class Engine:
 
     async def _beat(self) -> None:
         """Renew this process's run leases; put back runs whose process died; keep the LISTEN up."""
+        await self._recover()
         while not self._closed:
             try:
                 with db.translate_errors():
@@ -430,6 +436,25 @@ class Engine:
             except Exception as exc:
                 self._log.warning("workflow_heartbeat_failed", error=repr(exc))
             await asyncio.sleep(max(0.05, self.lease / 3))
+
+    async def _recover(self) -> None:
+        """A named executor starting lets the leases of its previous incarnation's runs lapse at once.
+
+        Nothing of this process runs yet (its workers wait for this), so every running run under its
+        name was left by a process that died or was stopped; the first reap gives them back to their
+        queues. Failing (the database away), the runs come back when their leases lapse.
+        """
+        try:
+            if self.executor is not None:
+                with db.translate_errors():
+                    async with self.ctx.pool.acquire() as conn:
+                        await sql.drop_leases(conn, self.owner)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._log.warning("workflow_recovery_failed", error=repr(exc))
+        finally:
+            self._recovered.set()
 
     async def _reap(self) -> None:
         async with self.ctx.pool.acquire() as conn, conn.transaction():

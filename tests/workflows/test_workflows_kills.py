@@ -27,11 +27,13 @@ KILL_POINTS = ["start"] + [
 
 
 def _spawn(
-    dsn: str, schema: str, out: Path, mode: str, wid: str, kill: bool = False
+    dsn: str, schema: str, out: Path, mode: str, wid: str, kill: bool = False, executor: str | None = None
 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "BUS_DSN": dsn}
     if kill:
         env["WF_KILL"] = "all"
+    if executor is not None:
+        env["WF_EXECUTOR"] = executor
     return subprocess.Popen(
         [sys.executable, "-m", "tests.workflows.worker", schema, str(out), mode, wid],
         cwd=ROOT,
@@ -89,6 +91,37 @@ async def test_a_run_killed_at_every_step_boundary_resumes_and_calls_no_recorded
         (5, "step", 1),
         (6, "transaction", 1),
     ]
+
+
+async def test_a_named_executor_restarted_takes_its_runs_back_before_their_leases_lapse(
+    b: bus.Bus, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    first = _spawn(dsn, schema, tmp_path, "hold", "held", executor="orders-0")
+    deadline = time.monotonic() + 60
+    while _calls(tmp_path)["second"] < 4:  # every run is inside its second step
+        assert time.monotonic() < deadline and first.poll() is None, (
+            "the runs never reached their second step"
+        )
+        await asyncio.sleep(0.05)
+    rows = await b.pool.fetch(
+        "SELECT workflow_id, owner, lease_until FROM workflow_runs WHERE name = 'held' ORDER BY 1"
+    )
+    assert [(r["workflow_id"], r["owner"]) for r in rows] == [(f"held-{i}", "orders-0") for i in range(4)]
+    leases = {r["workflow_id"]: r["lease_until"] for r in rows}  # 60 s from their claim
+    first.kill()
+    first.wait()
+    (tmp_path / "release").touch()  # noqa: ASYNC240
+    second = _spawn(dsn, schema, tmp_path, "hold", "held", executor="orders-0")
+    assert await _wait(second) == 0
+    assert _results(tmp_path) == [[second.pid] * 4]
+    for wid, lease in leases.items():
+        info = await b.admin.workflow(wid)
+        assert info.status == "succeeded" and info.executions == 2, info
+        assert info.finished_at is not None and info.finished_at < lease, (
+            f"{wid} waited for its dead incarnation's lease ({info.finished_at} >= {lease})"
+        )
+    # the first step was recorded before the kill: called once; the second again after it
+    assert _calls(tmp_path) == {"before-nap": 4, "second": 8}
 
 
 async def test_a_parked_sleep_wakes_on_time_after_every_process_died(

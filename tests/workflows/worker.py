@@ -8,6 +8,9 @@ python -m tests.workflows.worker SCHEMA OUT_DIR MODE WORKFLOW_ID
 - `race`: wait for OUT_DIR/go, then start the run WORKFLOW_ID of `counted` and wait for its result.
 - `nap-start`: start the run WORKFLOW_ID of `napper`, and kill itself once it is parked.
 - `serve`: register the workflows and wait for the result of WORKFLOW_ID.
+- `hold`: under the executor name WF_EXECUTOR, with a 60 s lease, start the runs WORKFLOW_ID-0..3 of
+  `held` and wait for their results; their second step blocks for good while OUT_DIR/release does not
+  exist (the first process is killed there; its restart finds the file and finishes them).
 
 Every step call appends a line to OUT_DIR/calls (flushed and synced before the step returns).
 The result goes to OUT_DIR/result-<pid>.
@@ -82,6 +85,17 @@ def register(b: bus.Bus, out: Path) -> None:
     def before() -> None:
         counted_call(out, "before-nap")
 
+    async def second() -> int:
+        counted_call(out, "second")
+        while not (out / "release").exists():  # noqa: ASYNC110 - the test's signal
+            await asyncio.sleep(0.05)
+        return os.getpid()
+
+    @b.workflow("held")
+    async def held(ctx: bus.WorkflowContext) -> int:
+        await ctx.step(before)
+        return int(await ctx.step(second))
+
     @b.workflow("napper")
     async def napper(ctx: bus.WorkflowContext, seconds: float) -> float:
         await ctx.step(before)
@@ -91,7 +105,9 @@ def register(b: bus.Bus, out: Path) -> None:
 
 async def main() -> None:
     schema, out, mode, wid = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-    config = {**FAST, "lease_time": LEASE}
+    config: dict[str, object] = {**FAST, "lease_time": LEASE}
+    if mode == "hold":
+        config.update(lease_time=60.0, workflow_executor=os.environ["WF_EXECUTOR"])
     async with bus.connect(os.environ["BUS_DSN"], schema=schema, **config) as b:
         register(b, out)
         (out / f"ready-{os.getpid()}").write_text(repr(time.time()))
@@ -106,6 +122,13 @@ async def main() -> None:
             while (await b.admin.workflow(wid)).status != "waiting":  # noqa: ASYNC110 - the database's state
                 await asyncio.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
+        elif mode == "hold":
+            runs = [f"{wid}-{i}" for i in range(4)]
+            for run in runs:
+                await b.start_workflow("held", workflow_id=run)
+            results = [await b.workflow_result(run, timeout=90) for run in runs]
+            (out / f"result-{os.getpid()}").write_text(json.dumps(results))
+            return
         result = await b.workflow_result(wid, timeout=90)
         (out / f"result-{os.getpid()}").write_text(json.dumps(result))
 
