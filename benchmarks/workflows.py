@@ -10,6 +10,8 @@ the application's table), started and waited for by 1 and by 32 concurrent calle
   `enqueue_async` and the handle's `get_result`, with its queue polled every 50 ms and results
   every 10 ms (its defaults are 1 s each).
 
+Then the time from a killed worker's restart to its runs resuming (benchmarks/workflows_recovery.py).
+
 Rows: workflows completed per second, start→result p50 and p99, and database transactions per
 workflow (the server's commit and rollback count over the phase, background work included,
 divided by the workflows run: every autocommit statement is one).
@@ -160,4 +162,7 @@ async def run(dsn: str, quick: bool) -> list[Result]:
         ours = await _bus_side(dsn, callers, runs)
         theirs = await asyncio.to_thread(_dbos_side, dsn, callers, runs)
         rows += _rows(callers, ours, theirs)
+    from benchmarks import workflows_recovery
+
+    rows += await workflows_recovery.run(dsn, quick)
     return rows
