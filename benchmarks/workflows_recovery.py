@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -47,7 +48,9 @@ def _second(out: Path) -> None:
         time.sleep(0.02)
 
 
-async def _bus_child(dsn: str, out: Path, phase: str, runs: int, schema: str, lease: float, name: str) -> None:
+async def _bus_child(
+    dsn: str, out: Path, phase: str, runs: int, schema: str, lease: float, name: str
+) -> None:
     import bus
 
     config: dict[str, Any] = {"lease_time": lease, "cleaner_interval": 0}
@@ -125,8 +128,13 @@ def _seconds(out: Path) -> list[float]:
 
 async def _restart(side: str, dsn: str, runs: int, where: str, lease: float, name: str) -> list[float]:
     """Kill the first process with every run inside its second step; the resume delays after the restart."""
-    out = Path(f"/tmp/bus-wf-recovery-{uuid.uuid4().hex[:8]}")
-    out.mkdir()
+    with tempfile.TemporaryDirectory(prefix="bus-wf-recovery-") as tmp:
+        return await _restart_in(Path(tmp), side, dsn, runs, where, lease, name)
+
+
+async def _restart_in(
+    out: Path, side: str, dsn: str, runs: int, where: str, lease: float, name: str
+) -> list[float]:
     first = _spawn(side, dsn, out, "1", runs, where, lease, name)
     try:
         deadline = time.monotonic() + 120
@@ -137,15 +145,12 @@ async def _restart(side: str, dsn: str, runs: int, where: str, lease: float, nam
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    (out / "release").touch()
+    (out / "release").touch()  # noqa: ASYNC240 - a marker file
     started = time.time()
     second = _spawn(side, dsn, out, "2", runs, where, lease, name)
     if await asyncio.to_thread(second.wait, 600) != 0:
         raise RuntimeError(f"{side}: the restarted process failed")
     resumed = sorted(_seconds(out)[runs:])
-    for p in out.iterdir():
-        p.unlink()
-    out.rmdir()
     return [t - started for t in resumed]
 
 
