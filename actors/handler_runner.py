@@ -139,9 +139,12 @@ class HandlerRunner:
                             "handler_retry", offset=row["offset"], attempt=attempt, error=repr(exc)
                         )
                         await self.commit(done)
+                        epoch = self._worker.epoch
+                        if epoch is None:  # the lease went while committing: its next holder retries
+                            return None
                         self._retry = (rows[index:], attempt + 1)
                         self._retry_timer = self._worker.self_ref.schedule_once(
-                            self._sink.retry.delay(attempt), RetryDue(self._worker.epoch)
+                            self._sink.retry.delay(attempt), RetryDue(epoch)
                         )
                         return None
                     if await self._sink.dead_letter(self.spec.topic, self.spec.partition, row, exc, attempt):
