@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 from typing import Any, TypedDict
 
+import anyio
+import anyio.to_thread
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -133,7 +135,7 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
         ok = await _group_with_a_kill(b, console, group, timings, records, messages)
         ok = await _other_modes(b, console) and ok
         dsn, schema, embedded = b.dsn, b.config.schema, b.embedded
-    status = None if embedded is None else await asyncio.to_thread(server_status, embedded.home)
+    status = None if embedded is None else await anyio.to_thread.run_sync(server_status, embedded.home)
     console.rule("[bold]Where the data is")
     console.print(where_the_data_is(dsn, schema, embedded, status), soft_wrap=True)
     return ok
