@@ -28,6 +28,7 @@ from typing import Any, TypedDict
 
 import anyio
 import anyio.to_thread
+from anyio.abc import Process
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -197,22 +198,25 @@ async def _group_with_a_kill(
     for f in files:
         f.touch()
     env = {**os.environ, "BUS_DSN": b.dsn}
-    procs = [
-        subprocess.Popen(  # noqa: ASYNC220 - long-lived children, not awaited
-            _member_cmd(b.config.schema, group, files[i], timings, 2.0),
-            stdout=subprocess.DEVNULL,
-            env=env,
-        )
-        for i in range(3)
-    ]
+    procs: list[Process] = []
     try:
+        for i in range(3):
+            procs.append(
+                await anyio.open_process(
+                    _member_cmd(b.config.schema, group, files[i], timings, 2.0),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=None,  # a member's warnings and errors reach the terminal
+                    env=env,
+                )
+            )
         watch = _Watch(b, group, procs, list(records), first=len(records), rest=messages - len(records))
         with Live(console=console, refresh_per_second=4) as live:
             await watch.run(live, messages)
         console.print()
         return _result(console, files, watch.acked, watch.killed)
     finally:
-        _stop(procs)
+        await stop_members(procs)
 
 
 class _Watch:
@@ -222,7 +226,7 @@ class _Watch:
         self,
         b: bus.Bus,
         group: str,
-        procs: list[subprocess.Popen[bytes]],
+        procs: list[Process],
         acked: list[bus.Record],
         first: int,
         rest: int,
@@ -243,7 +247,7 @@ class _Watch:
             except bus.GroupNotFoundError:
                 await asyncio.sleep(0.2)
                 continue
-            self._maybe_kill(d)
+            await self._maybe_kill(d)
             self._note_takeover(d)
             title = f"group {self.group} · published {len(self.acked)}/{messages}"
             live.update(Group(_lag_table(d, title), self._note()))
@@ -263,15 +267,15 @@ class _Watch:
         )
         self.published += n
 
-    def _maybe_kill(self, d: bus.GroupDescription) -> None:
+    async def _maybe_kill(self, d: bus.GroupDescription) -> None:
         """SIGKILL the first member once three own partitions, the group is stable and 600 were published."""
         owners = {p.owner for p in d.partitions if p.owner}
         if self.killed or len(owners) != 3 or d.state != "stable" or self.published < min(self.rest, 600):
             return
         victim = self.procs[0]
         member = next((m for m in d.members if m.pid == victim.pid), None)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
+        victim.kill()
+        await victim.wait()
         self.killed = {
             "at": time.monotonic(),
             "member": member.member_id if member else "?",
@@ -317,16 +321,21 @@ def _result(console: Console, files: list[Path], acked: list[bus.Record], killed
     return ok
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM the members still running (they leave the group), SIGKILL those that do not exit in 15 s."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+async def stop_members(procs: list[Process], grace: float = 15.0) -> None:
+    """SIGTERM the members still running (they leave the group), SIGKILL those not gone after `grace` s.
+
+    Shielded: on the way out of a cancelled demo the members are still stopped, not left behind.
+    """
+    with anyio.CancelScope(shield=True):
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in procs:
+            with anyio.move_on_after(grace):
+                await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+            await proc.aclose()
 
 
 def where_the_data_is(

@@ -27,7 +27,16 @@ def _argv_names(path: Path) -> set[str]:
             continue
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        if name not in {"Popen", "create_subprocess_exec", "run", "call", "submit_command", "_spawn"}:
+        if name not in {
+            "Popen",
+            "create_subprocess_exec",
+            "open_process",
+            "run",
+            "run_process",
+            "call",
+            "submit_command",
+            "_spawn",
+        }:
             continue
         for arg in node.args:
             for sub in ast.walk(arg):
