@@ -45,7 +45,13 @@ TIMINGS = dict(
 )
 
 
-def _member_cmd(schema: str, group: str, out: Path, timings: dict[str, float], delay_ms: float) -> list[str]:
+def member_command(
+    schema: str, group: str, out: Path, timings: dict[str, float], delay_ms: float
+) -> list[str]:
+    """The argv of one member process: it joins `group` and appends what it handles to `out`.
+
+    The DSN is not in it: the member reads `BUS_DSN`, which other local users cannot see.
+    """
     return [
         sys.executable,
         "-m",
@@ -63,11 +69,13 @@ async def _member(argv: list[str]) -> None:
     schema, group, out, delay_ms, *kvs = argv
     dsn = os.environ["BUS_DSN"]
     config: dict[str, Any] = {"schema": schema, **{k: float(v) for k, v in (kv.split("=", 1) for kv in kvs)}}
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     pid = os.getpid()
     pause = float(delay_ms) / 1000.0
-    with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 - a local file, written line by line
+    # Opened first: a SIGTERM that arrives while the member still connects waits in the receiver.
+    with (
+        anyio.open_signal_receiver(signal.SIGTERM) as signals,
+        open(out, "a", buffering=1) as fh,  # noqa: ASYNC230 - a local file, written line by line
+    ):
 
         async def handler(m: bus.Message) -> None:
             if pause:
@@ -76,7 +84,8 @@ async def _member(argv: list[str]) -> None:
 
         async with bus.connect(dsn, **config) as b:
             sub = await b.subscribe(group, handler, topics=[TOPIC], batch_size=50)
-            await stop.wait()
+            async for _ in signals:
+                break
             await sub.stop()
 
 
@@ -203,7 +212,7 @@ async def _group_with_a_kill(
         for i in range(3):
             procs.append(
                 await anyio.open_process(
-                    _member_cmd(b.config.schema, group, files[i], timings, 2.0),
+                    member_command(b.config.schema, group, files[i], timings, 2.0),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=None,  # a member's warnings and errors reach the terminal
@@ -238,9 +247,12 @@ class _Watch:
 
     async def run(self, live: Live, messages: int) -> None:
         """Until the backlog is drained after a takeover (at most 120 s)."""
+        with anyio.move_on_after(120):
+            await self._until_drained(live, messages)
+
+    async def _until_drained(self, live: Live, messages: int) -> None:
         done_at: float | None = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while True:
             await self._publish_some()
             try:
                 d = await self.b.admin.describe_group(self.group)
