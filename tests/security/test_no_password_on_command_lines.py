@@ -15,6 +15,7 @@ SPAWNERS = [
     "tests/queues/test_queue_limits_processes.py",
     "tests/groups/test_failover.py",
     "bus/demo.py",
+    "bus/compaction/spark.py",
 ]
 
 
@@ -35,6 +36,7 @@ def _argv_names(path: Path) -> set[str]:
             "run_process",
             "call",
             "submit_command",
+            "run_submit",
             "_spawn",
         }:
             continue
