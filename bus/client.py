@@ -1217,11 +1217,11 @@ class _Connector:
         dsn = self._dsn or os.environ.get("BUS_DSN") or None
         embedded = None
         if dsn is None:
-            import anyio.to_thread
-
             from bus.server.embedded import ensure_server
 
-            embedded = await anyio.to_thread.run_sync(ensure_server)
+            # asyncio's thread, not anyio's: every `bus` command on the embedded server comes here, and
+            # loading anyio's backend (about 20 ms) would cost a command that prints a table ~5 %.
+            embedded = await asyncio.to_thread(ensure_server)
             dsn = embedded.dsn
         pooler = cast("db.Pooler", config.pooler)
         with db.translate_errors():
