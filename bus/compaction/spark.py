@@ -29,11 +29,8 @@ import signal
 import subprocess
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
-
-import anyio
-from anyio.abc import ByteReceiveStream
 
 from storage.errors import BusError, ValidationError
 from storage.names import validate_schema
@@ -41,6 +38,9 @@ from storage.names import validate_schema
 DEBIAN_JAVA_17 = "/usr/lib/jvm/java-17-openjdk-amd64"
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
 JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream
 
 
 class SparkSetupError(BusError):
@@ -180,6 +180,8 @@ async def run_submit(
     shutdown) kills the whole group, not only the launcher, so no driver is left behind holding
     the run's lock and connections.
     """
+    import anyio  # here: the job itself (job.py, under spark-submit) imports this module too
+
     argv, env = submit_command(job_args, master=master, jdbc_jar_path=jdbc_jar_path)
     env["BUS_DSN"] = dsn
     proc = await anyio.open_process(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
