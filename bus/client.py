@@ -1219,6 +1219,8 @@ class _Connector:
         if dsn is None:
             from bus.server.embedded import ensure_server
 
+            # asyncio's thread, not anyio's: every `bus` command on the embedded server comes here, and
+            # loading anyio's backend (about 20 ms) would cost a command that prints a table ~5 %.
             embedded = await asyncio.to_thread(ensure_server)
             dsn = embedded.dsn
         pooler = cast("db.Pooler", config.pooler)

@@ -26,6 +26,9 @@ import uuid
 from pathlib import Path
 from typing import Any, TypedDict
 
+import anyio
+import anyio.to_thread
+from anyio.abc import Process
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -42,7 +45,13 @@ TIMINGS = dict(
 )
 
 
-def _member_cmd(schema: str, group: str, out: Path, timings: dict[str, float], delay_ms: float) -> list[str]:
+def member_command(
+    schema: str, group: str, out: Path, timings: dict[str, float], delay_ms: float
+) -> list[str]:
+    """The argv of one member process: it joins `group` and appends what it handles to `out`.
+
+    The DSN is not in it: the member reads `BUS_DSN`, which other local users cannot see.
+    """
     return [
         sys.executable,
         "-m",
@@ -60,11 +69,13 @@ async def _member(argv: list[str]) -> None:
     schema, group, out, delay_ms, *kvs = argv
     dsn = os.environ["BUS_DSN"]
     config: dict[str, Any] = {"schema": schema, **{k: float(v) for k, v in (kv.split("=", 1) for kv in kvs)}}
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     pid = os.getpid()
     pause = float(delay_ms) / 1000.0
-    with open(out, "a", buffering=1) as fh:  # noqa: ASYNC230 - a local file, written line by line
+    # Opened first: a SIGTERM that arrives while the member still connects waits in the receiver.
+    with (
+        anyio.open_signal_receiver(signal.SIGTERM) as signals,
+        open(out, "a", buffering=1) as fh,  # noqa: ASYNC230 - a local file, written line by line
+    ):
 
         async def handler(m: bus.Message) -> None:
             if pause:
@@ -73,7 +84,8 @@ async def _member(argv: list[str]) -> None:
 
         async with bus.connect(dsn, **config) as b:
             sub = await b.subscribe(group, handler, topics=[TOPIC], batch_size=50)
-            await stop.wait()
+            async for _ in signals:
+                break
             await sub.stop()
 
 
@@ -133,7 +145,7 @@ async def run_demo(console: Console, messages: int = 6000, fast: bool = False) -
         ok = await _group_with_a_kill(b, console, group, timings, records, messages)
         ok = await _other_modes(b, console) and ok
         dsn, schema, embedded = b.dsn, b.config.schema, b.embedded
-    status = None if embedded is None else await asyncio.to_thread(server_status, embedded.home)
+    status = None if embedded is None else await anyio.to_thread.run_sync(server_status, embedded.home)
     console.rule("[bold]Where the data is")
     console.print(where_the_data_is(dsn, schema, embedded, status), soft_wrap=True)
     return ok
@@ -195,22 +207,25 @@ async def _group_with_a_kill(
     for f in files:
         f.touch()
     env = {**os.environ, "BUS_DSN": b.dsn}
-    procs = [
-        subprocess.Popen(  # noqa: ASYNC220 - long-lived children, not awaited
-            _member_cmd(b.config.schema, group, files[i], timings, 2.0),
-            stdout=subprocess.DEVNULL,
-            env=env,
-        )
-        for i in range(3)
-    ]
+    procs: list[Process] = []
     try:
+        for i in range(3):
+            procs.append(
+                await anyio.open_process(
+                    member_command(b.config.schema, group, files[i], timings, 2.0),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=None,  # a member's warnings and errors reach the terminal
+                    env=env,
+                )
+            )
         watch = _Watch(b, group, procs, list(records), first=len(records), rest=messages - len(records))
         with Live(console=console, refresh_per_second=4) as live:
             await watch.run(live, messages)
         console.print()
         return _result(console, files, watch.acked, watch.killed)
     finally:
-        _stop(procs)
+        await stop_members(procs)
 
 
 class _Watch:
@@ -220,7 +235,7 @@ class _Watch:
         self,
         b: bus.Bus,
         group: str,
-        procs: list[subprocess.Popen[bytes]],
+        procs: list[Process],
         acked: list[bus.Record],
         first: int,
         rest: int,
@@ -232,16 +247,19 @@ class _Watch:
 
     async def run(self, live: Live, messages: int) -> None:
         """Until the backlog is drained after a takeover (at most 120 s)."""
+        with anyio.move_on_after(120):
+            await self._until_drained(live, messages)
+
+    async def _until_drained(self, live: Live, messages: int) -> None:
         done_at: float | None = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while True:
             await self._publish_some()
             try:
                 d = await self.b.admin.describe_group(self.group)
             except bus.GroupNotFoundError:
                 await asyncio.sleep(0.2)
                 continue
-            self._maybe_kill(d)
+            await self._maybe_kill(d)
             self._note_takeover(d)
             title = f"group {self.group} · published {len(self.acked)}/{messages}"
             live.update(Group(_lag_table(d, title), self._note()))
@@ -261,15 +279,15 @@ class _Watch:
         )
         self.published += n
 
-    def _maybe_kill(self, d: bus.GroupDescription) -> None:
+    async def _maybe_kill(self, d: bus.GroupDescription) -> None:
         """SIGKILL the first member once three own partitions, the group is stable and 600 were published."""
         owners = {p.owner for p in d.partitions if p.owner}
         if self.killed or len(owners) != 3 or d.state != "stable" or self.published < min(self.rest, 600):
             return
         victim = self.procs[0]
         member = next((m for m in d.members if m.pid == victim.pid), None)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
+        victim.kill()
+        await victim.wait()
         self.killed = {
             "at": time.monotonic(),
             "member": member.member_id if member else "?",
@@ -315,16 +333,21 @@ def _result(console: Console, files: list[Path], acked: list[bus.Record], killed
     return ok
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM the members still running (they leave the group), SIGKILL those that do not exit in 15 s."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+async def stop_members(procs: list[Process], grace: float = 15.0) -> None:
+    """SIGTERM the members still running (they leave the group), SIGKILL those not gone after `grace` s.
+
+    Shielded: on the way out of a cancelled demo the members are still stopped, not left behind.
+    """
+    with anyio.CancelScope(shield=True):
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in procs:
+            with anyio.move_on_after(grace):
+                await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+            await proc.aclose()
 
 
 def where_the_data_is(

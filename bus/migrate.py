@@ -9,7 +9,6 @@ on it and the schema stops keeping what only that release reads.
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 from rich.console import Console
@@ -23,9 +22,11 @@ async def _dsn() -> str:
     dsn = os.environ.get("BUS_DSN")
     if dsn:
         return dsn
+    import anyio.to_thread
+
     from bus.server.embedded import ensure_server
 
-    return (await asyncio.to_thread(ensure_server, keep=True)).dsn
+    return (await anyio.to_thread.run_sync(lambda: ensure_server(keep=True))).dsn
 
 
 async def migrate_command(console: Console, *, status: bool, dry_run: bool, finalize: bool = False) -> None:

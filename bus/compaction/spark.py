@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
+from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from storage.errors import BusError, ValidationError
@@ -36,6 +38,9 @@ from storage.names import validate_schema
 DEBIAN_JAVA_17 = "/usr/lib/jvm/java-17-openjdk-amd64"
 DEBIAN_JDBC_JAR = "/usr/share/java/postgresql.jar"
 JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream
 
 
 class SparkSetupError(BusError):
@@ -162,6 +167,48 @@ def submit_command(
     argv += ["--jars", jar] if jar else ["--packages", JDBC_PACKAGE]
     job = Path(__file__).with_name("job.py")
     return [*argv, str(job), *job_args], env
+
+
+async def run_submit(
+    job_args: list[str], *, dsn: str, master: str = "local[*]", jdbc_jar_path: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the job with `spark-submit` until it exits: its exit code and output (stdout, stderr).
+
+    The DSN reaches the job as `BUS_DSN` in its environment, never on its command line, which
+    every local user can read. spark-submit's JVM starts the Python driver, which starts Python
+    workers; they all run in a process group of their own, and a cancelled call (a deadline, a
+    shutdown) kills the whole group, not only the launcher, so no driver is left behind holding
+    the run's lock and connections.
+    """
+    import anyio  # here: the job itself (job.py, under spark-submit) imports this module too
+
+    argv, env = submit_command(job_args, master=master, jdbc_jar_path=jdbc_jar_path)
+    env["BUS_DSN"] = dsn
+    proc = await anyio.open_process(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    out, err = bytearray(), bytearray()
+    try:
+        async with anyio.create_task_group() as tg:
+            assert proc.stdout is not None and proc.stderr is not None
+            tg.start_soon(_drain, proc.stdout, out)
+            tg.start_soon(_drain, proc.stderr, err)
+            await proc.wait()
+    except BaseException:
+        # The group's id is the launcher's pid; it cannot be reused while one of the job's processes lives.
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        with anyio.CancelScope(shield=True):
+            await proc.aclose()
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(
+        argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    )
+
+
+async def _drain(stream: ByteReceiveStream, into: bytearray) -> None:
+    async for chunk in stream:
+        into += chunk
 
 
 def spark_session(

@@ -27,7 +27,6 @@ left running until `stop_server` (`bus server stop`).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import fcntl
 import hashlib
@@ -43,7 +42,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,12 +281,12 @@ def scram_verifier(password: str, iterations: int = 4096, salt: bytes | None = N
 
 
 def _in_thread(fn: Callable[[], Awaitable[T]]) -> T:
-    # ensure_server is blocking and may be called from a thread that already runs an event loop.
-    async def main() -> T:
-        return await fn()
+    # ensure_server is blocking and may be called from a thread that already runs an event loop:
+    # the call runs on an event loop of its own, in a thread the portal starts and joins.
+    from anyio.from_thread import start_blocking_portal
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, main()).result()
+    with start_blocking_portal() as portal:
+        return portal.call(fn)
 
 
 async def _socket_connect(socket_dir: Path, port: int) -> Any:

@@ -9,11 +9,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio
+import psutil
 import pytest
 
 import bus
 from bus.compaction import job, run_compaction
-from bus.compaction.spark import submit_command
+from bus.compaction.spark import run_submit, submit_command
+from bus.testing import eventually
 from tests.compaction import crashes
 from tests.compaction.compaction_model import (
     LAST_RUN,
@@ -218,6 +221,41 @@ async def test_a_killed_spark_submit_run_is_finished_by_the_next_run(
     report = await _compact(b, spark, tmp_path / "archive")
     assert report.resumed
     await _assert_matches_model(b, spark, tmp_path / "archive", rows, parts)
+
+
+async def test_a_cancelled_submit_takes_its_driver_down_and_the_next_submit_finishes_the_run(
+    b: bus.Bus, tmp_path: Path
+) -> None:
+    await _history(b, scale=10)
+    archive = tmp_path / "archive"
+    args = ["--schema", b.config.schema, "--archive", str(archive)]
+
+    def processes() -> list[psutil.Process]:
+        """spark-submit's JVM and the Python driver it started: both carry the job's arguments."""
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            cmdline = p.info["cmdline"] or []
+            if str(archive) in cmdline and str(Path(job.__file__)) in cmdline:
+                found.append(p)
+        return found
+
+    def driver_running() -> bool:
+        return any("java" not in Path(p.info["cmdline"][0]).name for p in processes())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: run_submit(args, dsn=b.dsn, master="local[2]"))
+        await eventually(driver_running, timeout=180, every=0.1)
+        tg.cancel_scope.cancel()
+    assert await eventually(lambda: processes() == [], timeout=10)  # gone with the launcher, not orphaned
+
+    # The killed driver's lock and connections went with it: the next submit resumes or redoes the run.
+    with anyio.fail_after(240):  # a hang guard
+        done = await run_submit(args, dsn=b.dsn, master="local[2]")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    async with b.pool.acquire() as conn:
+        run = await conn.fetchrow(LAST_RUN)
+    assert run["status"] == "done" and run["rows_removed"] > 0
+    assert b.dsn not in " ".join(done.args)  # the password travelled in the environment
 
 
 async def test_a_group_arriving_after_planning_is_never_robbed(

@@ -15,6 +15,7 @@ SPAWNERS = [
     "tests/queues/test_queue_limits_processes.py",
     "tests/groups/test_failover.py",
     "bus/demo.py",
+    "bus/compaction/spark.py",
 ]
 
 
@@ -27,7 +28,17 @@ def _argv_names(path: Path) -> set[str]:
             continue
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        if name not in {"Popen", "create_subprocess_exec", "run", "call", "submit_command", "_spawn"}:
+        if name not in {
+            "Popen",
+            "create_subprocess_exec",
+            "open_process",
+            "run",
+            "run_process",
+            "call",
+            "submit_command",
+            "run_submit",
+            "_spawn",
+        }:
             continue
         for arg in node.args:
             for sub in ast.walk(arg):
