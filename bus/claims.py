@@ -312,13 +312,15 @@ async def _discover(
         async with conn.transaction():
             created = await groups_sql.record_group(
                 conn,
-                group,
-                start_mode=spec.start_mode,
-                start_time=spec.start_time,
-                start_offsets_json=spec.start_offsets_json,
-                lookback_seconds=ctx.config.lookback,
-                namespace=namespace,
-                task=task,
+                groups_sql.RecordGroupParams(
+                    name=group,
+                    start_mode=spec.start_mode,
+                    start_time=spec.start_time,
+                    start_offsets_json=spec.start_offsets_json,
+                    lookback_seconds=ctx.config.lookback,
+                    namespace=namespace,
+                    task=task,
+                ),
             )
             status = await sql.group_status(conn, group)
             if status == "stopped":
