@@ -10,7 +10,7 @@ import asyncpg
 
 import bus
 from storage import groups as group_sql
-from storage.compaction.bulk import bulk_append
+from storage.compaction.bulk import BulkAppendParams, bulk_append
 
 # Test-only statements (setup and snapshots), constant and parameterized like the bus's own.
 SNAPSHOT = """
@@ -129,7 +129,15 @@ async def load(
     assert pid is not None
     async with b.pool.acquire() as conn:
         await bulk_append(
-            conn, pid, rows, keys=keys, start=start, step_seconds=step, tombstone_every=tombstone_every
+            conn,
+            BulkAppendParams(
+                partition_id=pid,
+                rows=rows,
+                keys=keys,
+                start=start,
+                step_seconds=step,
+                tombstone_every=tombstone_every,
+            ),
         )
 
 
