@@ -167,16 +167,18 @@ class Coordinator(Actor[CoordinatorMessage]):
         async with self._pool.acquire() as conn:
             row = await membership.join(
                 conn,
-                self.spec.group,
-                self.member_id,
-                self.spec.instance_id,
-                self.spec.client_id,
-                socket.gethostname(),
-                os.getpid(),
-                list(self.spec.topics),
-                self.spec.session_timeout,
-                self.spec.rebalance_delay,
-                now=self.spec.now(),
+                membership.JoinParams(
+                    group=self.spec.group,
+                    member_id=self.member_id,
+                    instance_id=self.spec.instance_id,
+                    client_id=self.spec.client_id,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    topics=list(self.spec.topics),
+                    session_timeout=self.spec.session_timeout,
+                    rebalance_delay=self.spec.rebalance_delay,
+                    now=self.spec.now(),
+                ),
             )
         self._log = get_logger(__name__, group=self.spec.group, member=self.member_id)
         self._log.info("member_joined", rejoined=row["rejoined"], leader=row["leader"])

@@ -119,11 +119,13 @@ class Rebalancer(Actor[RebalancerMessage]):
             async with self._pool.acquire() as conn:
                 outcome = await membership.rebalance(
                     conn,
-                    self.group,
-                    self.leader_id,
+                    membership.RebalanceParams(
+                        group=self.group,
+                        leader_id=self.leader_id,
+                        channel=self._groups_channel,
+                        now=self._now(),
+                    ),
                     compute_assignment,
-                    self._groups_channel,
-                    now=self._now(),
                 )
             if outcome.ran:
                 self._log.info("rebalanced", generation=outcome.generation, moved=outcome.moved)

@@ -47,7 +47,13 @@ import bus
 from benchmarks.result import Result
 from bus.compaction import run_compaction
 from bus.compaction.spark import spark_session, submit_command
-from storage.compaction.bulk import ANALYZE_MESSAGES, SQL_BASELINE_COMPACT, SQL_BASELINE_VACUUM, bulk_append
+from storage.compaction.bulk import (
+    ANALYZE_MESSAGES,
+    SQL_BASELINE_COMPACT,
+    SQL_BASELINE_VACUUM,
+    BulkAppendParams,
+    bulk_append,
+)
 from storage.logs import get_logger
 
 log = get_logger(__name__)
@@ -114,12 +120,14 @@ async def _load(dsn: str, rows: int) -> str:
             async with b.pool.acquire() as conn:
                 await bulk_append(
                     conn,
-                    pid,
-                    per_partition,
-                    keys=KEYS_PER_TOPIC // PARTITIONS,
-                    payload_bytes=PAYLOAD,
-                    start=start,
-                    step_seconds=0.01,
+                    BulkAppendParams(
+                        partition_id=pid,
+                        rows=per_partition,
+                        keys=KEYS_PER_TOPIC // PARTITIONS,
+                        payload_bytes=PAYLOAD,
+                        start=start,
+                        step_seconds=0.01,
+                    ),
                 )
 
         await asyncio.gather(*(one(pid) for pid in ids))

@@ -370,12 +370,7 @@ async def _throughput(b: bus.Bus, mon: asyncpg.Pool, dsn: str, quick: bool) -> l
         # The raw group's cursors exist before it starts (the bus makes its own at its first rebalance).
         async with b.pool.acquire() as conn:
             await group_sql.record_group(
-                conn,
-                raw_group,
-                start_mode="earliest",
-                start_time=None,
-                start_offsets_json=None,
-                lookback_seconds=0,
+                conn, group_sql.RecordGroupParams(name=raw_group, start_mode="earliest", lookback_seconds=0.0)
             )
             await group_sql.materialize_offsets(conn, raw_group, pids)
         starts: list[Awaitable[MemberProcess]] = [

@@ -176,12 +176,14 @@ class Claim:
             async with self._ctx.lender.lend() as conn:
                 expires = await sql.extend(
                     conn,
-                    self.group,
-                    self._partition_id,
-                    self.worker_id,
-                    self._epoch,
-                    seconds,
-                    self._ctx.now(),
+                    sql.ExtendParams(
+                        group=self.group,
+                        partition_id=self._partition_id,
+                        worker=self.worker_id,
+                        epoch=self._epoch,
+                        seconds=seconds,
+                        now=self._ctx.now(),
+                    ),
                 )
                 if expires is None:
                     await self._lost(conn, "extend")
@@ -260,7 +262,17 @@ async def claim(
                         # pending_since was stale (e.g. another reader advanced the cursor).
                         await sql.refresh_pending(conn, group, pid)
                         continue
-                    lease = await sql.take_lease(conn, group, pid, worker_id, seconds, log_start, ctx.now())
+                    lease = await sql.take_lease(
+                        conn,
+                        sql.TakeLeaseParams(
+                            group=group,
+                            partition_id=pid,
+                            worker=worker_id,
+                            seconds=seconds,
+                            log_start=log_start,
+                            now=ctx.now(),
+                        ),
+                    )
                 await sql.touch_group(conn, group)
                 messages = messages_from_rows(cand.topic, cand.partition, rows)
                 _metrics.claimed(group, cand.topic, len(messages))
@@ -312,13 +324,15 @@ async def _discover(
         async with conn.transaction():
             created = await groups_sql.record_group(
                 conn,
-                group,
-                start_mode=spec.start_mode,
-                start_time=spec.start_time,
-                start_offsets_json=spec.start_offsets_json,
-                lookback_seconds=ctx.config.lookback,
-                namespace=namespace,
-                task=task,
+                groups_sql.RecordGroupParams(
+                    name=group,
+                    start_mode=spec.start_mode,
+                    start_time=spec.start_time,
+                    start_offsets_json=spec.start_offsets_json,
+                    lookback_seconds=ctx.config.lookback,
+                    namespace=namespace,
+                    task=task,
+                ),
             )
             status = await sql.group_status(conn, group)
             if status == "stopped":

@@ -504,21 +504,21 @@ class Bus:
             max_message_bytes=limit,
             dedupe_window=None if dedupe_s is None else timedelta(seconds=dedupe_s),
         )
-        values = (
-            name,
-            partitions,
-            semantics,
-            cleanup,
-            retention_s,
-            tombstone_s,
-            namespace,
-            task,
-            limit,
-            dedupe_s,
+        params = topic_sql.CreateTopicParams(
+            name=name,
+            partitions=partitions,
+            semantics=semantics,
+            cleanup=cleanup,
+            retention_seconds=retention_s,
+            tombstone_retention_seconds=tombstone_s,
+            namespace=namespace,
+            task=task,
+            max_message_bytes=limit,
+            dedupe_window_seconds=dedupe_s,
         )
         with db.translate_errors():
             async with self.pool.acquire() as conn:
-                await topic_sql.create_topic(conn, values, partitions, self.channels.topics)
+                await topic_sql.create_topic(conn, params, self.channels.topics)
                 row = await topic_sql.get_topic(conn, name)
         if row is None:  # deleted between the two statements by someone else
             raise TopicConflictError(f"topic {name!r} was deleted while being created; create it again")

@@ -98,14 +98,16 @@ async def _join_group(ctx: BusContext, m: _Member) -> None:
         async with ctx.pool.acquire() as conn, conn.transaction():
             await group_sql.record_group(
                 conn,
-                m.group,
-                start_mode=spec.start_mode,
-                start_time=spec.start_time,
-                start_offsets_json=spec.start_offsets_json,
-                lookback_seconds=ctx.config.lookback,
-                assignor=m.assignor,
-                namespace=m.namespace,
-                task=m.task,
+                group_sql.RecordGroupParams(
+                    name=m.group,
+                    start_mode=spec.start_mode,
+                    start_time=spec.start_time,
+                    start_offsets_json=spec.start_offsets_json,
+                    lookback_seconds=ctx.config.lookback,
+                    assignor=m.assignor,
+                    namespace=m.namespace,
+                    task=m.task,
+                ),
             )
             if m.topics:
                 await group_sql.add_group_topics(conn, m.group, list(m.topics))

@@ -452,7 +452,15 @@ class EventStore:
                 validate_offset(guard.position, "guard position")
                 conditions = _condition_arrays(guard.conditions)
                 rows, conflict = await es_storage.append_guarded(
-                    self._db, self.name, tags, payloads, attrs, conditions, guard.position
+                    self._db,
+                    es_storage.AppendGuardedParams(
+                        store=self.name,
+                        tags=tags,
+                        payloads=payloads,
+                        attrs=attrs,
+                        conditions=conditions,
+                        after=guard.position,
+                    ),
                 )
                 if conflict is not None:
                     raise _conflict_error(conflict, guard.position)
@@ -654,16 +662,18 @@ class EventStore:
         try:
             claimed = await es_storage.claim(
                 self._db,
-                self.name,
-                group,
-                names,
-                worker,
-                ttl,
-                handled,
-                union,
-                max_messages,
-                unsure,
-                self._ctx.now(),
+                es_storage.ClaimParams(
+                    store=self.name,
+                    group=group,
+                    names=names,
+                    worker=worker,
+                    ttl=ttl,
+                    handled=handled,
+                    union=union,
+                    max_messages=max_messages,
+                    now=self._ctx.now(),
+                ),
+                unsure=unsure,
             )
         except BaseException:
             self._unsure.update((worker, group, offset_id) for offset_id in unsure)
@@ -762,7 +772,18 @@ class EventStore:
         worker = None if worker_id is None else validate_worker_id(worker_id)
         last, more = self._claims.pop(offset_id, (None, None))
         with db.translate_errors():
-            done = await es_storage.ack(self._db, self.name, group, offset_id, position, worker, last, more)
+            done = await es_storage.ack(
+                self._db,
+                es_storage.AckParams(
+                    store=self.name,
+                    group=group,
+                    offset_id=offset_id,
+                    position=position,
+                    worker=worker,
+                    last_read=last,
+                    more=more,
+                ),
+            )
         if not done:
             await self._explain_missing(group, offset_id, worker)
 
@@ -802,7 +823,16 @@ class EventStore:
         self._claims.pop(offset_id, None)
         with db.translate_errors():
             outcome = await es_storage.nack(
-                self._db, self.name, group, offset_id, text, delay, worker, self._ctx.now()
+                self._db,
+                es_storage.NackParams(
+                    store=self.name,
+                    group=group,
+                    offset_id=offset_id,
+                    error=text,
+                    delay=delay,
+                    worker=worker,
+                    now=self._ctx.now(),
+                ),
             )
         if outcome is None:
             await self._explain_missing(group, offset_id, worker)

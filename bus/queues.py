@@ -661,13 +661,15 @@ class QueueConsumer:
         with db.translate_errors():
             ok = await job_sql.progress(
                 self._ctx.lender,
-                lease[0],
-                msg.offset,
-                lease[1],
-                text,
-                self.consumer_id,
-                self.visibility_timeout,
-                self._ctx.now(),
+                job_sql.ProgressParams(
+                    partition_id=lease[0],
+                    offset=msg.offset,
+                    epoch=lease[1],
+                    data=text,
+                    consumer=self.consumer_id,
+                    visibility_timeout=self.visibility_timeout,
+                    now=self._ctx.now(),
+                ),
             )
         if not ok:
             raise self._lost(msg, "progress")

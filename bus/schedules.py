@@ -76,7 +76,12 @@ async def define(
     info = await ctx.topic(topic)  # TopicNotFoundError for a topic that does not exist
     data = encode_payload(payload, allow_tombstone=info.cleanup == "compact", limit=info.max_message_bytes)
     async with ctx.pool.acquire() as conn:
-        return await store.define(conn, name, cron, topic, data, timezone, catch_up)
+        return await store.define(
+            conn,
+            store.DefineParams(
+                name=name, cron=cron, topic=topic, payload=data, timezone=timezone, catch_up=catch_up
+            ),
+        )
 
 
 async def remove(ctx: BusContext, name: str) -> bool:

@@ -231,17 +231,23 @@ async def refresh_pending(conn: Connection, group: str, partition_id: int) -> No
     await conn.execute(REFRESH_PENDING, group, partition_id)
 
 
-async def take_lease(
-    conn: Connection,
-    group: str,
-    partition_id: int,
-    worker: str,
-    seconds: float,
-    log_start: int,
-    now: datetime | None = None,
-) -> Lease:
-    """Lease the (locked) cursor to `worker` with a new epoch, until `now` (None: the server's) + seconds."""
-    row = await conn.fetchrow(TAKE_LEASE, group, partition_id, worker, seconds, log_start, now)
+class TakeLeaseParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Whose lease on which (locked) cursor, for how long."""
+
+    group: str
+    partition_id: int
+    worker: str
+    seconds: float
+    #: The partition's log start: a cursor below it moves up to it.
+    log_start: int
+    #: The lease runs from `now` (None: the server's clock).
+    now: datetime | None = None
+
+
+async def take_lease(conn: Connection, params: TakeLeaseParams) -> Lease:
+    """Lease the (locked) cursor to the worker with a new epoch, until `now` + seconds."""
+    p = params
+    row = await conn.fetchrow(TAKE_LEASE, p.group, p.partition_id, p.worker, p.seconds, p.log_start, p.now)
     assert row is not None
     return Lease(*row)
 
@@ -264,17 +270,24 @@ async def release(conn: Conn, group: str, partition_id: int, worker: str, epoch:
     return await conn.fetchval(RELEASE, group, partition_id, worker, epoch) is not None
 
 
-async def extend(
-    conn: Conn,
-    group: str,
-    partition_id: int,
-    worker: str,
-    epoch: int,
-    seconds: float,
-    now: datetime | None = None,
-) -> datetime | None:
-    """Push the lease's expiry to `now` (None: the server's) + seconds, if it is still ours; the new expiry or None."""
-    expires: datetime | None = await conn.fetchval(EXTEND, group, partition_id, worker, epoch, seconds, now)
+class ExtendParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Which lease (the worker's, at its epoch) to push how far."""
+
+    group: str
+    partition_id: int
+    worker: str
+    epoch: int
+    seconds: float
+    #: The new expiry is `now` + seconds (None: the server's clock).
+    now: datetime | None = None
+
+
+async def extend(conn: Conn, params: ExtendParams) -> datetime | None:
+    """Push the lease's expiry to `now` + seconds, if it is still ours; the new expiry or None."""
+    p = params
+    expires: datetime | None = await conn.fetchval(
+        EXTEND, p.group, p.partition_id, p.worker, p.epoch, p.seconds, p.now
+    )
     return expires
 
 

@@ -572,18 +572,28 @@ async def append(
     return [(r[0], r[1]) for r in rows]
 
 
+class AppendGuardedParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Events to append to a store, and the guard they are appended under."""
+
+    store: str
+    #: One tag and one encoded payload per event.
+    tags: list[str]
+    payloads: list[str]
+    #: The events' partition attributes as parallel arrays: (event index, name, value, tag).
+    attrs: tuple[list[int], list[str], list[str], list[str]]
+    #: The guard's (tag, name, value) conditions as parallel arrays.
+    conditions: tuple[list[str], list[str], list[str]]
+    #: No event matching a condition may exist after this position.
+    after: int
+
+
 async def append_guarded(
-    conn: Conn,
-    store: str,
-    tags: list[str],
-    payloads: list[str],
-    attrs: tuple[list[int], list[str], list[str], list[str]],
-    conditions: tuple[list[str], list[str], list[str]],
-    after: int,
+    conn: Conn, params: AppendGuardedParams
 ) -> tuple[list[tuple[int, datetime]], dict[str, Any] | None]:
     """Append under a guard in one statement: ([], conflicting event) when a match exists after `after`."""
+    p = params
     try:
-        rows = await conn.fetch(APPEND_GUARDED, store, tags, payloads, *attrs, *conditions, after)
+        rows = await conn.fetch(APPEND_GUARDED, p.store, p.tags, p.payloads, *p.attrs, *p.conditions, p.after)
     except asyncpg.PostgresError as exc:
         if getattr(exc, "sqlstate", None) != CONFLICT_SQLSTATE:
             raise
@@ -739,18 +749,27 @@ async def discover_step(
 # -- claiming
 
 
+class ClaimParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Who claims a partition of which group, by which attributes, and which events it handles."""
+
+    store: str
+    group: str
+    #: The partition attributes (`partition_by`).
+    names: list[str]
+    worker: str
+    #: How long the claim lasts without a heartbeat, in seconds.
+    ttl: float
+    #: The event types this worker handles.
+    handled: set[str]
+    #: The event types any worker of the group handles.
+    union: list[str]
+    max_messages: int
+    #: The claim is judged and runs from `now` (None: the server's clock).
+    now: datetime | None = None
+
+
 async def claim(
-    conn: Conn,
-    store: str,
-    group: str,
-    names: list[str],
-    worker: str,
-    ttl: float,
-    handled: set[str],
-    union: list[str],
-    max_messages: int,
-    unsure: list[int] | None = None,
-    now: datetime | None = None,
+    conn: Conn, params: ClaimParams, *, unsure: list[int] | None = None
 ) -> ClaimedPartition | None:
     """Take the partition with the earliest pending event; it and its events of the `handled` types.
 
@@ -764,6 +783,8 @@ async def claim(
     group, which handle more types" (leave it to them: skipped this call).
     None when nothing is claimable (or the group is not active).
     """
+    store, group, names, worker = params.store, params.group, params.names, params.worker
+    handled, union, max_messages = params.handled, params.union, params.max_messages
     narrow = not handled.issuperset(union)
     skipped: list[int] = []
     refinements = 0
@@ -776,7 +797,9 @@ async def claim(
             # of staying held by a worker whose heartbeats would keep it forever.
             # Only a commit whose answer is lost can leave one: `unsure` names it.
             async with c.transaction():
-                row = await c.fetchrow(CLAIM_PARTITION, store, group, names, worker, ttl, skipped, now)
+                row = await c.fetchrow(
+                    CLAIM_PARTITION, store, group, names, worker, params.ttl, skipped, params.now
+                )
                 if row is None:
                     return None
                 offset_id = int(row["id"])
@@ -817,22 +840,27 @@ async def claim(
     return None
 
 
-async def ack(
-    conn: Conn,
-    store: str,
-    group: str,
-    offset_id: int,
-    position: int,
-    worker: str | None,
-    last_read: int | None,
-    more: bool | None,
-) -> bool:
-    """Advance the cursor to `position` (never back) and release it; False if no cursor matched.
+class AckParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Which claimed partition's cursor to advance to which position."""
 
-    `last_read`/`more`: the claim's bounds when known (ClaimedPartition), else None.
-    With `worker`, only that worker's claim matches.
-    """
-    return await conn.fetchval(ACK, store, group, offset_id, position, worker, last_read, more) is not None
+    store: str
+    group: str
+    offset_id: int
+    position: int
+    #: Only this worker's claim matches (None: anyone's).
+    worker: str | None = None
+    #: The claim's bounds when known (ClaimedPartition), else None.
+    last_read: int | None = None
+    more: bool | None = None
+
+
+async def ack(conn: Conn, params: AckParams) -> bool:
+    """Advance the cursor to `position` (never back) and release it; False if no cursor matched."""
+    p = params
+    return (
+        await conn.fetchval(ACK, p.store, p.group, p.offset_id, p.position, p.worker, p.last_read, p.more)
+        is not None
+    )
 
 
 async def release(conn: Conn, store: str, group: str, offset_id: int, worker: str | None) -> bool:
@@ -840,24 +868,37 @@ async def release(conn: Conn, store: str, group: str, offset_id: int, worker: st
     return await conn.fetchval(RELEASE, store, group, offset_id, worker) is not None
 
 
-async def nack(
-    conn: Conn,
-    store: str,
-    group: str,
-    offset_id: int,
-    error: str,
-    delay: float | None,
-    worker: str | None,
-    now: datetime | None = None,
-) -> NackOutcome | None:
-    """Record a failed attempt and release the claim for a retry after `delay` (None: the group's backoff).
+class NackParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Which claimed partition failed, why, and when to retry it."""
+
+    store: str
+    group: str
+    offset_id: int
+    error: str
+    #: Retry after this many seconds (None: the group's backoff).
+    delay: float | None = None
+    #: Only this worker's claim matches (None: anyone's).
+    worker: str | None = None
+    #: The retry delay runs from `now` (None: the server's clock).
+    now: datetime | None = None
+
+
+async def nack(conn: Conn, params: NackParams) -> NackOutcome | None:
+    """Record a failed attempt and release the claim for a retry after `delay`.
 
     The attempt that reaches the group's max_attempts marks the group failed,
     with the partition, position, attempts, error and worker as its error
     context, in the same transaction. None if no cursor matched.
     """
+    store, group, offset_id, error, worker = (
+        params.store,
+        params.group,
+        params.offset_id,
+        params.error,
+        params.worker,
+    )
     async with _connection(conn) as c, c.transaction():
-        row = await c.fetchrow(NACK, store, group, offset_id, error, delay, worker, now)
+        row = await c.fetchrow(NACK, store, group, offset_id, error, params.delay, worker, params.now)
         if row is None:
             return None
         attempts, max_attempts = int(row["attempts"]), int(row["max_attempts"])

@@ -101,32 +101,40 @@ ORDER BY p.topic, p.id
 """
 
 
-async def record_group(
-    conn: Conn,
-    name: str,
-    *,
-    start_mode: str,
-    start_time: datetime | None,
-    start_offsets_json: str | None,
-    lookback_seconds: float,
-    assignor: str = "range",
-    namespace: str | None = None,
-    task: str | None = None,
-) -> bool:
+class RecordGroupParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A group and where it starts reading (`bus.start.StartSpec`), as its first subscriber asks."""
+
+    name: str
+    #: earliest, latest, timestamp or offsets.
+    start_mode: str
+    #: The start of `timestamp` mode.
+    start_time: datetime | None = None
+    #: `offsets` mode: {"topic": {"partition": offset}}.
+    start_offsets_json: str | None = None
+    #: `latest` mode starts this many seconds before the group row is inserted.
+    lookback_seconds: float
+    assignor: str = "range"
+    #: A wildcard group reads every topic of this namespace and task.
+    namespace: str | None = None
+    task: str | None = None
+
+
+async def record_group(conn: Conn, params: RecordGroupParams) -> bool:
     """Record the group and its start if it is new (first subscriber wins); True if it was new."""
+    p = params
     created = await conn.fetchval(
         RECORD_GROUP,
-        name,
-        start_mode,
-        start_time,
-        start_offsets_json,
-        lookback_seconds,
-        assignor,
-        namespace,
-        task,
+        p.name,
+        p.start_mode,
+        p.start_time,
+        p.start_offsets_json,
+        p.lookback_seconds,
+        p.assignor,
+        p.namespace,
+        p.task,
     )
     if created is None:
-        await conn.execute(REVIVE_GROUP, name)
+        await conn.execute(REVIVE_GROUP, p.name)
     return created is not None
 
 

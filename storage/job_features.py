@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from storage.db import Conn
 
@@ -117,18 +118,27 @@ async def record_unique(
     await conn.execute(UNIQUE_RECORD, topic, key, partition, offset, now)
 
 
-async def progress(
-    conn: Conn,
-    partition_id: int,
-    offset: int,
-    epoch: int,
-    data: str,
-    consumer: str,
-    visibility_timeout: float,
-    now: datetime | None,
-) -> bool:
-    """Keep the job's progress (JSON text) and renew its lease; False if the lease was lost."""
-    row = await conn.fetchval(PROGRESS, partition_id, offset, epoch, data, consumer, visibility_timeout, now)
+class ProgressParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A job's progress, reported by the consumer holding its lease at `epoch`."""
+
+    partition_id: int
+    offset: int
+    epoch: int
+    #: The progress as JSON text.
+    data: str
+    consumer: str
+    #: The renewed lease runs this many seconds from `now`.
+    visibility_timeout: float
+    #: None: the server's clock.
+    now: datetime | None = None
+
+
+async def progress(conn: Conn, params: ProgressParams) -> bool:
+    """Keep the job's progress and renew its lease; False if the lease was lost."""
+    p = params
+    row = await conn.fetchval(
+        PROGRESS, p.partition_id, p.offset, p.epoch, p.data, p.consumer, p.visibility_timeout, p.now
+    )
     return row is not None
 
 

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from storage.db import Conn, Connection
 
@@ -264,11 +265,43 @@ async def current_protocol(conn: Conn, group: str) -> int | None:
     return None if value is None else int(value)
 
 
-async def join(conn: Connection, *args: Any, now: datetime | None = None) -> asyncpg.Record:
-    """Join (JOIN's $1..$9), the session starting at `now` (None: the server's clock)."""
+class JoinParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Who joins a group, what it reads and how long its session lasts without a heartbeat."""
+
+    group: str
+    member_id: str
+    #: A static member's id (`instance_id=`): back before its session expired, it takes its row over.
+    instance_id: str | None
+    client_id: str
+    host: str
+    pid: int
+    topics: list[str]
+    session_timeout: float
+    #: How long membership changes gather before the leader rebalances.
+    rebalance_delay: float
+    #: When the session starts (None: the server's clock).
+    now: datetime | None = None
+
+
+async def join(conn: Connection, params: JoinParams) -> asyncpg.Record:
+    """Join the group: the member row (taken over by a static member still live), leadership, a rebalance due."""
+    p = params
     async with conn.transaction():
-        await conn.execute(LOCK_GROUPS, [args[0]])
-        row = await conn.fetchrow(JOIN, *args, PROTOCOL, now)
+        await conn.execute(LOCK_GROUPS, [p.group])
+        row = await conn.fetchrow(
+            JOIN,
+            p.group,
+            p.member_id,
+            p.instance_id,
+            p.client_id,
+            p.host,
+            p.pid,
+            p.topics,
+            p.session_timeout,
+            p.rebalance_delay,
+            PROTOCOL,
+            p.now,
+        )
     assert row is not None, "group row missing at join: record_group must run first"
     return row
 
@@ -344,36 +377,40 @@ class RebalanceOutcome:
         self.reason = reason
 
 
-async def rebalance(
-    conn: Connection,
-    group: str,
-    leader_id: str,
-    compute: Any,
-    channel: str,
-    *,
-    force: bool = False,
-    now: datetime | None = None,
-) -> RebalanceOutcome:
-    """Run one rebalance of `group` if it is due and `leader_id` leads it.
+class RebalanceParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Which group to rebalance, on behalf of which leader, and whom to tell."""
+
+    group: str
+    leader_id: str
+    #: The NOTIFY channel the group's members listen on.
+    channel: str
+    #: Rebalance even if none is due.
+    force: bool = False
+    #: Live members are those whose session has not run out at `now` (None: the server's clock).
+    now: datetime | None = None
+
+
+async def rebalance(conn: Connection, params: RebalanceParams, compute: Any) -> RebalanceOutcome:
+    """Run one rebalance of the group if it is due (or forced) and the leader named still leads it.
 
     `compute(members, partitions, assignor)` gets the live members (member_id,
     instance_id, topics, previous assignment) and the group's partitions (id,
     topic, name) and returns {member_id: [partition ids]}. Generation and every
     member's assignment are written in one transaction, then a NOTIFY tells
-    the members. Live members: those whose session has not run out at `now`
-    (None: the server's clock).
+    the members.
     """
     from storage.groups import materialize_offsets
 
+    group = params.group
     async with conn.transaction():
         g = await conn.fetchrow(LOCK_GROUP_FOR_REBALANCE, group)
         if g is None:
             return RebalanceOutcome(False, 0, reason="group gone")
-        if g["leader"] != leader_id:
+        if g["leader"] != params.leader_id:
             return RebalanceOutcome(False, g["generation"], reason="not leader")
-        if not (g["due"] or force):
+        if not (g["due"] or params.force):
             return RebalanceOutcome(False, g["generation"], reason="not due")
-        members = list(await conn.fetch(LIVE_MEMBERS, group, now))
+        members = list(await conn.fetch(LIVE_MEMBERS, group, params.now))
         parts = list(await conn.fetch(GROUP_PARTITION_LIST, group))
         await materialize_offsets(conn, group, [p["id"] for p in parts])
         plan: dict[str, list[int]] = compute(members, parts, g["assignor"])
@@ -391,5 +428,5 @@ async def rebalance(
         state = "empty" if not members else ("rebalancing" if moved else "stable")
         protocol = group_protocol(m["protocol"] for m in members)
         await conn.execute(FINISH_REBALANCE, group, generation, state, protocol)
-        await conn.execute(NOTIFY, channel, group)
+        await conn.execute(NOTIFY, params.channel, group)
     return RebalanceOutcome(True, generation, moved, protocol=protocol)

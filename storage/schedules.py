@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import asyncpg
+import msgspec
 
 from storage.db import Conn
 
@@ -59,17 +60,24 @@ RETURNING s.name
 """
 
 
-async def define(
-    conn: Conn,
-    name: str,
-    cron: str,
-    topic: str,
-    payload: bytes | None,
-    timezone: str,
-    catch_up: str,
-) -> bool:
+class DefineParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A schedule's definition, validated by the caller."""
+
+    name: str
+    cron: str
+    topic: str
+    #: The encoded payload each tick publishes (None: a tombstone).
+    payload: bytes | None
+    #: The IANA time zone `cron` is read in.
+    timezone: str
+    #: What a scheduler does with ticks missed while none ran: one, none or all.
+    catch_up: str
+
+
+async def define(conn: Conn, params: DefineParams) -> bool:
     """Insert or replace a schedule; False when the same definition was already there."""
-    return await conn.fetchrow(DEFINE, name, cron, topic, payload, timezone, catch_up) is not None
+    p = params
+    return await conn.fetchrow(DEFINE, p.name, p.cron, p.topic, p.payload, p.timezone, p.catch_up) is not None
 
 
 async def delete(conn: Conn, name: str) -> bool:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncpg
+import msgspec
 from asyncpg.pool import PoolConnectionProxy
 
 from storage import idempotency
@@ -70,18 +69,47 @@ SELECT p.id, p.name, p.log_start, p.log_end AS next_offset, p.created_at FROM pa
 NOTIFY = "SELECT pg_notify($1, $2)"
 
 
+class CreateTopicParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A topic's row, validated by the caller; durations in seconds, None: for ever."""
+
+    name: str
+    #: Fixed partitions "0".."n-1" made with the topic; None: dynamic named partitions, made on first use.
+    partitions: int | None
+    semantics: str
+    cleanup: str
+    retention_seconds: float | None
+    tombstone_retention_seconds: float | None
+    namespace: str | None
+    task: str | None
+    max_message_bytes: int
+    dedupe_window_seconds: float | None
+
+
 async def create_topic(
-    conn: asyncpg.Connection | PoolConnectionProxy, values: tuple[Any, ...], fixed: int | None, channel: str
+    conn: asyncpg.Connection | PoolConnectionProxy, params: CreateTopicParams, channel: str
 ) -> bool:
     """Insert the topic (and its fixed partitions); False if the name was taken."""
+    p = params
     async with conn.transaction():
-        created = await conn.fetchval(INSERT_TOPIC, *values)
+        created = await conn.fetchval(
+            INSERT_TOPIC,
+            p.name,
+            p.partitions,
+            p.semantics,
+            p.cleanup,
+            p.retention_seconds,
+            p.tombstone_retention_seconds,
+            p.namespace,
+            p.task,
+            p.max_message_bytes,
+            p.dedupe_window_seconds,
+        )
         if created is None:
             return False
-        if fixed:
-            await conn.execute(INSERT_FIXED_PARTITIONS, values[0], fixed)
+        if p.partitions:
+            await conn.execute(INSERT_FIXED_PARTITIONS, p.name, p.partitions)
         # Wildcard subscribers (namespace/task) learn of new topics from this.
-        await conn.execute(NOTIFY, channel, values[0])
+        await conn.execute(NOTIFY, channel, p.name)
     return True
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import asyncpg
+import msgspec
 
 from storage.db import Conn
 
@@ -224,13 +225,24 @@ TOPIC_PARTITIONS = "SELECT id FROM partitions WHERE topic = $1"
 CHILDREN = "SELECT workflow_id FROM workflow_runs WHERE parent_id = $1 ORDER BY created_at"
 
 
-async def create(
-    conn: Conn, workflow_id: str, name: str, version: str, queue: str, payload: bytes, parent_id: str | None
-) -> asyncpg.Record:
+class CreateParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A new run: which workflow, at which version, on which queue, with which encoded arguments."""
+
+    workflow_id: str
+    name: str
+    version: str
+    queue: str
+    payload: bytes
+    #: The run that started this one as a child (None: a top-level run).
+    parent_id: str | None = None
+
+
+async def create(conn: Conn, params: CreateParams) -> asyncpg.Record:
     """The run's row (inserted or not). A concurrent insert of the same id that committed while this
     statement waited on it is not in this statement's snapshot: the next statement sees it."""
+    p = params
     while True:
-        row = await conn.fetchrow(CREATE, workflow_id, name, version, queue, payload, parent_id)
+        row = await conn.fetchrow(CREATE, p.workflow_id, p.name, p.version, p.queue, p.payload, p.parent_id)
         if row is not None:
             return row
 
@@ -255,36 +267,51 @@ async def steps(conn: Conn, workflow_id: str) -> list[asyncpg.Record]:
     return list(await conn.fetch(STEPS, workflow_id))
 
 
-async def record(
-    conn: Conn,
-    workflow_id: str,
-    epoch: int,
-    seq: int,
-    name: str,
-    kind: str,
-    output: bytes | None,
-    error: str | None,
-    attempts: int,
-    started_at: datetime,
-) -> bool:
+class RecordParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A step's record, written by the executor holding the run at `epoch`."""
+
+    workflow_id: str
+    epoch: int
+    #: The step's place in the run (the record's key with `workflow_id`).
+    seq: int
+    name: str
+    kind: str
+    #: The step's encoded result, or its error.
+    output: bytes | None
+    error: str | None = None
+    attempts: int = 1
+    started_at: datetime
+
+
+async def record(conn: Conn, params: RecordParams) -> bool:
     """Write a step's record; False if the executor no longer holds the run or the step was recorded."""
+    p = params
     got = await conn.fetchval(
-        RECORD, workflow_id, epoch, seq, name, kind, output, error, attempts, started_at
+        RECORD, p.workflow_id, p.epoch, p.seq, p.name, p.kind, p.output, p.error, p.attempts, p.started_at
     )
     return got is not None
 
 
-async def finish(
-    conn: Conn,
-    workflow_id: str,
-    epoch: int,
-    status: str,
-    output: bytes | None,
-    error: str | None,
-    error_type: str | None,
-    channel: str,
-) -> bool:
-    got = await conn.fetchval(FINISH, workflow_id, epoch, status, output, error, error_type, channel)
+class FinishParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A run's end, written by the executor holding it at `epoch`."""
+
+    workflow_id: str
+    epoch: int
+    #: succeeded, failed or cancelled.
+    status: str
+    output: bytes | None
+    error: str | None = None
+    error_type: str | None = None
+    #: The NOTIFY channel that wakes those waiting on the run's result.
+    channel: str
+
+
+async def finish(conn: Conn, params: FinishParams) -> bool:
+    """End the run; False if the executor no longer holds it."""
+    p = params
+    got = await conn.fetchval(
+        FINISH, p.workflow_id, p.epoch, p.status, p.output, p.error, p.error_type, p.channel
+    )
     return got is not None
 
 

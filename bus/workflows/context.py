@@ -163,15 +163,15 @@ class WorkflowTransaction:
                     return
                 written = await sql.record(
                     conn,
-                    ctx.workflow_id,
-                    ctx.epoch,
-                    self._seq,
-                    self._name,
-                    "transaction",
-                    b"null",
-                    None,
-                    1,
-                    self._started,
+                    sql.RecordParams(
+                        workflow_id=ctx.workflow_id,
+                        epoch=ctx.epoch,
+                        seq=self._seq,
+                        name=self._name,
+                        kind="transaction",
+                        output=b"null",
+                        started_at=self._started,
+                    ),
                 )
                 if not written:
                     await tx.rollback()
@@ -240,15 +240,17 @@ class WorkflowContext:
         with db.translate_errors():
             written = await sql.record(
                 conn if conn is not None else self.engine.ctx.pool,
-                self.workflow_id,
-                self.epoch,
-                seq,
-                name,
-                kind,
-                output,
-                error,
-                attempts,
-                started or datetime.now(UTC),
+                sql.RecordParams(
+                    workflow_id=self.workflow_id,
+                    epoch=self.epoch,
+                    seq=seq,
+                    name=name,
+                    kind=kind,
+                    output=output,
+                    error=error,
+                    attempts=attempts,
+                    started_at=started or datetime.now(UTC),
+                ),
             )
         if not written:
             raise Lost()

@@ -228,7 +228,17 @@ class Engine:
         data = self.encode(list(args), f"the arguments of workflow {name!r}")
         with db.translate_errors():
             async with self.ctx.pool.acquire() as conn, conn.transaction():
-                row = await sql.create(conn, workflow_id, name, version, queue, data, parent_id)
+                row = await sql.create(
+                    conn,
+                    sql.CreateParams(
+                        workflow_id=workflow_id,
+                        name=name,
+                        version=version,
+                        queue=queue,
+                        payload=data,
+                        parent_id=parent_id,
+                    ),
+                )
                 if row["inserted"]:
                     await self._kick(conn, queue, workflow_id, priority=priority)
         if row["name"] != name:
@@ -393,7 +403,16 @@ class Engine:
     ) -> None:
         with db.translate_errors():
             await sql.finish(
-                self.ctx.pool, ctx.workflow_id, ctx.epoch, status, output, error, error_type, self.channel
+                self.ctx.pool,
+                sql.FinishParams(
+                    workflow_id=ctx.workflow_id,
+                    epoch=ctx.epoch,
+                    status=status,
+                    output=output,
+                    error=error,
+                    error_type=error_type,
+                    channel=self.channel,
+                ),
             )
 
     async def _interrupted(self, ctx: WorkflowContext) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import msgspec
+
 from storage import db
 
 # $1 partition id, $2 rows, $3 distinct keys, $4 payload bytes, $5 every n-th row is a
@@ -28,23 +30,36 @@ FROM p, generate_series(0, $2 - 1) AS g
 END_OFFSET = "SELECT p.log_end FROM partitions p WHERE p.id = $1"
 
 
-async def bulk_append(
-    conn: db.Connection,
-    partition_id: int,
-    rows: int,
-    *,
-    keys: int,
-    payload_bytes: int = 150,
-    tombstone_every: int = 0,
-    start: datetime,
-    step_seconds: float = 0.001,
-) -> int:
-    """Append `rows` generated records to a partition in one transaction; returns the new next_offset."""
+class BulkAppendParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """How much synthetic history to append to which partition, and its shape."""
+
+    partition_id: int
+    rows: int
+    #: Distinct keys the rows cycle through.
+    keys: int
+    payload_bytes: int = 150
+    #: Every n-th row is a tombstone (0: none).
+    tombstone_every: int = 0
+    #: created_at of the first row; each next row is `step_seconds` later.
+    start: datetime
+    step_seconds: float = 0.001
+
+
+async def bulk_append(conn: db.Connection, params: BulkAppendParams) -> int:
+    """Append the generated records to the partition in one transaction; returns the new next_offset."""
+    p = params
     async with conn.transaction():
         await conn.execute(
-            BULK_APPEND, partition_id, rows, keys, payload_bytes, tombstone_every, start, step_seconds
+            BULK_APPEND,
+            p.partition_id,
+            p.rows,
+            p.keys,
+            p.payload_bytes,
+            p.tombstone_every,
+            p.start,
+            p.step_seconds,
         )
-        return int(await conn.fetchval(END_OFFSET, partition_id))
+        return int(await conn.fetchval(END_OFFSET, p.partition_id))
 
 
 # The pure-SQL baseline the benchmark compares the job with: the same

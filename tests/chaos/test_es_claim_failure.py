@@ -59,11 +59,11 @@ async def test_a_claim_whose_commit_went_unanswered_is_released_before_the_worke
     await store.append([Reading(device="d1", value=1), Reading(device="d1", value=2)])
     real = es_sql.claim
 
-    async def committed_but_unanswered(*args: Any) -> Any:
-        claimed = await real(*args)  # the claim and its fetch commit...
+    async def committed_but_unanswered(conn: Any, params: es_sql.ClaimParams, *, unsure: Any = None) -> Any:
+        claimed = await real(conn, params, unsure=unsure)  # the claim and its fetch commit...
         assert claimed is not None
-        if len(args) > 9:  # `unsure`: the claim whose commit is not known to have been answered
-            args[9][:] = [claimed.offset_id]
+        if unsure is not None:  # the claim whose commit is not known to have been answered
+            unsure[:] = [claimed.offset_id]
         raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
 
     monkeypatch.setattr(es_sql, "claim", committed_but_unanswered)

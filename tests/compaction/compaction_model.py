@@ -10,7 +10,7 @@ import asyncpg
 
 import bus
 from storage import groups as group_sql
-from storage.compaction.bulk import bulk_append
+from storage.compaction.bulk import BulkAppendParams, bulk_append
 
 # Test-only statements (setup and snapshots), constant and parameterized like the bus's own.
 SNAPSHOT = """
@@ -103,7 +103,7 @@ async def make_group(b: bus.Bus, name: str, topics: list[str], committed: dict[t
     """A live `earliest` group reading `topics`, its cursors set to `committed` (others stay at the log start)."""
     async with b.pool.acquire() as conn:
         await group_sql.record_group(
-            conn, name, start_mode="earliest", start_time=None, start_offsets_json=None, lookback_seconds=0.0
+            conn, group_sql.RecordGroupParams(name=name, start_mode="earliest", lookback_seconds=0.0)
         )
         await group_sql.add_group_topics(conn, name, topics)
         ids = [r["partition_id"] for r in await group_sql.group_partitions(conn, name)]
@@ -129,7 +129,15 @@ async def load(
     assert pid is not None
     async with b.pool.acquire() as conn:
         await bulk_append(
-            conn, pid, rows, keys=keys, start=start, step_seconds=step, tombstone_every=tombstone_every
+            conn,
+            BulkAppendParams(
+                partition_id=pid,
+                rows=rows,
+                keys=keys,
+                start=start,
+                step_seconds=step,
+                tombstone_every=tombstone_every,
+            ),
         )
 
 
