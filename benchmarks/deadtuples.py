@@ -1,0 +1,378 @@
+"""What a queue's take(1) + ack leaves behind while another session holds a snapshot.
+
+A REPEATABLE READ transaction that stays open (a report, a `pg_dump`, a
+forgotten `BEGIN`) holds the database's xmin horizon: every row version
+deleted or replaced from then on stays on disk until it ends, and each one is
+work for the next VACUUM (and, until then, for every scan that passes it).
+How many such versions a job costs is a property of the queue's design: a
+job table that is inserted, updated to "running" and deleted leaves two per
+job; one whose take deletes the row leaves one.
+
+The load, in each round: a snapshot is taken (a REPEATABLE READ transaction
+that read something) and held while `producers` tasks publish `jobs` jobs one
+call each and `workers` tasks take them one at a time (`take(max_messages=1)`)
+and ack each, until every job is acked. Side by side in the same round, on
+the same server, the same jobs through two one-table queues in raw SQL:
+
+* **raw delete-on-take**: `DELETE ... WHERE id = (SELECT ... FOR UPDATE SKIP
+  LOCKED LIMIT 1) RETURNING`, the least a job can leave (one deleted row), at
+  the price of at-most-once delivery (no lease, no visibility timeout);
+* **raw lease-then-delete**: the take sets the job's visibility (`UPDATE ...
+  SET visible_at = now() + timeout ... RETURNING`) and the ack deletes it: the
+  at-least-once queue most job tables are (two row versions per job).
+
+Per system: jobs/s and, per table, the dead tuples the hold kept
+(`pg_stat_user_tables.n_dead_tup` after the round against before it; the
+round's connections are closed first, which flushes their statistics). Rounds
+alternate the systems; the rows report the round with the fewest dead tuples
+per job for each. Target: the bus leaves no more dead tuples per job than the
+raw lease-then-delete queue (the one-table peers' shape).
+
+Knobs (environment): BUS_BENCH_DEAD_JOBS (jobs per round, default 5000;
+--quick 400), BUS_BENCH_DEAD_WORKERS (default 8; --quick 4),
+BUS_BENCH_DEAD_PRODUCERS (default 2), BUS_BENCH_DEAD_ROUNDS (default 2;
+--quick 1). Only the given DSN is contacted; each system runs in a schema of
+its own, dropped at the end.
+
+Run it alone with `bus bench deadtuples` (or `python -m benchmarks.deadtuples`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+import bus
+from benchmarks.rawpeers import create_pool, drop_schema
+from benchmarks.result import Result
+
+SCENARIO = "deadtuples"
+QUEUE = "bench.dead.jobs"
+PARTITIONS = 4
+PAYLOAD = b'{"order": 12345, "amount": 1234.5, "kind": "invoice"}'
+VISIBILITY = 30.0
+IDLE = 0.002  # a raw worker that found no job looks again this much later
+
+SYSTEMS = ("bus", "raw delete-on-take", "raw lease-then-delete")
+
+TABLE_STATS = """
+SELECT relname, n_dead_tup, n_tup_ins, n_tup_upd, n_tup_del
+FROM pg_stat_user_tables WHERE schemaname = $1
+"""
+
+CREATE_RAW_JOBS = """
+CREATE TABLE raw_jobs (
+    id          bigserial PRIMARY KEY,
+    payload     bytea NOT NULL,
+    visible_at  timestamptz NOT NULL DEFAULT now(),
+    attempts    integer NOT NULL DEFAULT 0
+);
+CREATE INDEX raw_jobs_ready ON raw_jobs (visible_at, id);
+"""
+RAW_PUBLISH = "INSERT INTO raw_jobs (payload) VALUES ($1)"
+RAW_TAKE_DELETE = """
+DELETE FROM raw_jobs WHERE id = (
+    SELECT id FROM raw_jobs ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
+) RETURNING id, payload
+"""
+RAW_TAKE_LEASE = """
+UPDATE raw_jobs SET visible_at = now() + make_interval(secs => $1), attempts = attempts + 1
+WHERE id = (
+    SELECT id FROM raw_jobs WHERE visible_at <= now() ORDER BY visible_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
+) RETURNING id, payload, attempts
+"""
+RAW_ACK = "DELETE FROM raw_jobs WHERE id = $1 AND attempts = $2"
+
+
+@dataclass
+class Round:
+    """One system's run of the jobs under a held snapshot."""
+
+    system: str
+    jobs: int
+    seconds: float = 0.0
+    dead: dict[str, int] = field(default_factory=dict)  # per table, kept by the hold
+    written: dict[str, int] = field(default_factory=dict)  # per table, rows updated or deleted
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds else 0.0
+
+    @property
+    def total_dead(self) -> int:
+        return sum(self.dead.values())
+
+    @property
+    def dead_per_job(self) -> float:
+        return self.total_dead / self.jobs if self.jobs else 0.0
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return default if not raw else int(raw)
+
+
+async def _stats(conn: asyncpg.Connection, schema: str) -> dict[str, tuple[int, int]]:
+    """Per table of `schema`: (dead tuples, rows updated or deleted so far)."""
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    rows = await conn.fetch(TABLE_STATS, schema)
+    return {r["relname"]: (int(r["n_dead_tup"]), int(r["n_tup_upd"]) + int(r["n_tup_del"])) for r in rows}
+
+
+async def _settled_stats(conn: asyncpg.Connection, schema: str) -> dict[str, tuple[int, int]]:
+    """The statistics once the closed connections' last reports arrived (two equal reads in a row)."""
+    last = await _stats(conn, schema)
+    for _ in range(20):
+        await asyncio.sleep(0.25)
+        now = await _stats(conn, schema)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+async def _held(
+    dsn: str,
+    schema: str,
+    system: str,
+    jobs: int,
+    run: Callable[[], Awaitable[None]],
+    close: Callable[[], Awaitable[None]],
+) -> Round:
+    """Run `run` while a snapshot is held; `close` closes the system's connections before the count."""
+    stats = await asyncpg.connect(dsn)
+    holder = await asyncpg.connect(dsn)
+    try:
+        before = await _settled_stats(stats, schema)
+        await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await holder.fetchval("SELECT count(*) FROM pg_class")  # takes the snapshot
+        started = time.perf_counter()
+        try:
+            await run()
+            seconds = time.perf_counter() - started
+        finally:
+            await close()
+        after = await _settled_stats(stats, schema)
+        await holder.execute("ROLLBACK")
+    finally:
+        await holder.close()
+        await stats.close()
+    out = Round(system, jobs, seconds)
+    for table, (dead, written) in after.items():
+        was_dead, was_written = before.get(table, (0, 0))
+        if dead - was_dead > 0 or written - was_written > 0:
+            out.dead[table] = max(0, dead - was_dead)
+            out.written[table] = written - was_written
+    return out
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+async def bus_round(dsn: str, jobs: int, workers: int, producers: int) -> Round:
+    """The bus: `producers` publishing one job per call, `workers` queue consumers taking one and acking it."""
+    schema = "bench_" + uuid.uuid4().hex[:10]
+    try:
+        # Warm-up on a Bus of its own (closed before the count): the schema, prepared statements.
+        b = await bus.connect(dsn, schema=schema)
+        try:
+            await b.create_topic(QUEUE, partitions=PARTITIONS, semantics="queue")
+            async with b.queue_consumer(QUEUE, visibility_timeout=VISIBILITY) as q:
+                for _ in range(20):
+                    await b.publish(QUEUE, PAYLOAD)
+                    for job in await q.take(max_messages=1, timeout=1.0):
+                        await q.ack(job)
+        finally:
+            await b.close()
+        b = await bus.connect(dsn, schema=schema)
+        acked = [0]
+        done = asyncio.Event()
+
+        async def produce(n: int) -> None:
+            for _ in range(n):
+                await b.publish(QUEUE, PAYLOAD)
+
+        async def work() -> None:
+            async with b.queue_consumer(QUEUE, visibility_timeout=VISIBILITY) as q:
+                while not done.is_set():
+                    for job in await q.take(max_messages=1, timeout=0.2):
+                        await q.ack(job)
+                        acked[0] += 1
+                        if acked[0] >= jobs:
+                            done.set()
+
+        async def run() -> None:
+            tasks = [asyncio.create_task(work()) for _ in range(workers)]
+            await asyncio.gather(*(produce(n) for n in _split(jobs, producers)))
+            await done.wait()
+            await asyncio.gather(*tasks)
+
+        return await _held(dsn, schema, "bus", jobs, run, b.close)
+    finally:
+        await drop_schema(dsn, schema)
+
+
+async def raw_round(dsn: str, jobs: int, workers: int, producers: int, *, lease: bool) -> Round:
+    """A one-table queue in raw SQL: the take deletes the job, or (`lease`) leases it for the ack to delete."""
+    schema = "bench_" + uuid.uuid4().hex[:10]
+    setup = await asyncpg.connect(dsn)
+    try:
+        await setup.execute(f'CREATE SCHEMA "{schema}"')  # a generated name
+    finally:
+        await setup.close()
+    try:
+        pool = await create_pool(dsn, schema, min_size=2, max_size=workers + producers)
+        await pool.execute(CREATE_RAW_JOBS)
+        acked = [0]
+
+        async def produce(n: int) -> None:
+            for _ in range(n):
+                await pool.execute(RAW_PUBLISH, PAYLOAD)
+
+        async def work() -> None:
+            while acked[0] < jobs:
+                if lease:
+                    row = await pool.fetchrow(RAW_TAKE_LEASE, VISIBILITY)
+                    if row is not None:
+                        await pool.execute(RAW_ACK, row["id"], row["attempts"])
+                else:
+                    row = await pool.fetchrow(RAW_TAKE_DELETE)
+                if row is None:
+                    await asyncio.sleep(IDLE)
+                else:
+                    acked[0] += 1
+
+        async def run() -> None:
+            await asyncio.gather(
+                *(produce(n) for n in _split(jobs, producers)), *(work() for _ in range(workers))
+            )
+
+        system = SYSTEMS[2] if lease else SYSTEMS[1]
+        return await _held(dsn, schema, system, jobs, run, pool.close)
+    finally:
+        await drop_schema(dsn, schema)
+
+
+async def measure(dsn: str, jobs: int, workers: int, producers: int, rounds: int) -> list[Round]:
+    """Every system once per round, in alternating order."""
+    out: list[Round] = []
+    for i in range(rounds):
+        order = [0, 1, 2] if i % 2 == 0 else [2, 1, 0]
+        for k in order:
+            if k == 0:
+                out.append(await bus_round(dsn, jobs, workers, producers))
+            else:
+                out.append(await raw_round(dsn, jobs, workers, producers, lease=k == 2))
+    return out
+
+
+def best(rounds: list[Round], system: str) -> Round:
+    """The system's round with the fewest dead tuples per job."""
+    return min((r for r in rounds if r.system == system), key=lambda r: r.dead_per_job)
+
+
+def table(rounds: list[Round]) -> list[list[str]]:
+    """Per round: the system, jobs/s, dead tuples per job, and the dead tuples of each table."""
+    tables = sorted({t for r in rounds for t in r.dead})
+    out = [["round", "system", "jobs/s", "dead/job", "dead", *tables]]
+    per_system: dict[str, int] = {}
+    for r in rounds:
+        per_system[r.system] = per_system.get(r.system, 0) + 1
+        out.append(
+            [
+                str(per_system[r.system]),
+                r.system,
+                f"{r.rate:,.0f}",
+                f"{r.dead_per_job:.2f}",
+                f"{r.total_dead:,}",
+                *[f"{r.dead[t]:,}" if t in r.dead else "" for t in tables],
+            ]
+        )
+    return out
+
+
+async def run(dsn: str, quick: bool) -> list[Result]:
+    """Dead tuples per job and jobs/s of the bus under a held snapshot, against the raw one-table queues."""
+    jobs = _env_int("BUS_BENCH_DEAD_JOBS", 400 if quick else 5000)
+    workers = _env_int("BUS_BENCH_DEAD_WORKERS", 4 if quick else 8)
+    producers = _env_int("BUS_BENCH_DEAD_PRODUCERS", 2)
+    rounds = _env_int("BUS_BENCH_DEAD_ROUNDS", 1 if quick else 2)
+    measured = await measure(dsn, jobs, workers, producers, rounds)
+    ours, deleting, leasing = (best(measured, s) for s in SYSTEMS)
+    extra: dict[str, Any] = {
+        "jobs": jobs,
+        "workers": workers,
+        "producers": producers,
+        "rounds": rounds,
+        "table": table(measured),
+        "bus_dead_per_table": dict(ours.dead),
+    }
+    shape = f"take(1) + ack, {workers} workers, {jobs} jobs, snapshot held"
+    return [
+        Result(
+            SCENARIO,
+            f"dead tuples per job, {shape} (baseline: raw lease-then-delete)",
+            ours.dead_per_job,
+            "rows/job",
+            leasing.dead_per_job,
+            SYSTEMS[2],
+            higher_is_better=False,
+            target="<= 1.0x raw lease-then-delete",
+            extra=extra,
+        ),
+        Result(
+            SCENARIO,
+            f"dead tuples per job, {shape} (baseline: raw delete-on-take)",
+            ours.dead_per_job,
+            "rows/job",
+            deleting.dead_per_job,
+            SYSTEMS[1],
+            higher_is_better=False,
+        ),
+        Result(
+            SCENARIO,
+            f"jobs/s, {shape} (baseline: raw lease-then-delete)",
+            max(r.rate for r in measured if r.system == SYSTEMS[0]),
+            "jobs/s",
+            max(r.rate for r in measured if r.system == SYSTEMS[2]),
+            SYSTEMS[2],
+        ),
+        Result(
+            SCENARIO,
+            f"jobs/s, {shape} (baseline: raw delete-on-take)",
+            max(r.rate for r in measured if r.system == SYSTEMS[0]),
+            "jobs/s",
+            max(r.rate for r in measured if r.system == SYSTEMS[1]),
+            SYSTEMS[1],
+        ),
+    ]
+
+
+def print_table(rows: list[Result]) -> None:
+    """The per-round table."""
+    cells: list[list[str]] = rows[0].extra["table"]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    for r in cells:
+        print(
+            "  ".join(
+                c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bus.server.embedded import ensure_server
+
+    target = os.environ.get("BUS_DSN") or ensure_server().dsn
+    result = asyncio.run(run(target, quick="--quick" in sys.argv))
+    print_table(result)
