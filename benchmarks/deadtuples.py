@@ -113,6 +113,11 @@ class Round:
     def dead_per_job(self) -> float:
         return self.total_dead / self.jobs if self.jobs else 0.0
 
+    @property
+    def written_per_job(self) -> float:
+        """Rows updated or deleted per job (under the hold, each one a version kept)."""
+        return sum(self.written.values()) / self.jobs if self.jobs else 0.0
+
 
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
@@ -280,9 +285,9 @@ def best(rounds: list[Round], system: str) -> Round:
 
 
 def table(rounds: list[Round]) -> list[list[str]]:
-    """Per round: the system, jobs/s, dead tuples per job, and the dead tuples of each table."""
+    """Per round: the system, jobs/s, dead tuples and rows written per job, the dead tuples of each table."""
     tables = sorted({t for r in rounds for t in r.dead})
-    out = [["round", "system", "jobs/s", "dead/job", "dead", *tables]]
+    out = [["round", "system", "jobs/s", "dead/job", "written/job", "dead", *tables]]
     per_system: dict[str, int] = {}
     for r in rounds:
         per_system[r.system] = per_system.get(r.system, 0) + 1
@@ -292,6 +297,7 @@ def table(rounds: list[Round]) -> list[list[str]]:
                 r.system,
                 f"{r.rate:,.0f}",
                 f"{r.dead_per_job:.2f}",
+                f"{r.written_per_job:.2f}",
                 f"{r.total_dead:,}",
                 *[f"{r.dead[t]:,}" if t in r.dead else "" for t in tables],
             ]
