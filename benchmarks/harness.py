@@ -62,6 +62,7 @@ SCENARIOS: tuple[str, ...] = (
     "soak",
     "scale",
     "xmin",
+    "deadtuples",
     "imports",
     "faststream",
     "pooler",
