@@ -557,7 +557,8 @@ def compact(
 @app.command()
 def bench(
     scenario: str = typer.Argument(
-        None, help="publish | groups | queue | fanout | claims | eventstore | compact | xmin (default: all)"
+        None,
+        help="publish | groups | queue | worker | claims | eventstore | compact | xmin | deadtuples | pooler | stockpg | workflows | ... (benchmarks/harness.py SCENARIOS; default: all)",
     ),
     quick: bool = typer.Option(False, help="smaller sizes, for a smoke run"),
     against: str = typer.Option(
