@@ -200,3 +200,26 @@ async def test_while_the_previous_release_may_run_an_outbox_publish_moves_its_co
     assert keyed.offset == 3
     row = await b.pool.fetchrow("SELECT p.next_offset, p.log_end FROM partitions p WHERE p.topic = 'orders'")
     assert tuple(row) == (4, 4)
+
+
+async def test_a_keyed_outbox_publish_on_a_repeatable_read_snapshot_behind_the_log_fails_and_writes_nothing(
+    b: bus.Bus, service: asyncpg.Connection
+) -> None:
+    await b.create_topic("orders", partitions=1)
+    await b.publish("orders", b"first")
+    tx = service.transaction(isolation="repeatable_read")
+    await tx.start()
+    assert await service.fetchval("SELECT 1") == 1  # the transaction's snapshot is taken here
+    await b.publish("orders", b"committed after that snapshot")
+    with pytest.raises(asyncpg.SerializationError):
+        await b.publish("orders", b"from the old snapshot", idempotency_key="order-1", connection=service)
+    await tx.rollback()
+    assert await idempotency.count_keys(b.pool, "orders") == 0
+    async with service.transaction(isolation="repeatable_read"):  # a snapshot not behind: it goes in
+        rec = await b.publish("orders", b"repeatable read", idempotency_key="order-1", connection=service)
+    assert rec.offset == 2
+    assert [m.payload for m in await b.read("orders")] == [
+        b"first",
+        b"committed after that snapshot",
+        b"repeatable read",
+    ]
