@@ -11,7 +11,9 @@ held open elsewhere does not make publishing slower the longer it stays open.
 A partition's end is its newest head (`p.log_end` for a partition row `p`).
 While the previous release may run on the schema (until `bus migrate
 --finalize`), a publish also moves `partitions.next_offset`, which that release
-reads and moves itself.
+reads and moves itself. On a caller's own connection (the outbox) the same
+statements run with the bus's tables named by schema (`in_schema`), one
+statement of the caller's transaction.
 """
 
 from __future__ import annotations

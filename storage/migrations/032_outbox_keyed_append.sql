@@ -12,7 +12,9 @@
 --
 -- The key is claimed before the partition's head is moved, as in a flush of
 -- the Producer, so key and head locks never wait on each other in a cycle.
--- It runs with the bus schema as its search_path whatever the caller's is.
+-- It runs with the bus schema as its search_path whatever the caller's is,
+-- pg_temp last (below), as migration 016 pins `publish`'s: a temporary table
+-- of the caller's named as a bus table cannot stand in for it.
 
 -- `p_topic`/`p_ikey`: the idempotency key; `p_window`: its dedupe window in
 -- seconds (NULL: for ever); `p_now`: when the window is judged and starts
@@ -40,7 +42,6 @@ CREATE FUNCTION log_append_keyed(
 )
 RETURNS TABLE (placed_partition_id bigint, placed_offset bigint, placed_at timestamptz, placed_partition text)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 SET jit = off
 AS $$
 DECLARE
@@ -91,3 +92,10 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
+DO $do$
+BEGIN
+    EXECUTE format('ALTER FUNCTION log_append_keyed(text, text, float8, timestamptz, bigint, text, text, bytea, '
+                   'text, boolean, float8, timestamptz, integer) SET search_path = %I, pg_temp', current_schema());
+END
+$do$;

@@ -76,6 +76,10 @@ async def test_outbox_publishes_of_every_kind_land_from_a_connection_whose_searc
     await b.create_topic("orders", partitions=3)
     await b.create_topic("jobs", semantics="queue")
     path = await service.fetchval("SHOW search_path")
+    # The service's own tables named as the bus's (temporary ones are looked up first): left alone.
+    mine = ("messages", "topics", "queue_jobs", "idempotency_keys")
+    for table in mine:
+        await service.execute(f"CREATE TEMP TABLE {table} (id int)")
     async with service.transaction():
         one = await b.publish("orders", {"id": 1}, partition="0", headers={"h": "v"}, connection=service)
         spread = await b.publish_many(
@@ -101,6 +105,8 @@ async def test_outbox_publishes_of_every_kind_land_from_a_connection_whose_searc
         await b.publish("jobs", b"keyed later", delay=3600, idempotency_key="job-1", connection=service)
         assert await b.read("orders", partition="0") == []  # nothing visible before the commit
         assert await service.fetchval("SHOW search_path") == path
+    for table in mine:
+        assert await service.fetchval(f"SELECT count(*) FROM {table}") == 0
     assert (one.partition, one.offset) == ("0", 0)
     assert [(r.partition, r.offset) for r in spread] == [("1", 0), ("2", 0)]
     assert [(r.partition, r.offset) for r in same] == [("0", 1), ("0", 2)]
