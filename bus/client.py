@@ -716,11 +716,19 @@ class Bus:
         else:
             with db.translate_errors():
                 if connection is not None:
-                    # A savepoint inside the caller's transaction; the wake-up is sent by its commit.
-                    async with db.on_schema(connection, self.config.schema):
-                        placed = await call.append(
-                            connection, notify=self.channels.messages, now=self.context.now()
-                        )
+                    # In the caller's transaction, one statement of it; the wake-up is sent by its commit.
+                    placed = await log_sql.append_outbox(
+                        connection,
+                        self.config.schema,
+                        call.pids,
+                        call.keys,
+                        call.headers,
+                        call.payloads,
+                        queue=call.queue,
+                        keyed=call.keyed(self.context.now()),
+                        notify=self.channels.messages,
+                        timing=call.timing,
+                    )
                 elif call.ikeys is not None:
                     async with self.pool.acquire() as conn, conn.transaction():
                         placed = await call.append(conn, now=self.context.now())

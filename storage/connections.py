@@ -50,6 +50,8 @@ async def on_schema(conn: Connection, schema: str) -> AsyncIterator[None]:
     Inside a transaction (a savepoint when the caller already has one) the
     bus schema becomes the search_path, and the caller's own is put back
     before the block ends; on an error the savepoint's rollback restores it.
+    `pg_temp` goes last: a temporary table of the caller's named as a bus
+    table (searched first otherwise) cannot stand in for it.
     """
     wanted = search_path(schema)
     async with conn.transaction():
@@ -57,7 +59,7 @@ async def on_schema(conn: Connection, schema: str) -> AsyncIterator[None]:
         if previous == wanted:
             yield
             return
-        await conn.execute(SET_LOCAL_SEARCH_PATH, wanted)
+        await conn.execute(SET_LOCAL_SEARCH_PATH, wanted + ", pg_temp")
         yield
         await conn.execute(SET_LOCAL_SEARCH_PATH, previous)
 

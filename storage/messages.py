@@ -11,15 +11,20 @@ held open elsewhere does not make publishing slower the longer it stays open.
 A partition's end is its newest head (`p.log_end` for a partition row `p`).
 While the previous release may run on the schema (until `bus migrate
 --finalize`), a publish also moves `partitions.next_offset`, which that release
-reads and moves itself.
+reads and moves itself. On a caller's own connection (the outbox) the same
+statements run with the bus's tables named by schema (`in_schema`), one
+statement of the caller's transaction.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from datetime import datetime
+from typing import NamedTuple
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -143,6 +148,56 @@ SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS 
 FROM bumped b CROSS JOIN ts
 """
 
+
+class AppendStatements(NamedTuple):
+    """The statements `append` runs: in the bus schema (`IN_BUS_SCHEMA`), or named in a schema (`in_schema`)."""
+
+    plain: str  # APPEND
+    one: str  # APPEND_ONE
+    single: str  # APPEND_SINGLE
+    queue: str  # APPEND_QUEUE
+    queue_timed: str  # APPEND_QUEUE_TIMED
+
+
+#: On the bus's own connections, whose search_path is the bus schema.
+IN_BUS_SCHEMA = AppendStatements(APPEND, APPEND_ONE, APPEND_SINGLE, APPEND_QUEUE, APPEND_QUEUE_TIMED)
+
+# The bus's tables and functions the append statements name: each follows FROM, JOIN or INTO.
+_BUS_OBJECTS = re.compile(
+    r"\b(FROM|JOIN|INTO)(\s+)(log_take_offsets_many|log_take_offset|messages|queue_jobs|topics)\b"
+)
+
+
+@functools.cache
+def in_schema(schema: str) -> AppendStatements:
+    """The append statements naming the bus's tables and functions in `schema` (validated and quoted).
+
+    For the outbox: they run on the caller's connection, whose search_path is the caller's own,
+    as they are (no round trips to set the search_path and put it back). The functions they
+    call run with the bus schema as their search_path (`SET search_path FROM CURRENT`).
+    """
+    prefix = db.search_path(schema) + "."
+    return AppendStatements(
+        *(_BUS_OBJECTS.sub(lambda m: m[1] + m[2] + prefix + m[3], sql) for sql in IN_BUS_SCHEMA)
+    )
+
+
+# An outbox publish of one message with an idempotency key: claim, append and fill in one call
+# (migration 032). {schema}: the bus schema, validated and quoted. $1 topic, $2 idempotency key,
+# $3 window seconds (NULL: for ever), $4 now (NULL: the server's clock), $5..$8 partition id, key,
+# headers, payload, $9 channel to NOTIFY (NULL: none), $10 a queue topic, $11..$13 delay seconds,
+# delivery time, priority (NULL: a fresh job). At most one row: partition id, offset, created_at,
+# and the partition's name for a repeated key.
+APPEND_KEYED = (
+    "SELECT * FROM {schema}.log_append_keyed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+)
+
+
+@functools.cache
+def _append_keyed(schema: str) -> str:
+    return APPEND_KEYED.format(schema=db.search_path(schema))
+
+
 ANNOUNCE = "SELECT count(pg_notify($1, x::text)) FROM unnest($2::bigint[]) AS x"
 
 # From the log start on: rows below it may still be stored (retention is
@@ -178,6 +233,10 @@ class Timing:
         self.times = times
         self.priorities = priorities
 
+    def row(self, index: int) -> tuple[float | None, datetime | None, int | None]:
+        """Message `index`'s delay, delivery time and priority."""
+        return self.delays[index], self.times[index], self.priorities[index]
+
     def pick(self, indexes: list[int]) -> Timing:
         """The timing of the messages at `indexes`."""
         return Timing(
@@ -212,25 +271,26 @@ class Keyed:
 
 async def _append(
     conn: Target,
-    statement: str,
+    queue: bool,
     partition_ids: list[int],
     keys: list[str | None],
     headers: list[str | None],
     payloads: list[bytes | None],
     notify: str | None,
     timing: Timing | None = None,
+    sql: AppendStatements = IN_BUS_SCHEMA,
 ) -> list[Placed | None]:
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
     # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
     # asyncpg's array encoder checks every element.
     keys_arg = None if keys.count(None) == len(keys) else keys
     headers_arg = None if headers.count(None) == len(headers) else headers
-    if statement is APPEND and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
+    if not queue and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
         if len(partition_ids) == 1:
-            row = await conn.fetchrow(APPEND_SINGLE, pid, keys[0], headers[0], payloads[0], notify)
+            row = await conn.fetchrow(sql.single, pid, keys[0], headers[0], payloads[0], notify)
         else:
-            row = await conn.fetchrow(APPEND_ONE, pid, keys_arg, headers_arg, payloads, notify)
+            row = await conn.fetchrow(sql.one, pid, keys_arg, headers_arg, payloads, notify)
         if row is None:  # the partition no longer exists
             return [None] * len(partition_ids)
         first, at = row[0], row[1]
@@ -249,8 +309,9 @@ async def _append(
         list(counts.values()),
         notify,
     ]
+    statement = sql.queue if queue else sql.plain
     if timing is not None:
-        statement = APPEND_QUEUE_TIMED
+        statement = sql.queue_timed
         args += [timing.delays, timing.times, timing.priorities]
     rows = await conn.fetch(statement, *args)
     base = {r[0]: r[1] for r in rows}
@@ -290,9 +351,8 @@ async def append(
     Wake-ups are the caller's (after commit; see actors/announcer.py), unless `notify` names the channel to NOTIFY in the same statement (its
     commit sends them: one per partition written).
     """
-    statement = APPEND_QUEUE if queue else APPEND
     if keyed is None:
-        return await _append(conn, statement, partition_ids, keys, headers, payloads, notify, timing)
+        return await _append(conn, queue, partition_ids, keys, headers, payloads, notify, timing)
     assert not isinstance(conn, asyncpg.Pool), "keyed appends need one connection inside a transaction"
     first: dict[tuple[str, str], int] = {}
     for i, ikey in enumerate(keyed.keys):
@@ -315,7 +375,7 @@ async def append(
     if write:
         written = await _append(
             conn,
-            statement,
+            queue,
             [partition_ids[i] for i in write],
             [keys[i] for i in write],
             [headers[i] for i in write],
@@ -353,6 +413,66 @@ async def append(
                 original = (original[0], original[1], original[2], keyed.names[j])
             results[i] = original
     return results
+
+
+async def append_outbox(
+    conn: asyncpg.Connection | PoolConnectionProxy,
+    schema: str,
+    partition_ids: list[int],
+    keys: list[str | None],
+    headers: list[str | None],
+    payloads: list[bytes | None],
+    *,
+    queue: bool,
+    keyed: Keyed | None = None,
+    notify: str | None = None,
+    timing: Timing | None = None,
+) -> list[Placed | None]:
+    """`append` on a caller's connection, inside the caller's transaction (the outbox), in one round trip.
+
+    Whatever the connection's search_path: the statement names the bus's objects in `schema`.
+    One statement and no savepoint of its own, so it is part of the caller's transaction as any
+    statement of the caller's is: an error in it fails that transaction, and what it wrote goes
+    or stays with the caller's commit or rollback (the wake-ups `notify` sends too). A single
+    message with an idempotency key is one call (claim, append, fill). Several messages with
+    keys run the Producer's statements in the bus schema, under a savepoint (`db.on_schema`):
+    they are more than one statement, and must be all or nothing.
+    """
+    if keyed is None:
+        return await _append(
+            conn, queue, partition_ids, keys, headers, payloads, notify, timing, in_schema(schema)
+        )
+    if len(partition_ids) == 1 and keyed.keys[0] is not None:
+        delay, at, priority = (None, None, None) if timing is None else timing.row(0)
+        row = await conn.fetchrow(
+            _append_keyed(schema),
+            keyed.topics[0],
+            keyed.keys[0],
+            keyed.windows[0],
+            keyed.now,
+            partition_ids[0],
+            keys[0],
+            headers[0],
+            payloads[0],
+            notify,
+            queue,
+            delay,
+            at,
+            priority,
+        )
+        return [None if row is None else (int(row[0]), int(row[1]), row[2], row[3])]
+    async with db.on_schema(conn, schema):
+        return await append(
+            conn,
+            partition_ids,
+            keys,
+            headers,
+            payloads,
+            queue=queue,
+            keyed=keyed,
+            notify=notify,
+            timing=timing,
+        )
 
 
 async def announce(conn: asyncpg.Connection, channel: str, partition_ids: list[int]) -> None:
