@@ -139,7 +139,7 @@ async def test_ticks_missed_while_no_scheduler_ran_follow_catch_up(
     # minute past the tenth tick, so that none is within its grace (2 s here, twice its lease) and
     # each one is a missed tick, whatever second of the minute the schedule was declared at.
     now = (info.last_tick + timedelta(minutes=10)).replace(second=30, microsecond=0)
-    ref = spawn(lambda: Scheduler(b.pool, b.publish, 0.1, 1.0, clock=lambda: now), "scheduler")
+    ref = spawn(lambda: Scheduler(b.pool, b.publish, 0.1, 1.0, wall=lambda: now), "scheduler")
     try:
         await ref.ask(Check())
         await ref.ask(Check())  # a second pass at the same time finds nothing more to do
