@@ -87,3 +87,29 @@ async def test_a_handlers_commit_interval_runs_out_on_the_moved_clock(connect, f
 
 async def _equals(value, expected) -> bool:  # type: ignore[no-untyped-def]
     return await value == expected
+
+
+async def test_a_handlers_retry_backoff_runs_out_on_the_moved_clock(connect, fast) -> None:
+    # A session and a lease longer than the advance: the member stays, so only the worker's retry
+    # timer brings the message again (a rejoin would read it again too).
+    b = await connect(**{**fast, "heartbeat_interval": 30.0, "session_timeout": 3000.0, "lease_time": 3600.0})
+    await b.create_topic("t", partitions=1)
+    attempts: list[int] = []
+
+    async def handler(m: bus.Message) -> None:
+        attempts.append(m.offset)
+        if len(attempts) == 1:
+            raise ValueError("the first attempt fails")
+
+    sub = await b.subscribe(
+        "g", handler, topics=["t"], start="earliest", retry=bus.Retry(max_attempts=2, backoff=600.0)
+    )
+    clock = Clock(b)
+    await b.publish("t", b"a")
+    await eventually(lambda: attempts == [0])  # failed: the retry comes in ten minutes
+    clock.advance(600)
+    await eventually(lambda: attempts == [0, 0])
+    await eventually(
+        lambda: _equals(b.pool.fetchval("SELECT committed FROM offsets WHERE group_name = 'g'"), 1)
+    )
+    await sub.stop()
