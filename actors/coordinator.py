@@ -125,6 +125,7 @@ class Coordinator(Actor[CoordinatorMessage]):
             on_escalate=self._worker_gave_up,
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
             outage=is_unavailable,  # a worker waits out the database's outage, however long
+            clock=self.clock,
         )
         if self._sink.handler_mode:
             lender, spec = self._lender, self.spec

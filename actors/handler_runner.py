@@ -20,7 +20,7 @@ import asyncpg
 from actors import metrics
 from actors.committer import Commit
 from actors.messages import CommitDue, CoordinatorMessage, RetryDue, WorkerFailed, WorkerMessage
-from actors.runtime import ActorRef, ActorStoppedError, Timer
+from actors.runtime import ActorRef, ActorStoppedError, Timer, TimeSource
 from actors.sink import Sink, WorkerSpec
 from storage import leases
 from storage.db import Lender
@@ -41,6 +41,10 @@ class LeaseHolder(Protocol):
     @property
     def self_ref(self) -> ActorRef[WorkerMessage]:
         """Where the runner's timers send their messages."""
+
+    @property
+    def clock(self) -> TimeSource:
+        """The time the runner's timers run on and its commit interval is measured by."""
 
     async def check_lease(self) -> None:
         """Read the lease; if it was taken, let the partition go."""
@@ -68,7 +72,7 @@ class HandlerRunner:
         self._log = log
         self.committed = 0  # last committed position
         self.handled = 0  # the position handled through (committed at most every COMMIT_INTERVAL)
-        self._last_commit = 0.0  # loop time of the last commit write
+        self._last_commit = 0.0  # the worker's clock at the last commit write
         self._commit_timer: Timer | None = None
         # The rows left when a handler failed, and the next attempt number.
         self._retry: tuple[list[asyncpg.Record], int] | None = None
@@ -177,7 +181,7 @@ class HandlerRunner:
             # Nothing applied: the new owner (or this one) reads again from what was handled.
             await self._worker.check_lease()
             return self.handled
-        self._last_commit = asyncio.get_running_loop().time()
+        self._last_commit = self._worker.clock.monotonic()
         self.committed = self.handled = max(self.committed, out.committed)
         if out.failed is None:
             return None
@@ -229,7 +233,7 @@ class HandlerRunner:
         epoch = self._worker.epoch
         if epoch is None or position <= self.committed:
             return
-        wait = self._last_commit + COMMIT_INTERVAL - asyncio.get_running_loop().time()
+        wait = self._last_commit + COMMIT_INTERVAL - self._worker.clock.monotonic()
         if wait <= 0:
             await self.commit(position)
         elif self._commit_timer is None:
@@ -244,7 +248,7 @@ class HandlerRunner:
         epoch = self._worker.epoch
         if epoch is None or position <= self.committed:
             return
-        self._last_commit = asyncio.get_running_loop().time()
+        self._last_commit = self._worker.clock.monotonic()
         if await self._commit_applied(position, epoch):
             self.committed = position
         else:

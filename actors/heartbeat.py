@@ -91,7 +91,7 @@ class HeartbeatMonitor(Actor[MonitorMessage]):
         self._log = get_logger(__name__, actor="heartbeat")
 
     async def on_start(self) -> None:
-        self._supervisor = Supervisor("rebalancers", outage=is_unavailable)
+        self._supervisor = Supervisor("rebalancers", outage=is_unavailable, clock=self.clock)
         self.self_ref.schedule_every(self.config.heartbeat_interval, Beat())
 
     async def on_stop(self) -> None:

@@ -34,7 +34,6 @@ knows the LISTEN is in place when the answer comes.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -82,7 +81,7 @@ class Notifier(Actor[NotifierMessage]):
         self._availability = availability if availability is not None else Availability()
         self._reconnect = reconnect
         self._attempts = 0  # failed attempts to connect in a row
-        self._retry_at = 0.0  # monotonic time before which no attempt is made (the backoff)
+        self._retry_at = 0.0  # the clock's time before which no attempt is made (the backoff)
         self._channels = channels
         self._lazy = lazy
         self._check_interval = check_interval
@@ -148,7 +147,7 @@ class Notifier(Actor[NotifierMessage]):
             return
         if self._conn is not None and not self._conn.is_closed():
             return
-        if time.monotonic() < self._retry_at:
+        if self.clock.monotonic() < self._retry_at:
             return  # backing off: a timer brings the next attempt
         self._listening.clear()
         wanted = [c for c in self._channels if c not in self._lazy or self._subs.get(c)]
@@ -184,7 +183,7 @@ class Notifier(Actor[NotifierMessage]):
         """Back off before the next attempt; a server that is away is an outage (said once), not a failure."""
         self._attempts += 1
         delay = self._reconnect.delay(self._attempts)
-        self._retry_at = time.monotonic() + delay
+        self._retry_at = self.clock.monotonic() + delay
         self.self_ref.schedule_once(delay, CheckConnection())
         if is_unavailable(exc) or isinstance(exc, TimeoutError):  # refused, lost, or no answer at all
             self._availability.lost(exc)

@@ -16,16 +16,16 @@ import asyncio
 import inspect
 import random
 import sys
-import time
 import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
 
+from actors.time_source import RealTime, TimeSource
 from storage.errors import ActorStoppedError
 from storage.logs import get_logger
 
@@ -34,13 +34,13 @@ __all__ = [
     "ActorRef",
     "ActorStoppedError",
     "AskTimeoutError",
-    "AsyncioClock",
     "Backoff",
-    "Clock",
     "EscalationHandler",
     "Message",
+    "RealTime",
     "RestartStrategy",
     "Supervisor",
+    "TimeSource",
     "Timer",
     "spawn",
 ]
@@ -67,30 +67,6 @@ class AskTimeoutError(TimeoutError):
 
 EscalationHandler = Callable[[str, BaseException], Awaitable[None] | None]
 """Called with a child's name and its last exception when the supervisor gives up on it."""
-
-
-class Clock(Protocol):
-    """Where actors get time from; injected so tests can control backoff and timers."""
-
-    def monotonic(self) -> float:
-        """Seconds on a clock that never goes backwards."""
-        ...
-
-    async def sleep(self, seconds: float) -> None:
-        """Wait ``seconds``."""
-        ...
-
-
-class AsyncioClock:
-    """The real clock: :func:`time.monotonic` and :func:`asyncio.sleep`."""
-
-    def monotonic(self) -> float:
-        """Seconds on the process's monotonic clock."""
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` on the running event loop."""
-        await asyncio.sleep(seconds)
 
 
 class Backoff(msgspec.Struct, frozen=True):
@@ -158,6 +134,11 @@ class Actor(abc.ABC, Generic[M]):
         if self._ref is None:
             raise RuntimeError(f"{type(self).__name__}.self_ref is only available once the actor is spawned")
         return self._ref
+
+    @property
+    def clock(self) -> TimeSource:
+        """The time this actor's timers run on: its supervisor's (for a Bus's actors, the Bus's time)."""
+        return self.self_ref.clock
 
     @abc.abstractmethod
     async def receive(self, message: M) -> Any:
@@ -276,7 +257,7 @@ class _Cell(Generic[N]):
         mailbox_size: int | None,
         strategy: RestartStrategy | None,
         on_give_up: Callable[[str, BaseException], None] | None,
-        clock: Clock,
+        clock: TimeSource,
         outage: Callable[[BaseException], bool] | None = None,
     ) -> None:
         # Build the first instance here so a broken constructor fails the spawn call itself.
@@ -476,6 +457,11 @@ class ActorRef(Generic[M]):
         """True until the actor's task has ended."""
         return not self._cell.task.done()
 
+    @property
+    def clock(self) -> TimeSource:
+        """The time the actor's timers run on (given to `spawn` or its supervisor)."""
+        return self._cell.clock
+
     def _stopped_error(self, message: msgspec.Struct) -> ActorStoppedError:
         return ActorStoppedError(
             f"actor {self.name} is stopped and accepts no more messages (got {type(message).__name__}): "
@@ -617,14 +603,14 @@ def spawn(
     factory: Callable[[], Actor[N]],
     name: str,
     mailbox_size: int | None = None,
-    clock: Clock | None = None,
+    clock: TimeSource | None = None,
 ) -> ActorRef[N]:
     """Start an unsupervised actor in the running event loop.
 
     A failure stops it for good: ``on_failure`` runs, and every pending ask
     fails with the exception.
     """
-    cell = _Cell(factory, name, mailbox_size, None, None, clock or AsyncioClock())
+    cell = _Cell(factory, name, mailbox_size, None, None, clock or RealTime())
     return cell.ref
 
 
@@ -648,7 +634,7 @@ class Supervisor:
         *,
         on_escalate: EscalationHandler | None = None,
         strategy: RestartStrategy | None = None,
-        clock: Clock | None = None,
+        clock: TimeSource | None = None,
         outage: Callable[[BaseException], bool] | None = None,
     ) -> None:
         self.name = name
@@ -656,7 +642,7 @@ class Supervisor:
         self.outage = outage
         self.escalated = asyncio.Event()
         self._on_escalate = on_escalate
-        self._clock = clock or AsyncioClock()
+        self._clock = clock or RealTime()
         self._children: dict[str, ActorRef[Any]] = {}
         self._failures: list[tuple[str, BaseException]] = []
         self._escalations: set[asyncio.Task[None]] = set()

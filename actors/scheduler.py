@@ -46,7 +46,7 @@ def plan(
 
     The ticks are those after `last_tick` up to `now`; of those later than `grace` seconds
     (missed while no scheduler ran), "all" keeps each, "one" the latest, "none" none.
-    `now` comes from the scheduler's clock (a test may give it one).
+    `now` comes from the scheduler's wall time (the Bus's, or one a test gives it).
     """
     tz = ZoneInfo(timezone)
     it = croniter(cron, last_tick.astimezone(tz))
@@ -79,13 +79,13 @@ class Scheduler(Actor[Check]):
         publish: Callable[..., Awaitable[Any]],
         interval: float,
         lease_time: float,
-        clock: Callable[[], datetime] | None = None,
+        wall: Callable[[], datetime] | None = None,
     ) -> None:
         self._pool = pool
         self._publish = publish
         self._interval = interval
         self._lease_time = lease_time
-        self._clock = clock or (lambda: datetime.now(UTC))
+        self._wall = wall  # None: the actor's clock (the Bus's time: a test's Clock moves it)
         self._owner = f"scheduler-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the pid: operators see who leads
         self._epoch: int | None = None
         self._timer: Timer | None = None
@@ -117,6 +117,12 @@ class Scheduler(Actor[Check]):
         self._timer = self.self_ref.schedule_once(max(0.0, min(delay, self._interval)), Check())
         return None
 
+    def _now(self) -> datetime:
+        """The wall time ticks are due by: the Bus's (moved by a test's Clock), else this host's."""
+        if self._wall is not None:
+            return self._wall()
+        return self.clock.now() or datetime.now(UTC)
+
     async def _pass(self) -> float:
         """Fire what is due; the seconds until the next pass is needed."""
         async with self._pool.acquire() as conn:
@@ -124,7 +130,7 @@ class Scheduler(Actor[Check]):
             if self._epoch is None:
                 return self._interval
             rows = await schedules.list_all(conn)
-        now = self._clock()
+        now = self._now()
         grace = 2 * self._lease_time
         wait = self._interval
         for row in rows:
@@ -135,7 +141,7 @@ class Scheduler(Actor[Check]):
                 if done != row["last_tick"]:
                     if not await self._fire(row, fire, done):
                         continue
-                wait = min(wait, (following - self._clock()).total_seconds())
+                wait = min(wait, (following - self._now()).total_seconds())
             except Exception as exc:  # one broken schedule (its topic deleted) does not stop the others
                 self._log.warning("schedule_tick_failed", schedule=row["name"], error=repr(exc))
         return wait

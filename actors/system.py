@@ -21,7 +21,7 @@ from actors.heartbeat import HeartbeatMonitor, MonitorConfig
 from actors.messages import CoordinatorMessage, MonitorMessage, NotifierMessage, PollerMessage, SweepNow
 from actors.notifier import Notifier, Subscriptions
 from actors.poller import IdlePoller
-from actors.runtime import ActorRef, RestartStrategy, Supervisor
+from actors.runtime import ActorRef, RestartStrategy, Supervisor, TimeSource
 from storage.availability import Availability, is_unavailable
 from storage.db import Lender
 from storage.logs import get_logger
@@ -46,6 +46,7 @@ class GroupSystem:
         monitor_config: MonitorConfig,
         messages_channel: str,
         availability: Availability | None = None,
+        clock: TimeSource | None = None,
     ) -> None:
         self._pool = pool
         self._lender = lender
@@ -64,6 +65,7 @@ class GroupSystem:
             on_escalate=self._escalated,
             strategy=RestartStrategy(max_restarts=5, within=30.0, backoff_initial=0.1, backoff_max=5.0),
             outage=is_unavailable,
+            clock=clock,  # every actor of the Bus runs its timers on the Bus's time
         )
         self.notifier: ActorRef[NotifierMessage] | None = None
         self.monitor: ActorRef[MonitorMessage] | None = None

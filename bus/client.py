@@ -318,6 +318,7 @@ class Bus:
                 now=lambda: self.context.now(),  # a test's Clock moves it (bus.testing)
             ),
             self.channels.messages,
+            clock=self.context.time,
         )
         schema = c.schema
         system.availability.on_change = lambda up, ended: _metrics.database_available(schema, up, ended)

@@ -10,8 +10,10 @@ none of them imports `bus.client` and the Bus stays the one place that builds th
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from actors.time_source import BusTime
 from storage import db
 
 if TYPE_CHECKING:
@@ -77,10 +79,18 @@ class BusContext:
         self.publish_many = publish_many
         self.group_system = group_system
         self.system: GroupSystem | None = None
-        # The time lease and expiry statements judge by: None, the server's clock. `bus.testing.Clock`
-        # moves it, so a test expires a lease without sleeping past it (River's queries take `now` alike).
-        self.now: db.Now = db.server_clock
+        # The Bus's one time source: its actors' timers wait on it and its lease and expiry statements
+        # judge by it (`now`). Unmoved, real time and the server's clock; `bus.testing.Clock` moves it,
+        # so a test expires a lease or a session without sleeping past it.
+        self.time = BusTime()
         self._states: dict[type[Any], Any] = {}
+
+    def now(self) -> datetime | None:
+        """The time lease and expiry statements judge by: None, the server's clock, unless a test moved it.
+
+        Passed as a parameter (`COALESCE($n::timestamptz, clock_timestamp())`), as River's queries take `now`.
+        """
+        return self.time.now()
 
     def state(self, kind: type[S], make: Callable[[], S] | None = None) -> S:
         """This Bus's one `kind` (`make()`, else `kind()`, on first use): a sub-facade's per-Bus state."""

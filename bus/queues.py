@@ -45,6 +45,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -171,8 +172,11 @@ class _QueueWriter:
     the write's exception) once it committed.
     """
 
-    def __init__(self, lender: db.Lender, now: db.Now) -> None:
+    def __init__(
+        self, lender: db.Lender, now: db.Now, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lender = lender
+        self._monotonic = monotonic  # the Bus's clock, for the expiry bounds' full-scan periods
         self._now = now  # the time the takes judge leases by (the Bus's context: a test's Clock moves it)
         self._acks: Lane[_AckRequest] = Lane(
             self._write_acks, _MAX_ACK_BATCH, _PARALLEL, weight=_ack_weight, split_at=_SPLIT_AT
@@ -188,7 +192,7 @@ class _QueueWriter:
         """The bound of `topic`'s scans for range leases that ran out (the first take scans fully)."""
         bound = self._expiry.get(topic)
         if bound is None:
-            bound = self._expiry[topic] = ExpiryBound()
+            bound = self._expiry[topic] = ExpiryBound(clock=self._monotonic)
         return bound
 
     def ack(self, jobs: list[_Job], leases: set[int]) -> asyncio.Future[set[tuple[int, int]]]:
@@ -265,7 +269,7 @@ class _QueueWriter:
 
 
 def _writer_of(ctx: BusContext) -> _QueueWriter:
-    return ctx.state(_QueueWriter, lambda: _QueueWriter(ctx.lender, lambda: ctx.now()))
+    return ctx.state(_QueueWriter, lambda: _QueueWriter(ctx.lender, lambda: ctx.now(), ctx.time.monotonic))
 
 
 class QueueWake(ActorMessage, frozen=True):

@@ -22,7 +22,8 @@ committed everything published to its topics before the call;
 `Clock(b).advance(seconds)` moves the time b's leases and expiries are judged
 by (claims, event store claims, queue visibility timeouts and delays, group
 partition leases and member sessions, idempotency windows, queue job
-results' result_ttl), so a test expires one without sleeping past it.
+results' result_ttl) and the time b's actors' timers (heartbeats, retries,
+the scheduler) wait for, so a test expires one without sleeping past it.
 
     from bus.testing import wait_consumed
 
@@ -44,7 +45,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -73,7 +74,8 @@ FAST: dict[str, Any] = dict(FAST_TIMINGS)
 
 
 class Clock:
-    """A movable clock for one Bus's lease and expiry statements.
+    """A movable clock for one Bus: what its statements judge leases and expiries by, and what its
+    actors' timers wait for.
 
     `Clock(b).advance(31)` and a 30-second lease has run out for every
     statement of `b` that judges it: claims and event store claims; queue
@@ -88,30 +90,46 @@ class Clock:
     than a session, b's beating members stay while a silent one expires; an
     advance longer than `lease_time` also ends the leases b's own workers hold.
 
+    b's actors run their timers on the same clock, so an advance is also time
+    gone by for them: the heartbeat that was due beats at once (then every
+    `heartbeat_interval` of real or moved time), a handler's retry backoff or
+    commit interval ends, the scheduler looks for due ticks (cron ticks are
+    due by the moved time), queue expiry scans and restart backoffs run out.
+    A test moves the clock a beat at a time and waits for what it expects
+    (`eventually`) instead of sleeping through a session or a lease.
+
     Only `b` moves. Other Buses, in this process or another (a group's
     heartbeat monitor or a second member in a subprocess), and the server
     keep real time: a sweep of another Bus judges b's sessions by real time,
     and b's sweep judges theirs by the moved one. Publish times, rebalance
-    delays and what the admin shows stay on the server's clock. Until
-    advanced, and after `reset()`, the server's clock is used as always.
+    delays, what the admin shows and the timeouts of calls a test makes
+    (`poll(timeout=)`, `take(timeout=)`) stay on real time. Until advanced,
+    and after `reset()`, the server's clock is used as always. Every
+    `Clock(b)` of one Bus moves the same time.
     """
 
     def __init__(self, b: bus.Bus) -> None:
-        self._context = b.context
-        self._shift: timedelta | None = None
-        self._context.now = self.now
+        self._time = b.context.time
 
     def now(self) -> datetime | None:
         """The moved time (the local clock plus every advance), or None (the server's) before any."""
-        return None if self._shift is None else datetime.now(UTC) + self._shift
+        return self._time.now()
 
-    def advance(self, seconds: float) -> None:
-        """Move the clock `seconds` forward."""
-        self._shift = (self._shift or timedelta()) + timedelta(seconds=seconds)
+    def monotonic(self) -> float:
+        """Seconds on b's monotonic clock (the process's plus every advance): what b's timers measure."""
+        return self._time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait `seconds` of b's time: real time, or sooner when the clock is advanced past the end."""
+        await self._time.sleep(seconds)
+
+    def advance(self, seconds: timedelta | float) -> None:
+        """Move the clock `seconds` forward (a ValidationError for a negative one: time does not go back)."""
+        self._time.advance(seconds)
 
     def reset(self) -> None:
-        """Back to the server's clock."""
-        self._shift = None
+        """Back to the server's clock for statements (timers are not set back: their clock only moves forward)."""
+        self._time.judge_by_server()
 
 
 async def eventually(

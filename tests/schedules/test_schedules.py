@@ -10,7 +10,7 @@ import pytest
 import bus
 from actors.runtime import spawn
 from actors.scheduler import Check, Scheduler, plan
-from bus.testing import eventually
+from bus.testing import Clock, eventually
 from tests.conftest import Connect
 
 EVERY_SECOND = "* * * * * *"  # croniter: a sixth field is seconds
@@ -139,7 +139,7 @@ async def test_ticks_missed_while_no_scheduler_ran_follow_catch_up(
     # minute past the tenth tick, so that none is within its grace (2 s here, twice its lease) and
     # each one is a missed tick, whatever second of the minute the schedule was declared at.
     now = (info.last_tick + timedelta(minutes=10)).replace(second=30, microsecond=0)
-    ref = spawn(lambda: Scheduler(b.pool, b.publish, 0.1, 1.0, clock=lambda: now), "scheduler")
+    ref = spawn(lambda: Scheduler(b.pool, b.publish, 0.1, 1.0, wall=lambda: now), "scheduler")
     try:
         await ref.ask(Check())
         await ref.ask(Check())  # a second pass at the same time finds nothing more to do
@@ -150,6 +150,20 @@ async def test_ticks_missed_while_no_scheduler_ran_follow_catch_up(
     assert await ticks(b) == expected[len(expected) - published :]
     (after,) = await b.schedules()
     assert after.last_tick == expected[-1]  # done with every missed tick, published or not
+
+
+async def test_a_yearly_job_fires_once_the_bus_clock_is_moved_past_its_tick(connect: Connect) -> None:
+    b = await connect(scheduler_interval=60.0)  # a pass a minute of the Bus's clock: the advance brings one
+    await b.create_topic("jobs", partitions=1)
+    await b.schedule("new-year", cron="0 0 1 1 *", topic="jobs", payload={})
+    (info,) = await b.schedules()
+    clock = Clock(b)
+    clock.advance(timedelta(days=366))  # the scheduler's pass and the time it judges ticks by move on
+    moved = clock.now()
+    assert moved is not None
+    found = await wait_ticks(b, 1)
+    expected = plan("0 0 1 1 *", "UTC", info.last_tick, moved, "all", 0)[0]
+    assert len(expected) == 1 and found == expected
 
 
 def test_plan_of_missed_ticks() -> None:
