@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bus.types import Rate, Record
+from bus.types import Rate, Record, decode_error
 from storage import db
 from storage import queue_controls as sql
 from storage.errors import JobFailedError, TopicNotFoundError, ValidationError
@@ -122,9 +122,16 @@ async def cancel_job(ctx: BusContext, topic: str, rec: Any) -> bool:
             return await sql.cancel(conn, topic, pid, offset, ctx.channels.results, ctx.now())
 
 
-async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | timedelta) -> Any:  # noqa: ASYNC109 - the public API's shape
-    """The result of a job's ack (None: acked without one), waiting up to `timeout` seconds for it."""
+async def job_result(
+    ctx: BusContext,
+    topic: str,
+    rec: Any,
+    timeout: float | timedelta,  # noqa: ASYNC109 - the public API's shape
+    type: Any = Any,
+) -> Any:
+    """The result of a job's ack decoded as `type` (None: acked without one), waiting up to `timeout` seconds for it."""
     wait = validate_seconds(timeout, "timeout", allow_zero=True)
+    decoder = _result_decoder(type)
     pid, offset = await _job(ctx, topic, rec)
     deadline = time.monotonic() + wait
     rung = asyncio.Event()
@@ -147,7 +154,7 @@ async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | tim
                     row = await sql.outcome(conn, pid, offset, ctx.now())
                     status = row["status"]
                     if status == "done":
-                        return None if row["result"] is None else _decoder.decode(row["result"])
+                        return _result(decoder, topic, rec.partition, offset, row["result"])
                     if status is not None:
                         errors = _errors_decoder.decode(row["errors"]) if row["errors"] else []
                         what = "was cancelled" if status == "cancelled" else "was dead-lettered"
@@ -158,7 +165,9 @@ async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | tim
                             errors=errors,
                         )
                     if not row["pending"]:
-                        return None  # acked without a result (or its result expired)
+                        return _result(
+                            decoder, topic, rec.partition, offset, None
+                        )  # acked without one, or expired
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
@@ -170,6 +179,38 @@ async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | tim
                 if listens:
                     await conn.remove_listener(ctx.channels.results, heard)
     raise TimeoutError(f"job {topic}/{rec.partition}@{offset} has no result after {wait:g}s")
+
+
+def _result_decoder(wanted: Any) -> msgspec.json.Decoder[Any]:
+    """The decoder of job results as `wanted` (a ValidationError if msgspec cannot decode into it)."""
+    if wanted is Any:
+        return _decoder
+    try:
+        return msgspec.json.Decoder(wanted)
+    except TypeError as exc:
+        raise ValidationError(
+            f"type={wanted!r} is not a type a result decodes into: pass one msgspec supports "
+            f"(int, str, a msgspec.Struct, dict[str, int], MyStruct | None...): {exc}"
+        ) from None
+
+
+def _result(
+    decoder: msgspec.json.Decoder[Any], topic: str, partition: str, offset: int, text: str | None
+) -> Any:
+    """A stored result decoded; none (acked without one, or expired) is None, or JSON null for a given type."""
+    if decoder is _decoder:
+        return None if text is None else _decoder.decode(text)
+    try:
+        return decoder.decode("null" if text is None else text)
+    except msgspec.DecodeError as exc:
+        raise decode_error(
+            f"the result of job {topic}/{partition}@{offset}" + ("" if text else " (it has none)"),
+            (topic, partition, offset),
+            decoder.type,
+            exc,
+            "the job's handler returned another shape: fix the type or the handler "
+            "(ask for `T | None` where a job may be acked without a result)",
+        ) from exc
 
 
 def encode_result(result: Any) -> str:
