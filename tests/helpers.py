@@ -1,4 +1,4 @@
-"""What tests of several capabilities share: polling consumers until messages arrive."""
+"""What tests of several capabilities share: polling consumers until messages arrive, consuming by claims, log starts."""
 
 from __future__ import annotations
 
@@ -30,3 +30,24 @@ async def poll_until(c: bus.Consumer, n: int, timeout: float = 20.0) -> list[bus
 
     await eventually(more, timeout=timeout, every=0)
     return got
+
+
+async def consume_claims(b: bus.Bus, group: str, topic: str, upto: int, **claim: Any) -> None:
+    """Claim and ack until the group's cursor on partition "0" reaches `upto`."""
+    while True:
+        c = await b.claim(group, topic=topic, worker_id="w", max_messages=upto, **claim)
+        if c is None:
+            return
+        last = min(c.messages[-1].offset, upto - 1)
+        if last < c.messages[0].offset:
+            await c.release()
+            return
+        await c.ack(last)
+        if last + 1 >= upto:
+            return
+
+
+async def log_start(b: bus.Bus, topic: str, partition: str = "0") -> int:
+    """The first offset `partition` of `topic` still keeps (what retention and compaction moved)."""
+    (stats,) = [s for s in await b.admin.topic_stats(topic) if s.partition == partition]
+    return stats.log_start
