@@ -16,6 +16,7 @@ import pytest
 
 import bus
 from bus.eventstore import EventStore
+from storage.db import drop_schema
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ async def es_bus(dsn: str, bus_target: tuple[str, dict[str, Any]]) -> AsyncItera
         await b.close()
         conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            await drop_schema(conn, schema)
         finally:
             await conn.close()
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import bus
 from bus.testing import FAST
+from storage.db import drop_schema
 
 HUGE = b"x" * (1024 * 1024 + 1)  # one byte over the default max_message_bytes
 
@@ -189,7 +190,7 @@ async def fz(dsn: str) -> AsyncIterator[Fuzz]:
         await b.close()
         conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            await drop_schema(conn, schema)
         finally:
             await conn.close()
 
