@@ -97,7 +97,13 @@ async def apply(
             await sql.announce_topic(ctx.pool, topic, ctx.channels.messages)
 
 
-async def _job(ctx: BusContext, topic: str, rec: Any) -> tuple[int, int]:
+async def check_queue(ctx: BusContext, topic: str, what: str) -> None:
+    """A ValidationError unless `topic` is a queue topic: `what` (a feature) is for queue topics only."""
+    if (await ctx.topic(topic)).semantics != "queue":
+        raise ValidationError(f"{what} is for queue topics; {topic!r} is a pubsub topic (semantics='queue')")
+
+
+async def job_of(ctx: BusContext, topic: str, rec: Any) -> tuple[int, int]:
     """(partition id, offset) of the queue job `rec` (a Record of a publish to `topic`)."""
     validate_name(topic, "topic name")
     if not isinstance(rec, Record):
@@ -116,7 +122,7 @@ async def cancel_job(ctx: BusContext, topic: str, rec: Any) -> bool:
     info = await ctx.topic(topic)
     if info.semantics != "queue":
         raise ValidationError(f"topic {topic!r} is a pubsub topic; only queue jobs can be cancelled")
-    pid, offset = await _job(ctx, topic, rec)
+    pid, offset = await job_of(ctx, topic, rec)
     with db.translate_errors():
         async with ctx.pool.acquire() as conn, conn.transaction():
             return await sql.cancel(conn, topic, pid, offset, ctx.channels.results, ctx.now())
@@ -132,7 +138,7 @@ async def job_result(
     """The result of a job's ack decoded as `type` (None: acked without one), waiting up to `timeout` seconds for it."""
     wait = validate_seconds(timeout, "timeout", allow_zero=True)
     decoder = _result_decoder(type)
-    pid, offset = await _job(ctx, topic, rec)
+    pid, offset = await job_of(ctx, topic, rec)
     deadline = time.monotonic() + wait
     rung = asyncio.Event()
     wanted = f"{pid}:{offset}"
@@ -215,9 +221,12 @@ def _result(
 
 def encode_result(result: Any) -> str:
     """A job's result as JSON text (a ValidationError names what cannot be stored)."""
+    return encode_value(result, "a job result")
+
+
+def encode_value(value: Any, what: str) -> str:
+    """`value` as JSON text for a job's row; a ValidationError says `what` must be JSON-encodable."""
     try:
-        return _encoder.encode(result).decode()
+        return _encoder.encode(value).decode()
     except (TypeError, msgspec.EncodeError) as exc:
-        raise ValidationError(
-            f"a job result must be JSON-encodable (dict, list, str, numbers...): {exc}"
-        ) from None
+        raise ValidationError(f"{what} must be JSON-encodable (dict, list, str, numbers...): {exc}") from None
