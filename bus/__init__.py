@@ -9,45 +9,45 @@ async with bus.connect() as b:
 
 from typing import TYPE_CHECKING, Any
 
-from bus.config import Config
-from bus.errors import (
-    ActorStoppedError,
-    BusError,
-    ConcurrentAppendError,
-    ConfigurationError,
-    GroupHasMembersError,
-    GroupNotFoundError,
-    GroupStoppedError,
-    JobFailedError,
-    LeaseLostError,
-    MessageDecodeError,
-    OffsetOutOfRangeError,
-    RebalanceInProgressError,
-    StaleGenerationError,
-    StorageUnavailableError,
-    TopicConflictError,
-    TopicNotFoundError,
-    ValidationError,
-)
-from bus.types import (
-    Health,
-    JobGroup,
-    JobStatus,
-    Message,
-    Outgoing,
-    PartitionStats,
-    Rate,
-    Record,
-    TopicInfo,
-    TopicPartition,
-    Unique,
-)
+from bus.config import Config as Config
+from bus.errors import ActorStoppedError as ActorStoppedError
+from bus.errors import BusError as BusError
+from bus.errors import ConcurrentAppendError as ConcurrentAppendError
+from bus.errors import ConfigurationError as ConfigurationError
+from bus.errors import GroupHasMembersError as GroupHasMembersError
+from bus.errors import GroupNotFoundError as GroupNotFoundError
+from bus.errors import GroupStoppedError as GroupStoppedError
+from bus.errors import JobFailedError as JobFailedError
+from bus.errors import LeaseLostError as LeaseLostError
+from bus.errors import MessageDecodeError as MessageDecodeError
+from bus.errors import OffsetOutOfRangeError as OffsetOutOfRangeError
+from bus.errors import RebalanceInProgressError as RebalanceInProgressError
+from bus.errors import StaleGenerationError as StaleGenerationError
+from bus.errors import StorageUnavailableError as StorageUnavailableError
+from bus.errors import TopicConflictError as TopicConflictError
+from bus.errors import TopicNotFoundError as TopicNotFoundError
+from bus.errors import ValidationError as ValidationError
+from bus.types import Health as Health
+from bus.types import JobGroup as JobGroup
+from bus.types import JobStatus as JobStatus
+from bus.types import Message as Message
+from bus.types import Outgoing as Outgoing
+from bus.types import PartitionStats as PartitionStats
+from bus.types import Rate as Rate
+from bus.types import Record as Record
+from bus.types import TopicInfo as TopicInfo
+from bus.types import TopicPartition as TopicPartition
+from bus.types import Unique as Unique
 
 # What `import bus` loads is the names: errors, configuration and message types. The Bus and the
 # database driver load with the first `bus.connect` (or `bus.Bus`); consumer groups, claims, queues,
 # the event store and admin, which only some services use (and the pytest plugin, loaded in every
 # pytest run, needs none of them), on the first use of one of their names (`bus.EventStore`,
 # `b.subscribe(...)`).
+#
+# Each public name is written in one of two places: imported above (`X as X`: exported to type
+# checkers), or in `_LAZY`, mirrored by the `TYPE_CHECKING` imports below for type checkers
+# (tests/api/test_public_names.py keeps the two alike). `__all__` is derived from both.
 _LAZY = {
     "Bus": "bus.client",
     "connect": "bus.client",
@@ -82,37 +82,38 @@ _LAZY = {
     "StepInfo": "bus.workflows.types",
 }
 
-if TYPE_CHECKING:
-    from bus.admin import (
-        Admin,
-        GroupDescription,
-        GroupSummary,
-        MemberInfo,
-        PartitionDepth,
-        PartitionLag,
-        QueueDepth,
-        ResetRow,
-        SubscriptionInfo,
-    )
-    from bus.claims import Claim
-    from bus.client import Bus, connect
-    from bus.consumer import Consumer, Retry, Subscription
-    from bus.eventstore import (
-        Event,
-        EventClaim,
-        EventStore,
-        Guard,
-        PartitionCursor,
-        PositionedEvent,
-        QueryCondition,
-    )
-    from bus.queues import QueueConsumer
-    from bus.schedules import ScheduleInfo
-    from bus.transaction import Transaction
-    from bus.worker import Worker
-    from bus.workflows.context import WorkflowContext, WorkflowTransaction
-    from bus.workflows.engine import WorkflowHandle
-    from bus.workflows.types import StepInfo, WorkflowInfo
+if TYPE_CHECKING:  # `_LAZY` for type checkers
+    from bus.admin import Admin as Admin
+    from bus.admin import GroupDescription as GroupDescription
+    from bus.admin import GroupSummary as GroupSummary
+    from bus.admin import MemberInfo as MemberInfo
+    from bus.admin import PartitionDepth as PartitionDepth
+    from bus.admin import PartitionLag as PartitionLag
+    from bus.admin import QueueDepth as QueueDepth
+    from bus.admin import ResetRow as ResetRow
+    from bus.admin import SubscriptionInfo as SubscriptionInfo
+    from bus.claims import Claim as Claim
+    from bus.client import Bus as Bus
+    from bus.client import connect as connect
+    from bus.consumer import Consumer as Consumer
+    from bus.consumer import Retry as Retry
+    from bus.consumer import Subscription as Subscription
+    from bus.eventstore import Event as Event
+    from bus.eventstore import EventClaim as EventClaim
+    from bus.eventstore import EventStore as EventStore
+    from bus.eventstore import Guard as Guard
+    from bus.eventstore import PartitionCursor as PartitionCursor
+    from bus.eventstore import PositionedEvent as PositionedEvent
+    from bus.eventstore import QueryCondition as QueryCondition
+    from bus.queues import QueueConsumer as QueueConsumer
+    from bus.schedules import ScheduleInfo as ScheduleInfo
+    from bus.transaction import Transaction as Transaction
+    from bus.worker import Worker as Worker
+    from bus.workflows.context import WorkflowContext as WorkflowContext
+    from bus.workflows.context import WorkflowTransaction as WorkflowTransaction
+    from bus.workflows.engine import WorkflowHandle as WorkflowHandle
+    from bus.workflows.types import StepInfo as StepInfo
+    from bus.workflows.types import WorkflowInfo as WorkflowInfo
 
 
 def __getattr__(name: str) -> Any:
@@ -137,65 +138,10 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = [
-    "Claim",
-    "QueueConsumer",
-    "Worker",
-    "Admin",
-    "Consumer",
-    "GroupDescription",
-    "GroupSummary",
-    "MemberInfo",
-    "PartitionDepth",
-    "PartitionLag",
-    "QueueDepth",
-    "ResetRow",
-    "Retry",
-    "Subscription",
-    "SubscriptionInfo",
-    "ActorStoppedError",
-    "Transaction",
-    "Bus",
-    "BusError",
-    "ConcurrentAppendError",
-    "Config",
-    "ConfigurationError",
-    "GroupHasMembersError",
-    "GroupNotFoundError",
-    "GroupStoppedError",
-    "Health",
-    "JobFailedError",
-    "LeaseLostError",
-    "Message",
-    "MessageDecodeError",
-    "OffsetOutOfRangeError",
-    "Outgoing",
-    "PartitionStats",
-    "RebalanceInProgressError",
-    "Rate",
-    "Unique",
-    "JobStatus",
-    "JobGroup",
-    "Record",
-    "StaleGenerationError",
-    "StorageUnavailableError",
-    "TopicConflictError",
-    "TopicInfo",
-    "TopicNotFoundError",
-    "ScheduleInfo",
-    "TopicPartition",
-    "ValidationError",
-    "connect",
-    "Event",
-    "EventClaim",
-    "EventStore",
-    "Guard",
-    "PartitionCursor",
-    "PositionedEvent",
-    "QueryCondition",
-    "StepInfo",
-    "WorkflowContext",
-    "WorkflowHandle",
-    "WorkflowInfo",
-    "WorkflowTransaction",
-]
+if not TYPE_CHECKING:  # type checkers read the imports (`X as X`), which a computed list would hide from them
+    __all__ = [
+        name
+        for name, value in globals().items()
+        if not name.startswith("_")
+        and getattr(value, "__module__", "").partition(".")[0] in ("bus", "storage")
+    ] + list(_LAZY)

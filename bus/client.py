@@ -11,7 +11,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import asyncpg
 import msgspec
@@ -1007,13 +1007,43 @@ class Bus:
 
         return await job_features.publish_group(self, topic, jobs, on_complete, connection)
 
-    async def job_result(self, topic: str, rec: Record, *, timeout: float | timedelta = 30.0) -> Any:  # noqa: ASYNC109 - the public API's shape
-        """The result a queue job was acked with (None: acked without one), waiting up to `timeout` seconds.
+    @overload
+    async def job_result(
+        self,
+        topic: str,
+        rec: Record,
+        *,
+        timeout: float | timedelta = ...,  # noqa: ASYNC109 - the public API's shape
+    ) -> Any: ...
 
-        Raises bus.errors.JobFailedError (with the error history) if the job was dead-lettered or
-        cancelled, TimeoutError if neither happened in time (see bus.queue_features).
+    @overload
+    async def job_result(
+        self,
+        topic: str,
+        rec: Record,
+        *,
+        timeout: float | timedelta = ...,  # noqa: ASYNC109 - the public API's shape
+        type: type[T],
+    ) -> T: ...
+
+    async def job_result(
+        self,
+        topic: str,
+        rec: Record,
+        *,
+        timeout: float | timedelta = 30.0,  # noqa: ASYNC109 - the public API's shape
+        type: type[T] = Any,  # type: ignore[assignment]
+    ) -> T:
+        """The result a queue job was acked with, decoded into `type` as `Message.value` does, waiting up to `timeout` seconds.
+
+        Without `type` the JSON value (None: acked without one); with one, a job acked without a
+        result decodes as null (ask for `T | None` where that can happen), and a result of another
+        shape raises bus.errors.MessageDecodeError naming the job. Raises bus.errors.JobFailedError
+        (with the error history) if the job was dead-lettered or cancelled, TimeoutError if neither
+        happened in time (see bus.queue_features).
         """
-        return await queue_features.job_result(self.context, topic, rec, timeout)
+        result: T = await queue_features.job_result(self.context, topic, rec, timeout, type)
+        return result
 
     # -- durable workflows (bus.workflows) ---------------------------------------------
 

@@ -258,6 +258,11 @@ class Consumer(_MemberBase):
         self._must_rewind = False
         self._closed = False
 
+    @property
+    def buffered(self) -> int:
+        """Messages fetched for this consumer and not polled yet: at most `buffer_size` plus one fetch."""
+        return self._h.buffered
+
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> Consumer:

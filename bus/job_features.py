@@ -51,12 +51,6 @@ def unique_of(unique: Any) -> tuple[str, float]:
     return unique.key, validate_seconds(unique.period, "bus.Unique's period", allow_zero=True)
 
 
-async def _check_queue(b: Bus, topic: str, what: str) -> None:
-    info = await b.topic(topic)
-    if info.semantics != "queue":
-        raise ValidationError(f"{what} is for queue topics; {topic!r} is a pubsub topic (semantics='queue')")
-
-
 class _UniqueGate:
     """A Bus's unique publishes: one at a time per key, and at most half the pool at once.
 
@@ -89,7 +83,7 @@ async def publish_unique(
 ) -> Record:
     """Publish unless the unique key is held; the Record of the job that holds it either way."""
     key, period = unique_of(unique)
-    await _check_queue(b, topic, "unique=")
+    await queue_features.check_queue(b.context, topic, "unique=")
     if connection is not None:
         return await _publish_unique(b, connection, topic, payload, key, period, publish)
     gate = b.context.state(_UniqueGate, lambda: _UniqueGate(b.config.pool_max_size))
@@ -127,11 +121,8 @@ async def _publish_unique(
 async def job_status(ctx: BusContext, topic: str, rec: Any) -> JobStatus:
     """What became of the job `rec` of queue topic `topic` (see bus.JobStatus)."""
     validate_name(topic, "topic name")
-    if (await ctx.topic(topic)).semantics != "queue":
-        raise ValidationError(
-            f"job_status is for queue topics; {topic!r} is a pubsub topic (semantics='queue')"
-        )
-    pid, offset = await queue_features._job(ctx, topic, rec)  # noqa: SLF001 - the shared record check
+    await queue_features.check_queue(ctx, topic, "job_status")
+    pid, offset = await queue_features.job_of(ctx, topic, rec)
     with db.translate_errors():
         row = await sql.status(ctx.pool, pid, offset, ctx.now())
     errors = _errors_decoder.decode(row["errors"] or row["job_errors"] or "[]")
@@ -157,12 +148,7 @@ async def job_status(ctx: BusContext, topic: str, rec: Any) -> JobStatus:
 
 def encode_progress(data: Any) -> str:
     """A job's progress as JSON text (a ValidationError names what cannot be stored)."""
-    try:
-        return _encoder.encode(data).decode()
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise ValidationError(
-            f"progress must be JSON-encodable (dict, list, str, numbers...): {exc}"
-        ) from None
+    return queue_features.encode_value(data, "progress")
 
 
 async def publish_group(
@@ -180,7 +166,7 @@ async def publish_group(
     if not isinstance(jobs, Sequence) or isinstance(jobs, (str, bytes)) or not jobs:
         raise ValidationError("publish_group takes a non-empty list of bus.Outgoing (or plain payloads)")
     callback_topic = validate_name(on_complete.topic, "on_complete topic")
-    await _check_queue(b, topic, "publish_group")
+    await queue_features.check_queue(b.context, topic, "publish_group")
     try:
         await b.topic(callback_topic)
     except TopicNotFoundError:

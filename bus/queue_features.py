@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bus.types import Rate, Record
+from bus.types import Rate, Record, decode_error
 from storage import db
 from storage import queue_controls as sql
 from storage.errors import JobFailedError, TopicNotFoundError, ValidationError
@@ -97,7 +97,13 @@ async def apply(
             await sql.announce_topic(ctx.pool, topic, ctx.channels.messages)
 
 
-async def _job(ctx: BusContext, topic: str, rec: Any) -> tuple[int, int]:
+async def check_queue(ctx: BusContext, topic: str, what: str) -> None:
+    """A ValidationError unless `topic` is a queue topic: `what` (a feature) is for queue topics only."""
+    if (await ctx.topic(topic)).semantics != "queue":
+        raise ValidationError(f"{what} is for queue topics; {topic!r} is a pubsub topic (semantics='queue')")
+
+
+async def job_of(ctx: BusContext, topic: str, rec: Any) -> tuple[int, int]:
     """(partition id, offset) of the queue job `rec` (a Record of a publish to `topic`)."""
     validate_name(topic, "topic name")
     if not isinstance(rec, Record):
@@ -116,16 +122,23 @@ async def cancel_job(ctx: BusContext, topic: str, rec: Any) -> bool:
     info = await ctx.topic(topic)
     if info.semantics != "queue":
         raise ValidationError(f"topic {topic!r} is a pubsub topic; only queue jobs can be cancelled")
-    pid, offset = await _job(ctx, topic, rec)
+    pid, offset = await job_of(ctx, topic, rec)
     with db.translate_errors():
         async with ctx.pool.acquire() as conn, conn.transaction():
             return await sql.cancel(conn, topic, pid, offset, ctx.channels.results, ctx.now())
 
 
-async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | timedelta) -> Any:  # noqa: ASYNC109 - the public API's shape
-    """The result of a job's ack (None: acked without one), waiting up to `timeout` seconds for it."""
+async def job_result(
+    ctx: BusContext,
+    topic: str,
+    rec: Any,
+    timeout: float | timedelta,  # noqa: ASYNC109 - the public API's shape
+    type: Any = Any,
+) -> Any:
+    """The result of a job's ack decoded as `type` (None: acked without one), waiting up to `timeout` seconds for it."""
     wait = validate_seconds(timeout, "timeout", allow_zero=True)
-    pid, offset = await _job(ctx, topic, rec)
+    decoder = _result_decoder(type)
+    pid, offset = await job_of(ctx, topic, rec)
     deadline = time.monotonic() + wait
     rung = asyncio.Event()
     wanted = f"{pid}:{offset}"
@@ -147,7 +160,7 @@ async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | tim
                     row = await sql.outcome(conn, pid, offset, ctx.now())
                     status = row["status"]
                     if status == "done":
-                        return None if row["result"] is None else _decoder.decode(row["result"])
+                        return _result(decoder, topic, rec.partition, offset, row["result"])
                     if status is not None:
                         errors = _errors_decoder.decode(row["errors"]) if row["errors"] else []
                         what = "was cancelled" if status == "cancelled" else "was dead-lettered"
@@ -158,7 +171,9 @@ async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | tim
                             errors=errors,
                         )
                     if not row["pending"]:
-                        return None  # acked without a result (or its result expired)
+                        return _result(
+                            decoder, topic, rec.partition, offset, None
+                        )  # acked without one, or expired
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
@@ -172,11 +187,46 @@ async def job_result(ctx: BusContext, topic: str, rec: Any, timeout: float | tim
     raise TimeoutError(f"job {topic}/{rec.partition}@{offset} has no result after {wait:g}s")
 
 
+def _result_decoder(wanted: Any) -> msgspec.json.Decoder[Any]:
+    """The decoder of job results as `wanted` (a ValidationError if msgspec cannot decode into it)."""
+    if wanted is Any:
+        return _decoder
+    try:
+        return msgspec.json.Decoder(wanted)
+    except TypeError as exc:
+        raise ValidationError(
+            f"type={wanted!r} is not a type a result decodes into: pass one msgspec supports "
+            f"(int, str, a msgspec.Struct, dict[str, int], MyStruct | None...): {exc}"
+        ) from None
+
+
+def _result(
+    decoder: msgspec.json.Decoder[Any], topic: str, partition: str, offset: int, text: str | None
+) -> Any:
+    """A stored result decoded; none (acked without one, or expired) is None, or JSON null for a given type."""
+    if decoder is _decoder:
+        return None if text is None else _decoder.decode(text)
+    try:
+        return decoder.decode("null" if text is None else text)
+    except msgspec.DecodeError as exc:
+        raise decode_error(
+            f"the result of job {topic}/{partition}@{offset}" + ("" if text else " (it has none)"),
+            (topic, partition, offset),
+            decoder.type,
+            exc,
+            "the job's handler returned another shape: fix the type or the handler "
+            "(ask for `T | None` where a job may be acked without a result)",
+        ) from exc
+
+
 def encode_result(result: Any) -> str:
     """A job's result as JSON text (a ValidationError names what cannot be stored)."""
+    return encode_value(result, "a job result")
+
+
+def encode_value(value: Any, what: str) -> str:
+    """`value` as JSON text for a job's row; a ValidationError says `what` must be JSON-encodable."""
     try:
-        return _encoder.encode(result).decode()
+        return _encoder.encode(value).decode()
     except (TypeError, msgspec.EncodeError) as exc:
-        raise ValidationError(
-            f"a job result must be JSON-encodable (dict, list, str, numbers...): {exc}"
-        ) from None
+        raise ValidationError(f"{what} must be JSON-encodable (dict, list, str, numbers...): {exc}") from None

@@ -174,18 +174,33 @@ _MISSING = re.compile(r"missing required field `([^`]*)`")
 
 
 def _decode_error(m: Message, wanted: Any, exc: msgspec.DecodeError) -> MessageDecodeError:
+    return decode_error(
+        f"message {m.topic}/{m.partition}@{m.offset}",
+        (m.topic, m.partition, m.offset),
+        wanted,
+        exc,
+        "the publisher sent another shape: fix the type or the publisher, or dead-letter the message",
+    )
+
+
+def decode_error(
+    where: str, message: tuple[str, str, int], wanted: Any, exc: msgspec.DecodeError, fix: str
+) -> MessageDecodeError:
+    """The MessageDecodeError for JSON of `message` (topic, partition, offset) that is not a `wanted`.
+
+    `where` names what did not decode, `fix` says what to do about it.
+    """
     text = str(exc)
     at = _FIELD_AT.search(text)
     missing = _MISSING.search(text)
     name = getattr(wanted, "__name__", None) or repr(wanted)
-    where = f"message {m.topic}/{m.partition}@{m.offset}"
     what = f"field {at.group(1)}" if at else f"field {missing.group(1)!r}" if missing else "its payload"
+    topic, partition, offset = message
     return MessageDecodeError(
-        f"{where} does not decode as {name}: {text} ({what}); the publisher sent another shape: "
-        "fix the type or the publisher, or dead-letter the message",
-        topic=m.topic,
-        partition=m.partition,
-        offset=m.offset,
+        f"{where} does not decode as {name}: {text} ({what}); {fix}",
+        topic=topic,
+        partition=partition,
+        offset=offset,
         field=at.group(1) if at else None,
         missing=missing.group(1) if missing else None,
     )

@@ -467,6 +467,20 @@ async def b(connect: Connect) -> bus.Bus:
     return await connect()
 
 
+@pytest.fixture
+async def snapshot(dsn: str, schema: str, b: bus.Bus) -> AsyncIterator[asyncpg.Connection]:
+    """A session of b's schema holding a REPEATABLE READ snapshot open (a pg_dump, a long report)."""
+    conn = await db.connect(dsn, schema)
+    tx = conn.transaction(isolation="repeatable_read")
+    await tx.start()
+    await conn.fetchval("SELECT count(*) FROM partitions")  # the snapshot is taken here
+    try:
+        yield conn
+    finally:
+        await tx.rollback()
+        await conn.close()
+
+
 def plan_modes(monkeypatch: pytest.MonkeyPatch, module: Any, *names: str) -> list[str]:
     """Spy on storage functions `module.<name>`: the plan_cache_mode of what each call ran on.
 

@@ -1,12 +1,19 @@
-"""What tests of several capabilities share: polling consumers until messages arrive."""
+"""What tests of several capabilities share: polling consumers until messages arrive, consuming by claims,
+log starts, a Bus on a schema of its own."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
+
+import asyncpg
 
 import bus
 from bus.testing import eventually
+from storage.db import drop_schema
 
 
 async def drain(consumers: list[Any], n: int, timeout: float = 20.0) -> list[Any]:  # noqa: ASYNC109 - a test helper: the deadline is the point
@@ -30,3 +37,43 @@ async def poll_until(c: bus.Consumer, n: int, timeout: float = 20.0) -> list[bus
 
     await eventually(more, timeout=timeout, every=0)
     return got
+
+
+async def consume_claims(b: bus.Bus, group: str, topic: str, upto: int, **claim: Any) -> None:
+    """Claim and ack until the group's cursor on partition "0" reaches `upto`."""
+    while True:
+        c = await b.claim(group, topic=topic, worker_id="w", max_messages=upto, **claim)
+        if c is None:
+            return
+        last = min(c.messages[-1].offset, upto - 1)
+        if last < c.messages[0].offset:
+            await c.release()
+            return
+        await c.ack(last)
+        if last + 1 >= upto:
+            return
+
+
+async def log_start(b: bus.Bus, topic: str, partition: str = "0") -> int:
+    """The first offset `partition` of `topic` still keeps (what retention and compaction moved)."""
+    (stats,) = [s for s in await b.admin.topic_stats(topic) if s.partition == partition]
+    return stats.log_start
+
+
+@asynccontextmanager
+async def bus_of_its_own(
+    dsn: str, prefix: str, target: str | None = None, **config: Any
+) -> AsyncIterator[tuple[bus.Bus, str]]:
+    """A Bus on a new schema `prefix` + a random suffix (reached through `target`, `dsn` by default), and
+    the schema's name; the Bus is closed and the schema dropped (on `dsn`) after."""
+    schema = prefix + uuid.uuid4().hex[:12]
+    b = await bus.connect(target or dsn, schema=schema, **config)
+    try:
+        yield b, schema
+    finally:
+        await b.close()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await drop_schema(conn, schema)
+        finally:
+            await conn.close()

@@ -35,7 +35,12 @@ async def test_a_readme_script_runs(dsn: str, tmp_path: Path, index: int) -> Non
     env = {**os.environ, "BUS_DSN": dsn, "BUS_SCHEMA": schema}
     try:
         proc = await asyncio.to_thread(
-            subprocess.run, [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+            subprocess.run,
+            [sys.executable, str(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         if 'describe_group("billing")' in code:

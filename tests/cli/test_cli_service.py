@@ -25,7 +25,11 @@ def _env(dsn: str, schema: str) -> dict[str, str]:
 
 def run_cli(dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bus", *args], env=_env(dsn, schema), capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "bus", *args],
+        env=_env(dsn, schema),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -42,7 +46,9 @@ async def _dead_lettered_job(b: bus.Bus) -> None:
         await q.nack(job, error="card declined")
 
 
-async def test_messages_shows_a_dead_letter_topic_with_its_error_headers(connect: Any, dsn: str, schema: str) -> None:
+async def test_messages_shows_a_dead_letter_topic_with_its_error_headers(
+    connect: Any, dsn: str, schema: str
+) -> None:
     b = await connect(**FAST)
     await _dead_lettered_job(b)
     out = await cli(dsn, schema, "messages", "jobs.dlq")
@@ -53,7 +59,11 @@ async def test_messages_shows_a_dead_letter_topic_with_its_error_headers(connect
     assert m["headers"]["dead_letter.topic"] == "jobs" and json.loads(m["payload"]) == {"i": 0}
     assert json.loads(m["headers"]["dead_letter.errors"])[0]["error"] == "card declined"
     # A window of one partition: --partition, --offset, --limit.
-    window = (await cli(dsn, schema, "messages", "jobs", "--partition", "0", "--offset", "1", "--limit", "1", "--json")).stdout
+    window = (
+        await cli(
+            dsn, schema, "messages", "jobs", "--partition", "0", "--offset", "1", "--limit", "1", "--json"
+        )
+    ).stdout
     assert [json.loads(x)["offset"] for x in window.splitlines()] == [1]
     last = (await cli(dsn, schema, "messages", "jobs", "--limit", "2", "--json")).stdout
     assert [json.loads(x)["offset"] for x in last.splitlines()] == [1, 2]  # the last two by default
@@ -61,7 +71,9 @@ async def test_messages_shows_a_dead_letter_topic_with_its_error_headers(connect
     assert missing.returncode == 2 and "no partition '7'" in missing.stdout
 
 
-async def test_messages_follow_prints_what_is_published_after_it_started(connect: Any, dsn: str, schema: str) -> None:
+async def test_messages_follow_prints_what_is_published_after_it_started(
+    connect: Any, dsn: str, schema: str
+) -> None:
     b = await connect(**FAST)
     await b.create_topic("orders", partitions=1)
     await b.publish("orders", {"n": 0})

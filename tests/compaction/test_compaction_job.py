@@ -30,6 +30,7 @@ from tests.compaction.compaction_model import (
     snapshot,
 )
 from tests.compaction.crashes import CompactionCrash, crash_at
+from tests.helpers import log_start
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -170,18 +171,11 @@ async def test_reading_below_the_log_start_after_compaction_raises_offset_out_of
     first = await b.read("orders", partition="0", offset=start, max_messages=1)
     assert [m.offset for m in first] == [start]
     # A compact partition: the survivors keep their offsets, with gaps where records went.
-    kept = await b.read("events", partition="0", offset=await _log_start(b, "events", "0"), max_messages=2000)
+    kept = await b.read("events", partition="0", offset=await log_start(b, "events", "0"), max_messages=2000)
     offsets = [m.offset for m in kept]
     assert offsets == sorted(offsets) and len(offsets) > 0
     keys = [m.key for m in kept if m.offset < 1200]
     assert len(keys) == len(set(keys))  # below the watermark at most one record per key is left
-
-
-async def _log_start(b: bus.Bus, topic: str, partition: str) -> int:
-    info = await b.topic(topic)
-    pid = await b.partition_id(info, partition, create=False)
-    async with b.pool.acquire() as conn:
-        return (await log_starts(conn))[pid]
 
 
 @pytest.mark.parametrize("point", ["after_archive", "mid_delete", "before_bookkeeping"])

@@ -11,28 +11,19 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 import bus
 from bus.eventstore import EventStore
+from tests.helpers import bus_of_its_own
 
 
 @pytest.fixture(scope="module")
 async def es_bus(dsn: str, bus_target: tuple[str, dict[str, Any]]) -> AsyncIterator[bus.Bus]:
     """A Bus on a schema of its own, shared by one test module."""
-    schema = "t_es_" + uuid.uuid4().hex[:10]
     target, defaults = bus_target
-    b = await bus.connect(target, schema=schema, **defaults)
-    try:
+    async with bus_of_its_own(dsn, "t_es_", target, **defaults) as (b, _schema):
         yield b
-    finally:
-        await b.close()
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
 
 
 @pytest.fixture

@@ -170,7 +170,9 @@ async def test_non_conflicting_guarded_appends_from_two_connections_both_succeed
     assert await s1.last_position() == 20
 
 
-async def test_bad_guard_and_bad_read_arguments_raise_validation_errors(store: EventStore) -> None:
+async def test_bad_guard_and_bad_read_arguments_raise_validation_errors(
+    es_bus: bus.Bus, store: EventStore
+) -> None:
     with pytest.raises(bus.ValidationError, match="Guard"):
         await store.append(CourseCreated(course_name="x"), guard=("not", "a guard"))  # type: ignore[arg-type]
     with pytest.raises(bus.ValidationError, match="QueryCondition"):
@@ -178,5 +180,5 @@ async def test_bad_guard_and_bad_read_arguments_raise_validation_errors(store: E
     with pytest.raises(bus.ValidationError, match="after"):
         await store.read(after=-1)
     with pytest.raises(bus.ValidationError, match="event store name"):
-        bus.EventStore(store._ctx, "bad name; drop")
+        bus.EventStore(es_bus.context, "bad name; drop")
     assert await store.read() == []

@@ -16,7 +16,7 @@ from faststream.specification import AsyncAPI
 
 import bus
 from bus.faststream import BusBroker, TestBusBroker
-from bus.testing import FAST
+from tests.faststream.brokers import fast_broker
 
 
 class Order(pydantic.BaseModel):
@@ -32,10 +32,6 @@ class OrderStruct(msgspec.Struct):
 class Refund(pydantic.BaseModel):
     id: int
     reason: str
-
-
-def _broker(dsn: str, schema: str, **kw: Any) -> BusBroker:
-    return BusBroker(dsn, schema=schema, **FAST, **kw)
 
 
 async def _wait(event: asyncio.Event) -> None:
@@ -133,7 +129,7 @@ async def test_in_memory_headers_and_correlation_id_reach_the_handler() -> None:
 
 
 async def test_with_real_publishes_through_postgres(dsn: str, schema: str, drop_schema: None) -> None:
-    broker = _broker(dsn, schema)
+    broker = fast_broker(dsn, schema)
     got = asyncio.Event()
 
     @broker.subscriber("orders", group="billing", start="earliest")
@@ -149,7 +145,7 @@ async def test_with_real_publishes_through_postgres(dsn: str, schema: str, drop_
 
 
 async def test_real_broker_retries_nacked_and_dead_letters(dsn: str, schema: str, drop_schema: None) -> None:
-    broker = _broker(dsn, schema)
+    broker = fast_broker(dsn, schema)
     attempts: list[int] = []
     done = asyncio.Event()
 
@@ -180,7 +176,7 @@ async def test_real_broker_retries_nacked_and_dead_letters(dsn: str, schema: str
 
 
 async def test_real_broker_queue_topic_competing_consumers(dsn: str, schema: str, drop_schema: None) -> None:
-    broker = _broker(dsn, schema)
+    broker = fast_broker(dsn, schema)
     seen: list[int] = []
     all_done = asyncio.Event()
 
@@ -208,7 +204,7 @@ async def test_middlewares_and_ack_first(dsn: str, schema: str, drop_schema: Non
         async def on_receive(self) -> None:
             calls.append("receive")
 
-    broker = _broker(dsn, schema, middlewares=[Note])
+    broker = fast_broker(dsn, schema, middlewares=[Note])
     done = asyncio.Event()
 
     @broker.subscriber("orders", group="g", start="earliest", ack_policy=AckPolicy.ACK_FIRST)

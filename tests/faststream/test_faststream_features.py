@@ -16,7 +16,7 @@ from faststream.specification import AsyncAPI
 
 import bus
 from bus.faststream import BusBroker, BusRouter, TestBusBroker
-from bus.testing import FAST
+from tests.faststream.brokers import fast_broker
 
 
 class Order(msgspec.Struct):
@@ -27,10 +27,6 @@ class Order(msgspec.Struct):
 class Refund(pydantic.BaseModel):
     id: int
     reason: str
-
-
-def _broker(dsn: str, schema: str, **kw: Any) -> BusBroker:
-    return BusBroker(dsn, schema=schema, **FAST, **kw)
 
 
 def test_unknown_argument_raises_at_construction() -> None:
@@ -180,7 +176,7 @@ async def test_broker_router_prefixes_its_subscribers_and_publishers() -> None:
 
 
 async def test_request_reply_through_postgres(dsn: str, schema: str, drop_schema: None) -> None:
-    broker = _broker(dsn, schema, create_topics=True)
+    broker = fast_broker(dsn, schema, create_topics=True)
     seen: dict[str, str] = {}
 
     @broker.subscriber("quotes", group="pricing", start="earliest")
@@ -202,7 +198,7 @@ async def test_request_reply_through_postgres(dsn: str, schema: str, drop_schema
 async def test_create_topics_get_one_and_iteration_through_postgres(
     dsn: str, schema: str, drop_schema: None
 ) -> None:
-    broker = _broker(dsn, schema, create_topics=True)
+    broker = fast_broker(dsn, schema, create_topics=True)
     reader = broker.subscriber("events", group="reader", start="earliest", partitions=2)
     async with broker:
         await broker.start()
@@ -220,7 +216,7 @@ async def test_create_topics_get_one_and_iteration_through_postgres(
 
 
 async def test_missing_topic_refused_without_create_topics(dsn: str, schema: str, drop_schema: None) -> None:
-    broker = _broker(dsn, schema)
+    broker = fast_broker(dsn, schema)
 
     @broker.subscriber("orders", group="billing")
     async def bill(order: dict[str, int]) -> None: ...

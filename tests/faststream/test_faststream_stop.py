@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from faststream.exceptions import StopConsume
 
 import bus
 from bus.faststream import BusBroker, TestBusBroker
-from bus.testing import FAST
-
-
-def _broker(dsn: str, schema: str, **kw: Any) -> BusBroker:
-    return BusBroker(dsn, schema=schema, **FAST, **kw)
+from tests.faststream.brokers import fast_broker
 
 
 async def test_stop_cancels_a_pubsub_handler_after_graceful_timeout(
     dsn: str, schema: str, drop_schema: None
 ) -> None:
-    broker = _broker(dsn, schema, graceful_timeout=0.2)
+    broker = fast_broker(dsn, schema, graceful_timeout=0.2)
     started = asyncio.Event()
     cancelled = asyncio.Event()
 
@@ -42,7 +37,7 @@ async def test_stop_cancels_a_pubsub_handler_after_graceful_timeout(
         assert cancelled.is_set()
         # Given back uncommitted, not dead-lettered: the group's next member gets it.
         assert await b.list_topics() and "orders.dlq" not in {t.name for t in await b.list_topics()}
-        again = _broker(dsn, schema)
+        again = fast_broker(dsn, schema)
         got: list[dict[str, int]] = []
         done = asyncio.Event()
 
@@ -60,7 +55,7 @@ async def test_stop_cancels_a_pubsub_handler_after_graceful_timeout(
 async def test_stop_consume_stops_the_subscriber_and_the_broker_stops(
     dsn: str, schema: str, drop_schema: None
 ) -> None:
-    broker = _broker(dsn, schema)
+    broker = fast_broker(dsn, schema)
     seen: list[int] = []
     first = asyncio.Event()
 
@@ -80,7 +75,7 @@ async def test_stop_consume_stops_the_subscriber_and_the_broker_stops(
         await asyncio.wait_for(broker.stop(), 10)
         assert seen == [1]
         # Nothing committed past the message that stopped it: a new member reads both.
-        again = _broker(dsn, schema)
+        again = fast_broker(dsn, schema)
         got: list[int] = []
         both = asyncio.Event()
 

@@ -39,7 +39,7 @@ async def test_a_consumer_that_does_not_poll_holds_a_bounded_buffer(connect, fas
     await c.start()
     await c.wait_assigned()
     await asyncio.sleep(fast["max_poll_interval"] * 3)  # give the workers every chance to overfill
-    assert c._h.buffered <= 500 + 100  # one fetch over the bound at most
+    assert c.buffered <= 500 + 100  # one fetch over the bound at most
     got = await drain([c], 8000, timeout=60)
     assert len(got) == 8000
     await c.close()

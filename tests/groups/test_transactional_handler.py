@@ -112,7 +112,9 @@ async def test_the_attempt_count_survives_the_member_that_counted_it(connect, fa
 
     await b.publish("orders", {"id": 1})
     retry = bus.Retry(max_attempts=3, backoff=30.0)  # the second attempt is not due before the stop
-    sub = await b.subscribe("billing", bill, topics=["orders"], transactional=True, retry=retry, dead_letter="dlq")
+    sub = await b.subscribe(
+        "billing", bill, topics=["orders"], transactional=True, retry=retry, dead_letter="dlq"
+    )
     await eventually(lambda: seen == [1])
     await eventually(
         lambda: b.pool.fetchval("SELECT attempts FROM handler_attempts WHERE group_name = 'billing'"),
@@ -136,7 +138,9 @@ async def test_the_attempt_count_survives_the_member_that_counted_it(connect, fa
     assert await _rows(b, payments) == Counter()
 
 
-async def test_without_a_dead_letter_topic_the_partition_stops_at_the_message(connect, fast, payments) -> None:
+async def test_without_a_dead_letter_topic_the_partition_stops_at_the_message(
+    connect, fast, payments
+) -> None:
     b = await connect(**fast)
     await b.create_topic("orders", partitions=1)
 

@@ -11,7 +11,6 @@ and while that release may run on the schema a publish moves the counter as well
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -34,20 +33,6 @@ WITH p AS (
 INSERT INTO messages (partition_id, "offset", payload) SELECT p.id, p.base, $2::bytea FROM p
 RETURNING "offset"
 """
-
-
-@pytest.fixture
-async def snapshot(dsn: str, schema: str, b: bus.Bus) -> AsyncIterator[asyncpg.Connection]:
-    """A session holding a REPEATABLE READ snapshot open (a pg_dump, a long report)."""
-    conn = await db.connect(dsn, schema)
-    tx = conn.transaction(isolation="repeatable_read")
-    await tx.start()
-    await conn.fetchval("SELECT count(*) FROM partitions")  # the snapshot is taken here
-    try:
-        yield conn
-    finally:
-        await tx.rollback()
-        await conn.close()
 
 
 async def test_publishing_beside_a_held_snapshot_writes_no_version_of_the_partition_row(

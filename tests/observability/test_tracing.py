@@ -16,20 +16,26 @@ from bus.testing import eventually
 
 
 @pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
+def tracer_provider() -> Iterator[TracerProvider]:
+    """The tracer provider the bus is told to use (`tracing.use_tracer_provider`) for the test."""
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.use_tracer_provider(provider)
     try:
-        yield exporter
+        yield provider
     finally:
         tracing.use_tracer_provider(None)
         provider.shutdown()
 
 
+@pytest.fixture
+def spans(tracer_provider: TracerProvider) -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
 async def test_a_publish_handler_publish_chain_is_one_trace(
-    connect, fast, spans: InMemorySpanExporter
+    connect, fast, spans: InMemorySpanExporter, tracer_provider: TracerProvider
 ) -> None:
     b = await connect(**fast)
     await b.create_topic("orders", partitions=2)
@@ -44,7 +50,7 @@ async def test_a_publish_handler_publish_chain_is_one_trace(
 
     s1 = await b.subscribe("billing", on_order, topics=["orders"])
     s2 = await b.subscribe("mailer", on_email, topics=["emails"])
-    tracer = trace.get_tracer("test", tracer_provider=tracing._provider)
+    tracer = trace.get_tracer("test", tracer_provider=tracer_provider)
     with tracer.start_as_current_span("http request") as root:
         await b.publish("orders", {"id": 7}, key="cust-7")
     await eventually(lambda: len(delivered) == 1)

@@ -8,12 +8,7 @@ from datetime import timedelta
 import bus
 from bus.testing import eventually
 from tests.conftest import Connect
-
-
-async def _log_start(b: bus.Bus, topic: str) -> int:
-    return int(
-        await b.pool.fetchval("SELECT log_start FROM partitions WHERE topic = $1 AND name = '0'", topic)
-    )
+from tests.helpers import log_start
 
 
 async def _stored(b: bus.Bus, topic: str) -> list[int]:
@@ -54,10 +49,10 @@ async def test_retention_zero_removes_what_every_live_group_committed_past(conne
         await eventually(lambda: _stored_is(b, list(range(4, 10))))
         await asyncio.sleep(0.2)  # more cleaner passes remove nothing more
         assert await _stored(b, "t") == list(range(4, 10))
-        assert await _log_start(b, "t") == 4
+        assert await log_start(b, "t") == 4
         await _poll_commit(slow, 6)
         await eventually(lambda: _stored_is(b, []))
-        assert await _log_start(b, "t") == 10
+        assert await log_start(b, "t") == 10
         # Readers are told where the log starts now.
         assert await b.read("t", offset=10) == []
         rec = await b.publish("t", b"next")
@@ -74,4 +69,4 @@ async def test_retention_zero_without_any_group_removes_at_once(connect: Connect
     await b.create_topic("t", partitions=1, retention=0)
     await b.publish_many("t", [b"a", b"b"])
     await eventually(lambda: _stored_is(b, []))
-    assert await _log_start(b, "t") == 2
+    assert await log_start(b, "t") == 2

@@ -9,32 +9,15 @@ also writes the row that release reads, and a move that release makes reaches th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
-import pytest
 
 import bus
-from storage import db, versions
+from storage import versions
 
 ROW = "SELECT ctid::text, xmin::text, next_offset FROM queue_frontiers WHERE topic = 'jobs'"
 HEADS = """SELECT h.generation, h.next_offset, h.moves FROM queue_frontier_heads h
 JOIN queue_frontiers f ON f.partition_id = h.partition_id WHERE f.topic = 'jobs' ORDER BY h.generation"""
 FRONTIER = "SELECT f.frontier FROM queue_frontiers f WHERE f.topic = 'jobs'"
-
-
-@pytest.fixture
-async def snapshot(dsn: str, schema: str, b: bus.Bus) -> AsyncIterator[asyncpg.Connection]:
-    """A session holding a REPEATABLE READ snapshot open (a pg_dump, a long report)."""
-    conn = await db.connect(dsn, schema)
-    tx = conn.transaction(isolation="repeatable_read")
-    await tx.start()
-    await conn.fetchval("SELECT count(*) FROM queue_frontiers")
-    try:
-        yield conn
-    finally:
-        await tx.rollback()
-        await conn.close()
 
 
 async def _take_one_by_one(b: bus.Bus, n: int) -> list[int]:

@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 
 import bus
@@ -213,6 +214,33 @@ async def test_job_result_raises_job_failed_for_a_dead_lettered_job(b: bus.Bus) 
         await b.job_result("jobs", rec, timeout=1.0)
     assert failed.value.status == "failed"
     assert [e["error"] for e in failed.value.errors] == ["bad 1", "bad 2"]
+
+
+class Rows(msgspec.Struct):
+    rows: int
+
+
+async def test_job_result_decodes_into_the_type_asked_for_and_names_the_job_when_it_does_not(
+    b: bus.Bus,
+) -> None:
+    await _queue(b, partitions=1)
+    counted, listed, bare = [await b.publish("jobs", b"x") for _ in range(3)]
+    async with b.queue_consumer("jobs") as q:
+        first, second, third = sorted(await q.take(max_messages=3, timeout=1.0), key=lambda m: m.offset)
+        await q.ack(first, result={"rows": 42})
+        await q.ack(second, result=[1, 2])
+        await q.ack(third)
+    assert await b.job_result("jobs", counted, timeout=0, type=Rows) == Rows(rows=42)
+    assert await b.job_result("jobs", listed, timeout=0, type=tuple[int, int]) == (1, 2)
+    assert await b.job_result("jobs", bare, timeout=0, type=Rows | None) is None
+    with pytest.raises(bus.MessageDecodeError) as wrong:
+        await b.job_result("jobs", listed, timeout=0, type=Rows)
+    assert (wrong.value.topic, wrong.value.partition, wrong.value.offset) == ("jobs", "0", listed.offset)
+    assert "fix the type or the handler" in str(wrong.value)
+    with pytest.raises(bus.MessageDecodeError, match="it has none"):
+        await b.job_result("jobs", bare, timeout=0, type=Rows)
+    with pytest.raises(bus.ValidationError, match="not a type a result decodes into"):
+        await b.job_result("jobs", counted, timeout=0, type=object())  # type: ignore[call-overload]
 
 
 async def test_max_in_flight_per_key_holds_and_frees_on_ack(b: bus.Bus) -> None:

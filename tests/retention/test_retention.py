@@ -9,23 +9,9 @@ import bus
 from actors.cleaner import CleanNow
 from storage import retention
 from tests.conftest import Connect
+from tests.helpers import consume_claims, log_start
 
 SHORT = timedelta(milliseconds=20)
-
-
-async def _consume(b: bus.Bus, group: str, topic: str, upto: int, **kw: object) -> None:
-    """Claim and ack until the group's cursor on partition "0" reaches `upto`."""
-    while True:
-        c = await b.claim(group, topic=topic, worker_id="w", max_messages=upto, **kw)  # type: ignore[arg-type]
-        if c is None:
-            return
-        last = min(c.messages[-1].offset, upto - 1)
-        if last < c.messages[0].offset:
-            await c.release()
-            return
-        await c.ack(last)
-        if last + 1 >= upto:
-            return
 
 
 async def _clean(b: bus.Bus) -> int:
@@ -35,23 +21,17 @@ async def _clean(b: bus.Bus) -> int:
 
 
 async def _offsets(b: bus.Bus, topic: str = "t") -> list[int]:
-    return [m.offset for m in await b.read(topic, partition="0", offset=await _log_start(b, topic))]
-
-
-async def _log_start(b: bus.Bus, topic: str = "t") -> int:
-    return int(
-        await b.pool.fetchval("SELECT log_start FROM partitions WHERE topic = $1 AND name = '0'", topic)
-    )
+    return [m.offset for m in await b.read(topic, partition="0", offset=await log_start(b, topic))]
 
 
 async def test_retention_removes_what_every_group_consumed_once_retention_passed(connect: Connect) -> None:
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=1, retention=SHORT)
     await b.publish_many("t", [b"%d" % i for i in range(5)])
-    await _consume(b, "g", "t", 3)
+    await consume_claims(b, "g", "t", 3)
     await asyncio.sleep(0.05)
     assert await _clean(b) == 3
-    assert await _log_start(b) == 3
+    assert await log_start(b, "t") == 3
     assert await _offsets(b) == [3, 4]
 
 
@@ -59,8 +39,8 @@ async def test_retention_never_removes_at_or_above_the_low_watermark(connect: Co
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=1, retention=SHORT)
     await b.publish_many("t", [b"%d" % i for i in range(5)])
-    await _consume(b, "fast", "t", 4)
-    await _consume(b, "slow", "t", 1)
+    await consume_claims(b, "fast", "t", 4)
+    await consume_claims(b, "slow", "t", 1)
     await asyncio.sleep(0.05)
     await _clean(b)
     assert await _offsets(b) == [1, 2, 3, 4]
@@ -72,7 +52,7 @@ async def test_retention_keeps_messages_younger_than_the_topic_retention(connect
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=1, retention=timedelta(hours=1))
     await b.publish_many("t", [b"a", b"b"])
-    await _consume(b, "g", "t", 2)
+    await consume_claims(b, "g", "t", 2)
     assert await _clean(b) == 0
     assert await _offsets(b) == [0, 1]
 
@@ -81,7 +61,7 @@ async def test_a_group_committing_backwards_is_not_robbed_by_a_concurrent_clean(
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=1, retention=SHORT)
     await b.publish_many("t", [b"%d" % i for i in range(4)])
-    await _consume(b, "g", "t", 4)
+    await consume_claims(b, "g", "t", 4)
     await asyncio.sleep(0.05)
     admin = await b.pool.acquire()
     try:
@@ -102,7 +82,7 @@ async def test_a_late_earliest_group_holds_retention_from_when_it_joins(connect:
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=1, retention=SHORT)
     await b.publish_many("t", [b"%d" % i for i in range(3)])
-    await _consume(b, "early", "t", 3)
+    await consume_claims(b, "early", "t", 3)
     assert await b.claim("late", topic="t", worker_id="w", start="earliest", max_messages=1) is not None
     await asyncio.sleep(0.05)
     assert await _clean(b) == 0
@@ -138,8 +118,8 @@ async def test_dead_group_stops_holding_retention_and_resumes_from_the_log_start
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=1, retention=SHORT)
     await b.publish_many("t", [b"%d" % i for i in range(4)])
-    await _consume(b, "idle", "t", 1)
-    await _consume(b, "busy", "t", 4)
+    await consume_claims(b, "idle", "t", 1)
+    await consume_claims(b, "busy", "t", 4)
     await asyncio.sleep(0.05)
     assert await _clean(b) == 1  # idle still holds 1..3
     await b.pool.execute("UPDATE groups SET last_active_at = now() - interval '1 hour' WHERE name = 'idle'")
@@ -167,8 +147,8 @@ async def test_force_complete_removes_orphans_held_only_by_dead_groups(connect: 
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=1)  # no retention: kept until forced
     await b.publish_many("t", [b"%d" % i for i in range(3)])
-    await _consume(b, "gone", "t", 1)
-    await _consume(b, "live", "t", 2)
+    await consume_claims(b, "gone", "t", 1)
+    await consume_claims(b, "live", "t", 2)
     await b.pool.execute("UPDATE groups SET status = 'dead' WHERE name = 'gone'")
     await asyncio.sleep(0.05)
     async with b.pool.acquire() as conn:
@@ -181,12 +161,12 @@ async def test_the_cleaner_actor_deletes_on_its_ticks(connect: Connect) -> None:
     b = await connect(cleaner_interval=0.05)
     await b.create_topic("t", partitions=1, retention=SHORT)
     await b.publish_many("t", [b"a", b"b"])
-    await _consume(b, "g", "t", 2)
+    await consume_claims(b, "g", "t", 2)
     for _ in range(100):
-        if await _log_start(b) == 2:
+        if await log_start(b, "t") == 2:
             break
         await asyncio.sleep(0.05)
-    assert await _log_start(b) == 2
+    assert await log_start(b, "t") == 2
     assert b._cleaner is not None
     assert await b._cleaner.ask(CleanNow()) == 0
 
@@ -195,11 +175,11 @@ async def test_cleaner_work_per_pass_is_bounded(connect: Connect) -> None:
     b = await connect(cleaner_interval=0)
     await b.create_topic("t", partitions=1, retention=SHORT)
     await b.publish_many("t", [b"x"] * 50)
-    await _consume(b, "g", "t", 50)
+    await consume_claims(b, "g", "t", 50)
     await asyncio.sleep(0.05)
     async with b.pool.acquire() as conn:
         _, deleted = await retention.clean_some(conn, 0, max_partitions=10, batch=20)
-    assert deleted == 20 and await _log_start(b) == 20
+    assert deleted == 20 and await log_start(b, "t") == 20
 
 
 async def test_a_pass_works_out_watermarks_only_for_the_partitions_of_topics_with_retention(
@@ -228,7 +208,9 @@ async def test_a_pass_works_out_watermarks_only_for_the_partitions_of_topics_wit
         assert await retention.clean_some(conn, after, max_partitions=2, batch=100) == (0, 30 - deleted)
 
 
-async def test_a_queue_without_retention_retires_acked_jobs_once_their_result_expired(connect: Connect) -> None:
+async def test_a_queue_without_retention_retires_acked_jobs_once_their_result_expired(
+    connect: Connect,
+) -> None:
     b = await connect(cleaner_interval=0)
     await b.create_topic("jobs", partitions=1, semantics="queue", result_ttl=0.05)  # no retention=
     await b.create_topic("kept", partitions=1, semantics="queue")  # the default result_ttl: one day

@@ -11,12 +11,10 @@ offset counter are unchanged).
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import msgspec
 import pytest
 import pytest_asyncio
@@ -25,6 +23,7 @@ from hypothesis import strategies as st
 
 import bus
 from bus.testing import FAST
+from tests.helpers import bus_of_its_own
 
 HUGE = b"x" * (1024 * 1024 + 1)  # one byte over the default max_message_bytes
 
@@ -173,9 +172,7 @@ class Fuzz:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def fz(dsn: str) -> AsyncIterator[Fuzz]:
-    schema = "fz_" + uuid.uuid4().hex[:12]
-    b = await bus.connect(dsn, schema=schema, cleaner_interval=0, **FAST)
-    try:
+    async with bus_of_its_own(dsn, "fz_", cleaner_interval=0, **FAST) as (b, schema):
         await b.create_topic("fz-fixed", partitions=3)
         await b.create_topic("fz-dyn", partitions=None, namespace="fzns", task="fztask")
         await b.create_topic("fz-queue", partitions=2, semantics="queue")
@@ -185,13 +182,6 @@ async def fz(dsn: str) -> AsyncIterator[Fuzz]:
         parts = [f'(SELECT count(*) FROM "{t}") AS "{t}"' for t in tables]
         parts.append("(SELECT COALESCE(sum(p.log_end), 0) FROM partitions p) AS offsets")
         yield Fuzz(b, dsn, schema, "SELECT " + ", ".join(parts))
-    finally:
-        await b.close()
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
 
 
 # -- the fuzz tests ---------------------------------------------------------------------------

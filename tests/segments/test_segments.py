@@ -11,24 +11,10 @@ import pytest
 import bus
 from storage import db, retention, segments
 from tests.conftest import Connect
+from tests.helpers import consume_claims
 
 SHORT = timedelta(milliseconds=20)
 WIDTH = 0.5  # seconds: segments close quickly in tests
-
-
-async def _consume(b: bus.Bus, group: str, topic: str, upto: int) -> None:
-    """Claim and ack until the group's cursor on partition "0" reaches `upto`."""
-    while True:
-        c = await b.claim(group, topic=topic, worker_id="w", max_messages=upto)
-        if c is None:
-            return
-        last = min(c.messages[-1].offset, upto - 1)
-        if last < c.messages[0].offset:
-            await c.release()
-            return
-        await c.ack(last)
-        if last + 1 >= upto:
-            return
 
 
 async def _ensure(b: bus.Bus) -> list[str]:
@@ -85,7 +71,7 @@ async def test_publishes_land_in_the_segment_made_ahead_and_a_whole_retired_segm
     await b.publish_many("t", [b"%d" % i for i in range(5)])
     seg = await _leaf_of(b, "t", 0)
     assert seg in made and await _leaf_of(b, "t", 4) == seg
-    await _consume(b, "g", "t", 5)
+    await consume_claims(b, "g", "t", 5)
     await _wait_closed(b, seg)
     done = await _retire(b)
     assert seg in done.retired and seg in done.dropped and done.swept_rows == 0
@@ -105,7 +91,7 @@ async def test_retirement_leaves_no_dead_tuples(connect: Connect) -> None:
     await b.publish_many("t", [b"x"] * 200)
     seg = await _leaf_of(b, "t", 0)
     assert await _leaf_of(b, "t", 199) == seg
-    await _consume(b, "g", "t", 200)
+    await consume_claims(b, "g", "t", 200)
     await _wait_closed(b, seg)
     async with b.pool.acquire() as conn:
         await retention.clean_some(conn, 0, max_partitions=1000, batch=100_000)
@@ -125,8 +111,8 @@ async def test_a_live_group_behind_holds_the_segment_and_a_dead_one_does_not(con
     await _ensure(b)
     await b.publish_many("t", [b"%d" % i for i in range(4)])
     seg = await _leaf_of(b, "t", 0)
-    await _consume(b, "fast", "t", 4)
-    await _consume(b, "slow", "t", 1)
+    await consume_claims(b, "fast", "t", 4)
+    await consume_claims(b, "slow", "t", 1)
     await _wait_closed(b, seg)
     done = await _retire(b)
     assert seg not in done.retired and await _stored(b) == 4
@@ -143,7 +129,7 @@ async def test_reading_below_the_log_start_is_out_of_range_while_the_rows_are_st
     await b.create_topic("t", partitions=1, retention=SHORT)
     await _ensure(b)
     await b.publish_many("t", [b"%d" % i for i in range(3)])
-    await _consume(b, "g", "t", 2)
+    await consume_claims(b, "g", "t", 2)
     await asyncio.sleep(0.05)
     async with b.pool.acquire() as conn:
         assert await retention.clean_some(conn, 0, max_partitions=10, batch=100) == (0, 2)
@@ -169,7 +155,7 @@ async def test_rows_without_a_segment_go_to_the_default_partition_which_retires_
     assert lo > newest
     await b.publish("t", b"c")
     assert await _leaf_of(b, "t", 2) == made[0]
-    await _consume(b, "g", "t", 2)
+    await consume_claims(b, "g", "t", 2)
     await asyncio.sleep(0.05)
     done = await _retire(b)
     assert "messages_default" in done.retired
@@ -190,7 +176,7 @@ async def test_a_segment_pinned_by_a_compact_topic_is_swept_after_the_grace(conn
         await conn.execute("UPDATE partitions SET next_offset = CASE WHEN topic = 'c' THEN 1 ELSE 3 END")
     seg = await _leaf_of(b, "c", 0)
     assert seg.startswith("messages_2") and await _leaf_of(b, "t", 2) == seg
-    await _consume(b, "g", "t", 3)
+    await consume_claims(b, "g", "t", 3)
     await _wait_closed(b, seg)
     done = await _retire(b)  # grace not over: nothing is swept yet
     assert seg not in done.retired and done.swept_rows == 0 and await _stored(b) == 4
@@ -237,7 +223,7 @@ async def test_the_cleaner_actor_makes_segments_and_retires_them(connect: Connec
     assert seg.startswith("messages_2"), await b.pool.fetch(
         "SELECT *, clock_timestamp() FROM message_segments"
     )
-    await _consume(b, "g", "t", 3)
+    await consume_claims(b, "g", "t", 3)
     for _ in range(300):  # the segment closes after MIN_WIDTH seconds at most, then retires on a tick
         if await b.pool.fetchval("SELECT to_regclass($1)", seg) is None:
             break

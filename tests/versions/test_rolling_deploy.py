@@ -24,7 +24,11 @@ from bus.testing import FAST
 from storage import db
 from tests.versions.rolling_worker import Enrolled
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.fresh_schema]  # the previous release creates the schema
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.alone,
+    pytest.mark.fresh_schema,
+]  # the previous release creates the schema
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("rolling_worker.py")

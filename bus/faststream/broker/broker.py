@@ -10,7 +10,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from fast_depends import dependency_provider
-from faststream.message import SourceType, gen_cor_id
+from faststream.message import gen_cor_id
 from faststream.middlewares import AckPolicy
 from faststream.response.publish_type import PublishType
 from faststream.specification.schema import BrokerSpec
@@ -29,7 +29,6 @@ from bus.faststream.broker.logging import _LoggerStorage
 from bus.faststream.broker.registrator import BusRegistrator
 from bus.faststream.configs import BusBrokerConfig
 from bus.faststream.message import BusMessage
-from bus.faststream.parser import _process_msg
 from bus.faststream.publisher.producer import BusProducer
 from bus.faststream.response import BusPublishCommand
 from bus.faststream.serializer import BusSerializer
@@ -163,6 +162,16 @@ class BusBroker(BusRegistrator, BrokerUsecase[Message, "Bus", BusBrokerConfig]):
             return False
         return True
 
+    async def _command(
+        self, *messages: SendableMessage, correlation_id: str | None, **fields: Any
+    ) -> BusPublishCommand:
+        """A command of this broker, connected first (a script that only publishes needs no app)."""
+        if self._connection is None:
+            await self.connect()
+        return BusPublishCommand(
+            *messages, correlation_id=correlation_id or self.config.id_generator(), **fields
+        )
+
     async def publish(
         self,
         message: SendableMessage = None,
@@ -179,15 +188,13 @@ class BusBroker(BusRegistrator, BrokerUsecase[Message, "Bus", BusBrokerConfig]):
 
         A broker not connected yet connects first (a script that only publishes needs no app).
         """
-        if self._connection is None:
-            await self.connect()
-        cmd = BusPublishCommand(
+        cmd = await self._command(
             message,
             topic=topic,
             key=key,
             partition=partition,
             headers=headers,
-            correlation_id=correlation_id or self.config.id_generator(),
+            correlation_id=correlation_id,
             idempotency_key=idempotency_key,
             reply_to=reply_to,
             _publish_type=PublishType.PUBLISH,
@@ -205,15 +212,13 @@ class BusBroker(BusRegistrator, BrokerUsecase[Message, "Bus", BusBrokerConfig]):
         reply_to: str = "",
     ) -> Any:
         """Publish `messages` to `topic` in one statement (`Bus.publish_many`): the bus's Records back."""
-        if self._connection is None:
-            await self.connect()
-        cmd = BusPublishCommand(
+        cmd = await self._command(
             *(messages or (None,)),
             topic=topic,
             key=key,
             partition=partition,
             headers=headers,
-            correlation_id=correlation_id or self.config.id_generator(),
+            correlation_id=correlation_id,
             reply_to=reply_to,
             _publish_type=PublishType.PUBLISH,
         )
@@ -236,29 +241,20 @@ class BusBroker(BusRegistrator, BrokerUsecase[Message, "Bus", BusBrokerConfig]):
         partition of the reply topic; the reply is the handler's return value, as a BusMessage
         (`await reply.decode()`).
         """
-        if self._connection is None:
-            await self.connect()
-        cmd = BusPublishCommand(
+        cmd = await self._command(
             message,
             topic=topic,
             key=key,
             partition=partition,
             headers=headers,
-            correlation_id=correlation_id or self.config.id_generator(),
+            correlation_id=correlation_id,
             timeout=timeout,
             _publish_type=PublishType.REQUEST,
         )
-        producer = self.config.producer
-        request = producer.request
+        producer = self.config.broker_config.producer
+        request: Any = producer.request
         context = self.context
         for m in self.middlewares[::-1]:
             request = functools.partial(m(None, context=context).publish_scope, request)
         published = await request(cmd)
-        reply: BusMessage = await _process_msg(
-            msg=published,
-            middlewares=(m(published, context=context) for m in self.middlewares),
-            parser=producer._parser,
-            decoder=producer._decoder,
-            source_type=SourceType.RESPONSE,
-        )
-        return reply
+        return await producer.reply(published, (m(published, context=context) for m in self.middlewares))

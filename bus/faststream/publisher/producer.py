@@ -9,18 +9,19 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from faststream.exceptions import IncorrectState
-from faststream.message import gen_cor_id
+from faststream.message import SourceType, gen_cor_id
 
 import bus as _bus
 from bus.faststream._compat import EMPTY, DefaultCodec, ProducerProto
-from bus.faststream.parser import _CONTENT_TYPE, _CORRELATION, _REPLY_TO, decode, parse_message
+from bus.faststream.parser import _CONTENT_TYPE, _CORRELATION, _REPLY_TO, _process_msg, decode, parse_message
 from bus.faststream.response import BusPublishCommand
 from bus.types import Message, Outgoing
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from bus.client import Bus
+    from bus.faststream.message import BusMessage
 
 
 REPLY_TOPIC = "faststream.replies"  # requests' replies: one partition per requesting broker
@@ -136,6 +137,17 @@ class BusProducer(ProducerProto[BusPublishCommand]):
                 return await waiter
         finally:
             replies.forget(cmd.correlation_id)
+
+    async def reply(self, published: Any, middlewares: Iterable[Any]) -> BusMessage:
+        """A request's reply as its requester gets it: through `middlewares`, parsed and decoded."""
+        reply: BusMessage = await _process_msg(
+            msg=published,
+            middlewares=middlewares,
+            parser=self._parser,
+            decoder=self._decoder,
+            source_type=SourceType.RESPONSE,
+        )
+        return reply
 
 
 def _destination(destination: str, partition: str | int | None) -> tuple[str, str | int | None]:

@@ -6,14 +6,12 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-from faststream.message import SourceType
 from faststream.response.publish_type import PublishType
 from faststream.response.response import PublishCommand
 
 from bus.faststream._compat import PublisherSpecification, PublisherUsecase
 from bus.faststream.configs import BusBrokerConfig
 from bus.faststream.message import BusMessage
-from bus.faststream.parser import _process_msg
 from bus.faststream.publisher.config import BusPublisherConfig
 from bus.faststream.publisher.specification import BusPublisherSpecification
 from bus.faststream.response import BusPublishCommand
@@ -53,6 +51,25 @@ class BusPublisher(PublisherUsecase):
     def topic(self) -> str:
         return f"{self._outer_config.prefix}{self._topic}"
 
+    def _command(
+        self,
+        message: SendableMessage,
+        topic: str,
+        key: str | None,
+        headers: dict[str, str] | None,
+        correlation_id: str | None,
+        **fields: Any,
+    ) -> BusPublishCommand:
+        """A command with this publisher's topic, key and headers where the call gives none of its own."""
+        return BusPublishCommand(
+            message,
+            topic=topic or self.topic,
+            key=key or self.key,
+            headers=self.headers | (headers or {}),
+            correlation_id=correlation_id or self._outer_config.id_generator(),
+            **fields,
+        )
+
     async def publish(
         self,
         message: SendableMessage,
@@ -64,13 +81,13 @@ class BusPublisher(PublisherUsecase):
         correlation_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> Any:
-        cmd = BusPublishCommand(
+        cmd = self._command(
             message,
-            topic=topic or self.topic,
-            key=key or self.key,
+            topic,
+            key,
+            headers,
+            correlation_id,
             partition=partition,
-            headers=self.headers | (headers or {}),
-            correlation_id=correlation_id or self._outer_config.id_generator(),
             idempotency_key=idempotency_key,
             _publish_type=PublishType.PUBLISH,
         )
@@ -97,13 +114,13 @@ class BusPublisher(PublisherUsecase):
         timeout: float | None = 30.0,  # noqa: ASYNC109 - FastStream's signature
     ) -> BusMessage:
         """Publish to the publisher's topic and wait for the reply (see `BusBroker.request`)."""
-        cmd = BusPublishCommand(
+        cmd = self._command(
             message,
-            topic=topic or self.topic,
-            key=key or self.key,
+            topic,
+            key,
+            headers,
+            correlation_id,
             partition=partition,
-            headers=self.headers | (headers or {}),
-            correlation_id=correlation_id or self._outer_config.id_generator(),
             timeout=timeout,
             _publish_type=PublishType.REQUEST,
         )
@@ -112,13 +129,7 @@ class BusPublisher(PublisherUsecase):
             request = functools.partial(pub_m, request)
         published = await request(cmd)
         context = self._outer_config.context
-        reply: BusMessage = await _process_msg(
-            msg=published,
-            middlewares=(
-                m(published, context=context) for m in reversed(self._outer_config.broker_middlewares)
-            ),
-            parser=self._outer_config.producer._parser,
-            decoder=self._outer_config.producer._decoder,
-            source_type=SourceType.RESPONSE,
+        return await self._outer_config.producer.reply(
+            published,
+            (m(published, context=context) for m in reversed(self._outer_config.broker_middlewares)),
         )
-        return reply
