@@ -46,7 +46,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bus actors storage tests benchmarks
-	$(BIN)/ruff format --check bus actors storage
+	$(BIN)/ruff format --check bus actors storage tests benchmarks
 	$(BIN)/mypy --strict bus actors storage
 
 clean:
