@@ -16,13 +16,13 @@ import itertools
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import asyncpg
 import msgspec
 
 from actors import metrics as _metrics
-from actors.producer import Prepared, Publish, Vanished
+from actors.producer import Publish, Vanished
 from bus import tracing
 from bus.codec import PLAIN_VALUES, encode_headers, encode_json, encode_payload, validate_key
 from bus.types import Outgoing, Record, TopicInfo
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from actors.runtime import ActorRef
     from bus.context import BusContext
 
-__all__ = ["Publisher", "key_partition", "topic_info"]
+__all__ = ["Prepared", "Publisher", "key_partition", "topic_info"]
 
 T = TypeVar("T")
 
@@ -62,6 +62,20 @@ def topic_info(row: asyncpg.Record) -> TopicInfo:
         if row["dedupe_window_seconds"] is None
         else timedelta(seconds=row["dedupe_window_seconds"]),
     )
+
+
+class Prepared(log_sql.Batch):
+    """One call's validated, encoded messages with their partitions resolved: the batch a flush
+    writes (alone, or joined with the calls beside it), and the topic it goes to.
+
+    `Publisher._prepare` makes it and sets `topic` and `window` (the topic's dedupe window in
+    seconds; None: for ever) itself: one constructor call on the path of every publish.
+    """
+
+    __slots__ = ("topic", "window")
+
+    topic: str
+    window: float | None
 
 
 @functools.lru_cache(maxsize=65536)
@@ -155,7 +169,8 @@ class Publisher:
         self, info: TopicInfo, messages: Sequence[Outgoing | Any], dedupe: float | None
     ) -> Prepared:
         """Validate and encode one call's messages and resolve their partitions (nothing is written)."""
-        out = Prepared(info.name, info.semantics == "queue", dedupe)
+        out = Prepared(info.semantics == "queue")
+        out.topic, out.window = info.name, dedupe
         self._encode(info, messages, out)
         datas, heads, keys = out.payloads, out.headers, out.keys
         if len(out.names) == 1:  # a single publish: the common case
@@ -351,7 +366,8 @@ def _options(info: TopicInfo, msg: Outgoing, out: Prepared, index: int) -> None:
     if msg.idempotency_key is not None:
         if out.ikeys is None:
             out.ikeys = [None] * index
-        out.ikeys.append(validate_idempotency_key(msg.idempotency_key))
+        key = cast("str", validate_idempotency_key(msg.idempotency_key))  # a str, as it is not None
+        out.ikeys.append((out.topic, key, out.window))
     elif out.ikeys is not None:
         out.ikeys.append(None)
     if msg.delay is not None or msg.deliver_at is not None or msg.priority is not None:
