@@ -50,75 +50,18 @@ from storage.logs import get_logger
 # A flush whose connection was lost (or could not be opened): its outcome is unknown.
 _LOST: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, StorageUnavailableError)
 
-__all__ = ["Prepared", "Producer", "ProducerSettings", "ProducerStats", "Publish", "Vanished"]
+__all__ = ["Producer", "ProducerSettings", "ProducerStats", "Publish", "Vanished"]
 
 
 class Vanished(Exception):
     """A message's partition no longer exists (its topic was deleted while publishing)."""
 
 
-class Prepared:
-    """One call's validated, encoded messages with their partitions resolved: what a flush writes."""
-
-    __slots__ = (
-        "headers",
-        "ikeys",
-        "keys",
-        "names",
-        "nbytes",
-        "payloads",
-        "pids",
-        "queue",
-        "timing",
-        "topic",
-        "window",
-    )
-
-    def __init__(self, topic: str, queue: bool, window: float | None) -> None:
-        self.topic = topic
-        self.queue = queue
-        self.window = window
-        self.names: list[str] = []
-        self.pids: list[int] = []
-        self.keys: list[str | None] = []
-        self.headers: list[str | None] = []
-        self.payloads: list[bytes | None] = []
-        self.ikeys: list[str | None] | None = None  # None: no message of the call has an idempotency key
-        self.timing: log_sql.Timing | None = None  # None: no message of the call is delayed or prioritized
-        self.nbytes = 0
-
-    def keyed(self, now: datetime | None = None) -> log_sql.Keyed | None:
-        """The idempotency side of this call alone, if any message has a key (windows judged at `now`)."""
-        if self.ikeys is None:
-            return None
-        n = len(self.ikeys)
-        return log_sql.Keyed([self.topic] * n, self.ikeys, [self.window] * n, self.names, now)
-
-    async def append(
-        self, conn: log_sql.Target, notify: str | None = None, now: datetime | None = None
-    ) -> list[log_sql.Placed | None]:
-        """Write this call alone (with keys, `conn` is a connection inside a transaction).
-
-        `notify`: the channel to wake listeners on, with the write's commit. `now`: when the
-        idempotency windows are judged and start (None: the server's clock).
-        """
-        return await log_sql.append(
-            conn,
-            self.pids,
-            self.keys,
-            self.headers,
-            self.payloads,
-            queue=self.queue,
-            keyed=self.keyed(now),
-            notify=notify,
-            timing=self.timing,
-        )
-
-
 class Publish(Message, frozen=True):
-    """Append one prepared call; `reply` (an asyncio Future) gets its places, in input order, or the error.
+    """Append one call's messages; `reply` (an asyncio Future) gets their places, in input order, or the error.
 
-    In-process only: `call` is a :class:`Prepared` and `reply` a Future, never encoded.
+    In-process only: `call` is a `storage.messages.Batch` (validated, encoded, partitions resolved)
+    and `reply` a Future, never encoded.
     """
 
     call: Any
@@ -283,7 +226,7 @@ class Producer(Actor[Publish]):
         messages = nbytes = 0
         while self._pending:
             m = self._pending.popleft()
-            call: Prepared = m.call
+            call: log_sql.Batch = m.call
             n = len(call.pids)
             if batch and (
                 messages + n > settings.max_batch or nbytes + call.nbytes > settings.max_batch_bytes
@@ -393,48 +336,20 @@ class Producer(Actor[Publish]):
         calls = [m for m in batch if not m.reply.done()]
         if not calls:
             return
-        pids: list[int] = []
-        keys: list[str | None] = []
-        headers: list[str | None] = []
-        payloads: list[bytes | None] = []
-        queue = False
-        keyed = any(m.call.ikeys is not None for m in calls)
-        topics: list[str] = []
-        ikeys: list[str | None] = []
-        windows: list[float | None] = []
-        names: list[str] = []
-        for m in calls:
-            call: Prepared = m.call
-            pids += call.pids
-            keys += call.keys
-            headers += call.headers
-            payloads += call.payloads
-            queue = queue or call.queue
-            if keyed:
-                n = len(call.pids)
-                topics += [call.topic] * n
-                ikeys += call.ikeys if call.ikeys is not None else [None] * n
-                windows += [call.window] * n
-                names += call.names
+        # One batch, one statement: a lone call's batch as it is, else the calls' joined.
+        merged: log_sql.Batch = (
+            calls[0].call if len(calls) == 1 else log_sql.Batch.joined([m.call for m in calls])
+        )
         # A flush that runs alone sends its wake-ups with its commit (one statement, and the
         # listeners hear of it one round trip sooner); flushes side by side leave them to the
         # Announcer, because notifying commits serialize (see actors/announcer.py).
         notify = self._channel if self._in_flight <= 1 else None
         try:
-            if keyed:
+            if merged.ikeys is not None:  # idempotency keys are claimed in the flush's transaction
                 async with conn.transaction():
-                    placed = await log_sql.append(
-                        conn,
-                        pids,
-                        keys,
-                        headers,
-                        payloads,
-                        queue=queue,
-                        keyed=log_sql.Keyed(topics, ikeys, windows, names, self._now()),
-                        notify=notify,
-                    )
+                    placed = await merged.append(conn, notify, self._now())
             else:
-                placed = await log_sql.append(conn, pids, keys, headers, payloads, queue=queue, notify=notify)
+                placed = await merged.append(conn, notify)
         except _LOST as exc:
             # Nothing to isolate: every call's outcome is equally unknown; each caller retries (with its key).
             self._fail(calls, _unavailable(exc))
@@ -449,8 +364,8 @@ class Producer(Actor[Publish]):
                 await self._flush([m], conn)
             return
         self.stats.flushes += 1
-        self.stats.flushed_messages += len(pids)
-        self.stats.largest_flush = max(self.stats.largest_flush, len(pids))
+        self.stats.flushed_messages += len(merged.pids)
+        self.stats.largest_flush = max(self.stats.largest_flush, len(merged.pids))
         start = 0
         for m in calls:
             end = start + len(m.call.pids)
@@ -458,7 +373,7 @@ class Producer(Actor[Publish]):
                 m.reply.set_result(placed[start:end])
             start = end
         if notify is None:
-            for pid in set(pids):
+            for pid in set(merged.pids):
                 self._announce(pid)
 
     def _fail(self, calls: list[Publish], exc: BaseException) -> None:

@@ -733,7 +733,8 @@ async def _statements(b: bus.Bus, dsn: str, quick: bool) -> list[Result]:
 
         async def bus_step() -> tuple[float, float]:
             t0 = time.perf_counter()
-            placed = await log_sql.append(ours, [pid], [None], [None], [pad], queue=False, notify=channel)
+            one = log_sql.Batch.of([pid], ["0"], [None], [None], [pad])
+            placed = await log_sql.append(ours, one, notify=channel)
             t1 = time.perf_counter()
             rows = await lease_sql.fetch(ours, "statements", pid, owner, epoch, placed[0][1], BATCH)  # type: ignore[index]
             t2 = time.perf_counter()

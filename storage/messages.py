@@ -245,28 +245,107 @@ class Timing:
             [self.priorities[i] for i in indexes],
         )
 
+    @staticmethod
+    def none(count: int) -> Timing:
+        """The timing of `count` plain messages (fresh jobs)."""
+        return Timing([None] * count, [None] * count, [None] * count)
 
-class Keyed:
-    """The idempotency side of an `append`: per message its topic, key (or None), dedupe window and partition name.
+    def extend(self, other: Timing) -> None:
+        """Add `other`'s messages after these."""
+        self.delays += other.delays
+        self.times += other.times
+        self.priorities += other.priorities
 
-    The names let a repeat of a key earlier in the same input report the partition its original went to.
+
+#: A message's idempotency key and its scope: (topic, key, dedupe window in seconds; None: for ever).
+IdempotencyKey = tuple[str, str, float | None]
+
+
+class Batch:
+    """Messages to append, as parallel lists (one element per message): what `append` writes.
+
+    A publish call's messages make one batch (`bus.publishing` builds it); the Producer writes a
+    lone call's batch as it is, and the calls of a flush as one batch joined from theirs: the
+    lists go to the statement's array parameters as they are.
+
+    `pids`: partition ids; `names`: their names (a repeated idempotency key reports its
+    original's); `keys`, `headers` (JSON text) and `payloads`; `queue`: some messages belong to
+    queue topics (their job rows are written too); `ikeys`: per message its idempotency key or
+    None (None for the whole list: no message has one); `timing`: delays, delivery times and
+    priorities of queue messages (None: no message has any); `nbytes`: what the messages weigh
+    (payloads, headers and keys), for the Producer's `max_batch_bytes`.
     """
 
-    __slots__ = ("keys", "names", "now", "topics", "windows")
+    __slots__ = ("headers", "ikeys", "keys", "names", "nbytes", "payloads", "pids", "queue", "timing")
 
-    def __init__(
-        self,
-        topics: list[str],
-        keys: list[str | None],
-        windows: list[float | None],
+    def __init__(self, queue: bool = False) -> None:
+        self.queue = queue
+        self.pids: list[int] = []
+        self.names: list[str] = []
+        self.keys: list[str | None] = []
+        self.headers: list[str | None] = []
+        self.payloads: list[bytes | None] = []
+        self.ikeys: list[IdempotencyKey | None] | None = None
+        self.timing: Timing | None = None
+        self.nbytes = 0
+
+    @classmethod
+    def of(
+        cls,
+        pids: list[int],
         names: list[str],
-        now: datetime | None = None,
-    ) -> None:
-        self.topics = topics
-        self.keys = keys
-        self.windows = windows
-        self.names = names
-        self.now = now  # when the windows are judged and start (None: the server's clock)
+        keys: list[str | None],
+        headers: list[str | None],
+        payloads: list[bytes | None],
+        *,
+        queue: bool = False,
+    ) -> Batch:
+        """A batch of these messages (no idempotency keys, no timing; weight not counted)."""
+        batch = cls(queue)
+        batch.pids, batch.names, batch.keys, batch.headers, batch.payloads = (
+            pids,
+            names,
+            keys,
+            headers,
+            payloads,
+        )
+        return batch
+
+    @classmethod
+    def joined(cls, batches: list[Batch]) -> Batch:
+        """One batch of `batches`' messages, one batch after the other (the calls of one flush).
+
+        The batches themselves are left as they are (a flush that fails writes them again one by one).
+        """
+        out = cls()
+        pids, names, keys, headers, payloads = out.pids, out.names, out.keys, out.headers, out.payloads
+        nbytes, queue, sides = 0, False, False
+        for b in batches:  # one pass, locals only: this runs for every flush of many calls
+            pids += b.pids
+            names += b.names
+            keys += b.keys
+            headers += b.headers
+            payloads += b.payloads
+            nbytes += b.nbytes
+            queue = queue or b.queue
+            sides = sides or b.ikeys is not None or b.timing is not None
+        out.nbytes, out.queue = nbytes, queue
+        if sides and any(b.ikeys is not None for b in batches):
+            ikeys: list[IdempotencyKey | None] = []
+            for b in batches:
+                ikeys += b.ikeys if b.ikeys is not None else [None] * len(b.pids)
+            out.ikeys = ikeys
+        if sides and any(b.timing is not None for b in batches):
+            timing = out.timing = Timing.none(0)
+            for b in batches:
+                timing.extend(b.timing if b.timing is not None else Timing.none(len(b.pids)))
+        return out
+
+    async def append(
+        self, conn: Target, notify: str | None = None, now: datetime | None = None
+    ) -> list[Placed | None]:
+        """Write this batch: `append(conn, self, notify=notify, now=now)`."""
+        return await append(conn, self, notify=notify, now=now)
 
 
 async def _append(
@@ -328,60 +407,54 @@ async def _append(
 
 
 async def append(
-    conn: Target,
-    partition_ids: list[int],
-    keys: list[str | None],
-    headers: list[str | None],
-    payloads: list[bytes | None],
-    *,
-    queue: bool,
-    keyed: Keyed | None = None,
-    notify: str | None = None,
-    timing: Timing | None = None,
+    conn: Target, batch: Batch, *, notify: str | None = None, now: datetime | None = None
 ) -> list[Placed | None]:
-    """Append messages to any partitions in one statement; per input message where it landed.
+    """Append a batch of messages to any partitions in one statement; per message where it landed.
 
     None for a message whose partition no longer exists (its topic was deleted),
-    or whose key's original is gone. `queue`: some messages belong to queue
-    topics (their job rows are inserted too). With `keyed`, `conn` must be a
-    connection inside a transaction: messages whose idempotency key was
-    already written within its window are not written again and get the
-    original's place, and so does every later message of the same key in the
-    input. `timing`: delays, delivery times and priorities of queue messages.
-    Wake-ups are the caller's (after commit; see actors/announcer.py), unless `notify` names the channel to NOTIFY in the same statement (its
-    commit sends them: one per partition written).
+    or whose key's original is gone. With idempotency keys (`batch.ikeys`), `conn`
+    must be a connection inside a transaction: messages whose key was already
+    written within its window are not written again and get the original's
+    place, and so does every later message of the same key in the batch; `now`
+    is when the windows are judged and start (None: the server's clock).
+    Wake-ups are the caller's (after commit; see actors/announcer.py), unless
+    `notify` names the channel to NOTIFY in the same statement (its commit sends
+    them: one per partition written).
     """
-    if keyed is None:
-        return await _append(conn, queue, partition_ids, keys, headers, payloads, notify, timing)
+    ikeys = batch.ikeys
+    if ikeys is None:
+        return await _append(
+            conn, batch.queue, batch.pids, batch.keys, batch.headers, batch.payloads, notify, batch.timing
+        )
     assert not isinstance(conn, asyncpg.Pool), "keyed appends need one connection inside a transaction"
     first: dict[tuple[str, str], int] = {}
-    for i, ikey in enumerate(keyed.keys):
-        if ikey is not None:
-            first.setdefault((keyed.topics[i], ikey), i)
+    windows: dict[tuple[str, str], float | None] = {}
+    for i, ikey in enumerate(ikeys):
+        if ikey is not None and ikey[:2] not in first:
+            first[ikey[:2]] = i
+            windows[ikey[:2]] = ikey[2]
     pairs = list(first)
     claimed = await idempotency.claim(
         conn,
         [t for t, _ in pairs],
         [k for _, k in pairs],
-        [keyed.windows[first[p]] for p in pairs],
-        keyed.now,
+        [windows[p] for p in pairs],
+        now,
     )
     write = [
-        i
-        for i, ikey in enumerate(keyed.keys)
-        if ikey is None or (first[(keyed.topics[i], ikey)] == i and (keyed.topics[i], ikey) in claimed)
+        i for i, ikey in enumerate(ikeys) if ikey is None or (first[ikey[:2]] == i and ikey[:2] in claimed)
     ]
-    results: list[Placed | None] = [None] * len(partition_ids)
+    results: list[Placed | None] = [None] * len(batch.pids)
     if write:
         written = await _append(
             conn,
-            queue,
-            [partition_ids[i] for i in write],
-            [keys[i] for i in write],
-            [headers[i] for i in write],
-            [payloads[i] for i in write],
+            batch.queue,
+            [batch.pids[i] for i in write],
+            [batch.keys[i] for i in write],
+            [batch.headers[i] for i in write],
+            [batch.payloads[i] for i in write],
             notify,
-            None if timing is None else timing.pick(write),
+            None if batch.timing is None else batch.timing.pick(write),
         )
         for i, placed in zip(write, written, strict=True):
             results[i] = placed
@@ -406,11 +479,11 @@ async def append(
             hit = found.get(p)
             if hit is not None:
                 results[first[p]] = (hit[0], hit[2], hit[3], hit[1])
-    for i, ikey in enumerate(keyed.keys):
-        if ikey is not None and (j := first[(keyed.topics[i], ikey)]) != i:
+    for i, ikey in enumerate(ikeys):
+        if ikey is not None and (j := first[ikey[:2]]) != i:
             original = results[j]
             if original is not None and original[3] is None:
-                original = (original[0], original[1], original[2], keyed.names[j])
+                original = (original[0], original[1], original[2], batch.names[j])
             results[i] = original
     return results
 
@@ -418,15 +491,10 @@ async def append(
 async def append_outbox(
     conn: asyncpg.Connection | PoolConnectionProxy,
     schema: str,
-    partition_ids: list[int],
-    keys: list[str | None],
-    headers: list[str | None],
-    payloads: list[bytes | None],
+    batch: Batch,
     *,
-    queue: bool,
-    keyed: Keyed | None = None,
     notify: str | None = None,
-    timing: Timing | None = None,
+    now: datetime | None = None,
 ) -> list[Placed | None]:
     """`append` on a caller's connection, inside the caller's transaction (the outbox), in one round trip.
 
@@ -438,41 +506,41 @@ async def append_outbox(
     keys run the Producer's statements in the bus schema, under a savepoint (`db.on_schema`):
     they are more than one statement, and must be all or nothing.
     """
-    if keyed is None:
+    ikeys = batch.ikeys
+    if ikeys is None:
         return await _append(
-            conn, queue, partition_ids, keys, headers, payloads, notify, timing, in_schema(schema)
+            conn,
+            batch.queue,
+            batch.pids,
+            batch.keys,
+            batch.headers,
+            batch.payloads,
+            notify,
+            batch.timing,
+            in_schema(schema),
         )
-    if len(partition_ids) == 1 and keyed.keys[0] is not None:
-        delay, at, priority = (None, None, None) if timing is None else timing.row(0)
+    if len(batch.pids) == 1 and ikeys[0] is not None:
+        topic, ikey, window = ikeys[0]
+        delay, at, priority = (None, None, None) if batch.timing is None else batch.timing.row(0)
         row = await conn.fetchrow(
             _append_keyed(schema),
-            keyed.topics[0],
-            keyed.keys[0],
-            keyed.windows[0],
-            keyed.now,
-            partition_ids[0],
-            keys[0],
-            headers[0],
-            payloads[0],
+            topic,
+            ikey,
+            window,
+            now,
+            batch.pids[0],
+            batch.keys[0],
+            batch.headers[0],
+            batch.payloads[0],
             notify,
-            queue,
+            batch.queue,
             delay,
             at,
             priority,
         )
         return [None if row is None else (int(row[0]), int(row[1]), row[2], row[3])]
     async with db.on_schema(conn, schema):
-        return await append(
-            conn,
-            partition_ids,
-            keys,
-            headers,
-            payloads,
-            queue=queue,
-            keyed=keyed,
-            notify=notify,
-            timing=timing,
-        )
+        return await append(conn, batch, notify=notify, now=now)
 
 
 async def announce(conn: asyncpg.Connection, channel: str, partition_ids: list[int]) -> None:

@@ -180,9 +180,10 @@ async def test_concurrent_publishers_across_rotations_get_dense_offsets_visible_
             if i % 3 == 0:
                 await conn.fetchval(log_sql.APPEND_SINGLE, pids[0], None, None, b"x", None)
             else:
-                await log_sql.append(
-                    conn, [pids[0], pids[1], pids[1]], [None] * 3, [None] * 3, [b"y"] * 3, queue=False
+                batch = log_sql.Batch.of(
+                    [pids[0], pids[1], pids[1]], ["0", "1", "1"], [None] * 3, [None] * 3, [b"y"] * 3
                 )
+                await log_sql.append(conn, batch)
 
     async def reader() -> None:
         while not done:

@@ -208,6 +208,36 @@ async def test_a_duplicate_key_inside_one_flush_gives_both_callers_the_one_recor
     assert len(await b.read("t", partition="1")) == len(await b.read("t", partition="3")) == 1
 
 
+async def test_a_flush_of_calls_to_two_topics_keeps_each_topics_idempotency_keys_apart(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
+    await b.create_topic("a", partitions=2)
+    await b.create_topic("c", partitions=1)
+    for topic, p in (
+        ("a", 0),
+        ("a", 1),
+        ("c", 0),
+    ):  # partitions known: the calls reach the Producer in call order
+        await b.publish(topic, b"warm", partition=p)
+    async with _partitions_locked(dsn, schema, "a"), _partitions_locked(dsn, schema, "c"):
+        first = asyncio.create_task(b.publish("a", b"first", partition=0))
+        await asyncio.sleep(0.05)
+        tasks = [
+            asyncio.create_task(b.publish("a", b"plain", partition=1)),
+            asyncio.create_task(b.publish("a", b"x", partition=1, idempotency_key="k")),
+            asyncio.create_task(b.publish("c", b"y", idempotency_key="k")),
+            asyncio.create_task(b.publish("a", b"x again", partition=1, idempotency_key="k")),
+        ]
+        await asyncio.sleep(0.1)
+    await first
+    plain, ka, kc, again = await asyncio.gather(*tasks)
+    assert b.producer_stats.largest_flush == 4  # the four calls went as one batch
+    assert again == ka and (ka.topic, ka.offset) == ("a", 2) and (kc.topic, kc.offset) == ("c", 1)
+    assert plain.offset == 1
+    assert [m.payload for m in await b.read("a", partition="1")] == [b"warm", b"plain", b"x"]
+    assert [m.payload for m in await b.read("c")] == [b"warm", b"y"]
+
+
 async def test_linger_waits_for_companions(connect: Connect) -> None:
     b = await connect(linger=0.2)
     await b.create_topic("t")
