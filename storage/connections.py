@@ -9,6 +9,7 @@ Through a transaction pooler (PgBouncer) nothing may live in the session:
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeAlias
@@ -72,20 +73,37 @@ class TransactionPooledConnection(asyncpg.Connection):
 
     Such a pooler gives each transaction whichever server connection is free,
     so nothing may live in the session: no startup `search_path`, no session
-    `SET`, no named prepared statements (`statement_cache_size=0`). Every
-    statement therefore runs in a transaction that names the bus schema with
-    `SET LOCAL search_path`: a statement outside one gets its own (`BEGIN;
-    SET LOCAL ...`, the statement, `COMMIT`: asyncpg's unnamed statement is
-    parsed and executed under one server connection), and a transaction the
-    bus opens sets it right after its `BEGIN`. `bus_schema` is set on a
-    subclass per schema (`pooled_connection_class`).
+    `SET`, no named prepared statements (`statement_cache_size=0`), nothing to
+    reset when a pool takes a connection back. Every statement therefore runs
+    in a transaction that names the bus schema with a transaction-local
+    `search_path`, at no round trip of its own:
+
+    - a statement outside a transaction (asyncpg's extended protocol: Parse and
+      Describe, then Parse, Bind and Execute up to a Sync) is preceded, in the
+      same write, by `SCHEMA_FOR_TRANSACTION` (Parse, Bind, Execute, no Sync):
+      it runs in the implicit transaction the statement's messages open, which
+      ends at the Sync, so both land on one server connection and the setting
+      ends with them. It returns no row and its replies (ParseComplete,
+      BindComplete, CommandComplete) are ones asyncpg already skips there;
+    - a statement without parameters (the simple protocol) is sent as one
+      query string after the same setting;
+    - a transaction the bus opens sends `BEGIN; SET LOCAL ...` as one query.
+
+    `bus_schema` is set on a subclass per schema (`pooled_connection_class`).
     """
 
     bus_schema = "bus"
+    #: The messages of `SCHEMA_FOR_TRANSACTION` for `bus_schema` (made by `pooled_connection_class`).
+    schema_messages = b""
 
     def _set_local(self) -> str:
         # An identifier cannot be a bind parameter: the schema is validated (a plain identifier) and quoted.
         return f"SET LOCAL search_path TO {search_path(self.bus_schema)}"
+
+    def get_reset_query(self) -> str:
+        """Nothing to reset: the pooler lends another server connection to each transaction (an open
+        transaction is still rolled back by asyncpg's reset)."""
+        return ""
 
     async def execute(
         self,
@@ -97,11 +115,17 @@ class TransactionPooledConnection(asyncpg.Connection):
         if args or self.is_in_transaction():
             return await run(query, *args, timeout=timeout)
         if query.lstrip()[:5].upper() in ("BEGIN", "START"):  # a transaction's start (asyncpg's Transaction)
-            status = await run(query, timeout=timeout)
-            await run(self._set_local(), timeout=timeout)
-            return status
-        result: str = await self._in_transaction(run(query, timeout=timeout))
-        return result
+            return await run(f"{query.rstrip().rstrip(';')}; {self._set_local()}", timeout=timeout)
+        # One implicit transaction block: the setting holds for the statements after it, and ends with them.
+        return await run(
+            f"{SCHEMA_FOR_SIMPLE_QUERY.format(search_path(self.bus_schema))}\n{query}", timeout=timeout
+        )
+
+    async def _get_statement(self, query: str, timeout: Any, **kw: Any) -> Any:  # noqa: ASYNC109
+        # asyncpg's one way to Parse and Describe a statement (before a Bind, an executemany, a cursor).
+        if not self.is_in_transaction():
+            self._name_schema()
+        return await self._guarded(super()._get_statement(query, timeout, **kw))  # type: ignore[misc]
 
     async def _do_execute(
         self,
@@ -115,7 +139,39 @@ class TransactionPooledConnection(asyncpg.Connection):
         run = super()._do_execute  # type: ignore[misc]
         if self.is_in_transaction():
             return await run(query, executor, timeout, retry, **kw)
-        return await self._in_transaction(run(query, executor, timeout, retry, **kw))
+        if self._protocol._is_cancelling():  # type: ignore[attr-defined]
+            # A cancelled statement's replies are still on their way: nothing may be written before they
+            # are read, so this one waits in a transaction of its own (asyncpg waits out the cancellation).
+            return await self._in_transaction(run(query, executor, timeout, retry, **kw))
+
+        async def with_schema(statement: Any, timeout: Any) -> Any:  # noqa: ASYNC109
+            # asyncpg parses an unnamed statement again with its Bind (it may meet another server
+            # connection): the schema is named in that transaction too.
+            if not statement.prepared:
+                self._name_schema()
+            return await self._guarded(executor(statement, timeout))
+
+        return await run(query, with_schema, timeout, retry, **kw)
+
+    def _name_schema(self) -> None:
+        """Write `SCHEMA_FOR_TRANSACTION` ahead of the statement asyncpg sends next, in this same step.
+
+        Only when the connection is free to write: not closed, and no cancelled statement's replies
+        pending (asyncpg then waits them out before writing, and this would go ahead of that).
+        """
+        if self.is_closed() or self._protocol._is_cancelling():  # type: ignore[attr-defined]
+            return
+        self._transport.write(self.schema_messages)  # type: ignore[attr-defined]
+
+    async def _guarded(self, step: Any) -> Any:
+        try:
+            return await step
+        except asyncpg.InterfaceError as exc:
+            if "another operation is in progress" in str(exc):
+                # Two callers on one connection: the setting written for this one went in among the
+                # other's messages, whose replies can no longer be read in order. The connection goes.
+                self.terminate()
+            raise
 
     async def _simple(self, sql: str) -> None:
         await self._protocol.query(sql, None)  # type: ignore[attr-defined]
@@ -136,6 +192,31 @@ class TransactionPooledConnection(asyncpg.Connection):
         return result
 
 
+#: Names the bus schema for the rest of the transaction it runs in, and returns no row (a row would be
+#: read as one of the next statement's). `$1` is the search_path value (`search_path(schema)`).
+SCHEMA_FOR_TRANSACTION = "SELECT WHERE pg_catalog.set_config('search_path', $1, true) IS NULL"
+#: The same in a query string of the simple protocol (no parameters there): the quoted, validated schema.
+SCHEMA_FOR_SIMPLE_QUERY = "SELECT pg_catalog.set_config('search_path', '{}', true);"
+_TEXT_OID = 25
+
+
+def _message(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack("!i", len(body) + 4) + body
+
+
+def schema_setting_messages(schema: str) -> bytes:
+    """The extended-protocol messages that run SCHEMA_FOR_TRANSACTION for `schema`: Parse, Bind, Execute.
+
+    The unnamed statement and portal (the statement sent next replaces both), the value a text
+    parameter, no Sync: they join the implicit transaction of the messages that follow.
+    """
+    value = search_path(schema).encode()
+    parse = b"\0" + SCHEMA_FOR_TRANSACTION.encode() + b"\0" + struct.pack("!hi", 1, _TEXT_OID)
+    bind = b"\0\0" + struct.pack("!hhi", 0, 1, len(value)) + value + struct.pack("!h", 0)
+    execute = b"\0" + struct.pack("!i", 0)
+    return _message(b"P", parse) + _message(b"B", bind) + _message(b"E", execute)
+
+
 def through_transaction_pooler(conn: Any) -> bool:
     """Whether `conn` (a connection or a pool's proxy of one) goes through a transaction pooler."""
     return isinstance(getattr(conn, "_con", conn), TransactionPooledConnection)
@@ -146,7 +227,9 @@ def pooled_connection_class(schema: str) -> type[TransactionPooledConnection]:
     """The TransactionPooledConnection subclass of `schema` (one per schema, made once)."""
     validate_schema(schema)
     return type(
-        f"TransactionPooledConnection_{schema}", (TransactionPooledConnection,), {"bus_schema": schema}
+        f"TransactionPooledConnection_{schema}",
+        (TransactionPooledConnection,),
+        {"bus_schema": schema, "schema_messages": schema_setting_messages(schema)},
     )
 
 
