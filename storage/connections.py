@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeAlias
@@ -96,6 +97,11 @@ class TransactionPooledConnection(asyncpg.Connection):
     #: The messages of `SCHEMA_FOR_TRANSACTION` for `bus_schema` (made by `pooled_connection_class`).
     schema_messages = b""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Descriptions of unnamed statements by query, the most recently used last.
+        self._described: OrderedDict[tuple[str, Any, bool], Any] = OrderedDict()
+
     def _set_local(self) -> str:
         # An identifier cannot be a bind parameter: the schema is validated (a plain identifier) and quoted.
         return f"SET LOCAL search_path TO {search_path(self.bus_schema)}"
@@ -121,11 +127,44 @@ class TransactionPooledConnection(asyncpg.Connection):
             f"{SCHEMA_FOR_SIMPLE_QUERY.format(search_path(self.bus_schema))}\n{query}", timeout=timeout
         )
 
-    async def _get_statement(self, query: str, timeout: Any, **kw: Any) -> Any:  # noqa: ASYNC109
-        # asyncpg's one way to Parse and Describe a statement (before a Bind, an executemany, a cursor).
+    async def _get_statement(
+        self,
+        query: str,
+        timeout: Any,  # noqa: ASYNC109 - asyncpg's signature
+        *,
+        named: Any = False,
+        use_cache: bool = True,
+        ignore_custom_codec: bool = False,
+        record_class: Any = None,
+    ) -> Any:
+        # asyncpg's one way to a statement's description (before a Bind, an executemany, a cursor).
+        kw = {"ignore_custom_codec": ignore_custom_codec, "record_class": record_class}
+        key = self._described_key(query, kw)
+        if named is False and use_cache:
+            described = self._described.get(key)
+            if described is not None and not described.closed:
+                self._described.move_to_end(key)
+                return described
         if not self.is_in_transaction():
             self._name_schema()
-        return await self._guarded(super()._get_statement(query, timeout, **kw))  # type: ignore[misc]
+        statement = await self._guarded(
+            super()._get_statement(query, timeout, named=named, use_cache=use_cache, **kw)  # type: ignore[misc]
+        )
+        if named is False and use_cache and not statement.name and not statement.prepared:
+            self._described[key] = statement
+            if len(self._described) > DESCRIBED_STATEMENTS:
+                self._described.popitem(last=False)
+        return statement
+
+    def _described_key(self, query: str, kw: dict[str, Any]) -> tuple[str, Any, bool]:
+        record_class = kw.get("record_class") or self._protocol.get_record_class()  # type: ignore[attr-defined]
+        return (query, record_class, bool(kw.get("ignore_custom_codec")))
+
+    def _drop_local_statement_cache(self) -> None:
+        # asyncpg drops its statements when types or codecs change (reload_schema_state, set_type_codec):
+        # the descriptions kept here hold the codecs of then.
+        super()._drop_local_statement_cache()  # type: ignore[misc]
+        self._described.clear()
 
     async def _do_execute(
         self,
@@ -136,6 +175,22 @@ class TransactionPooledConnection(asyncpg.Connection):
         **kw: Any,
     ) -> Any:
         # asyncpg's one path for statements with parameters (fetch, fetchrow, fetchval, execute, executemany).
+        try:
+            return await self._execute_on_schema(query, executor, timeout, retry, **kw)
+        except BaseException:
+            # A description kept from before a migration or a type's change could be what failed:
+            # the next use describes the statement again.
+            self._described.pop(self._described_key(query, kw), None)
+            raise
+
+    async def _execute_on_schema(
+        self,
+        query: str,
+        executor: Any,
+        timeout: Any,  # noqa: ASYNC109 - asyncpg's signature
+        retry: bool,
+        **kw: Any,
+    ) -> Any:
         run = super()._do_execute  # type: ignore[misc]
         if self.is_in_transaction():
             return await run(query, executor, timeout, retry, **kw)
@@ -192,6 +247,8 @@ class TransactionPooledConnection(asyncpg.Connection):
         return result
 
 
+#: How many statement descriptions a pooled connection keeps (the bus runs fewer distinct statements).
+DESCRIBED_STATEMENTS = 512
 #: Names the bus schema for the rest of the transaction it runs in, and returns no row (a row would be
 #: read as one of the next statement's). `$1` is the search_path value (`search_path(schema)`).
 SCHEMA_FOR_TRANSACTION = "SELECT WHERE pg_catalog.set_config('search_path', $1, true) IS NULL"
