@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -74,22 +75,30 @@ class TransactionPooledConnection(asyncpg.Connection):
 
     Such a pooler gives each transaction whichever server connection is free,
     so nothing may live in the session: no startup `search_path`, no session
-    `SET`, no named prepared statements (`statement_cache_size=0`), nothing to
-    reset when a pool takes a connection back. Every statement therefore runs
-    in a transaction that names the bus schema with a transaction-local
+    `SET`, no named prepared statements (`statement_cache_size=0`: asyncpg
+    sends an unnamed statement's Parse again with each Bind), nothing to reset
+    when a pool takes a connection back. Every statement therefore runs in a
+    transaction that names the bus schema with a transaction-local
     `search_path`, at no round trip of its own:
 
-    - a statement outside a transaction (asyncpg's extended protocol: Parse and
-      Describe, then Parse, Bind and Execute up to a Sync) is preceded, in the
-      same write, by `SCHEMA_FOR_TRANSACTION` (Parse, Bind, Execute, no Sync):
-      it runs in the implicit transaction the statement's messages open, which
-      ends at the Sync, so both land on one server connection and the setting
-      ends with them. It returns no row and its replies (ParseComplete,
-      BindComplete, CommandComplete) are ones asyncpg already skips there;
+    - a statement outside a transaction (asyncpg's extended protocol: Parse,
+      Bind, Execute up to a Sync) is preceded, in the same write, by
+      `SCHEMA_FOR_TRANSACTION` (Parse, Bind, Execute, no Sync): it runs in the
+      implicit transaction the statement's messages open, which ends at the
+      Sync, so both land on one server connection and the setting ends with
+      them. It returns no row, and its replies (ParseComplete, BindComplete,
+      CommandComplete) are ones asyncpg skips or overwrites there;
     - a statement without parameters (the simple protocol) is sent as one
       query string after the same setting;
     - a transaction the bus opens sends `BEGIN; SET LOCAL ...` as one query.
 
+    A statement's description (its parameter and column types, which asyncpg
+    asks for with a Parse and Describe of their own) is kept per connection
+    for `DESCRIBED_LIFETIME` and dropped when the statement fails, so a
+    statement run before costs one round trip, as directly. The server does
+    not check a re-parsed unnamed statement's columns against that
+    description: after a DDL that changes them (a migration of a newer
+    release), a statement may fail once before it is described again.
     `bus_schema` is set on a subclass per schema (`pooled_connection_class`).
     """
 
@@ -100,7 +109,7 @@ class TransactionPooledConnection(asyncpg.Connection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Descriptions of unnamed statements by query, the most recently used last.
-        self._described: OrderedDict[tuple[str, Any, bool], Any] = OrderedDict()
+        self._described: OrderedDict[tuple[str, Any, bool], tuple[Any, float]] = OrderedDict()
 
     def _set_local(self) -> str:
         # An identifier cannot be a bind parameter: the schema is validated (a plain identifier) and quoted.
@@ -141,17 +150,22 @@ class TransactionPooledConnection(asyncpg.Connection):
         kw = {"ignore_custom_codec": ignore_custom_codec, "record_class": record_class}
         key = self._described_key(query, kw)
         if named is False and use_cache:
-            described = self._described.get(key)
-            if described is not None and not described.closed:
-                self._described.move_to_end(key)
-                return described
+            kept = self._described.get(key)
+            if kept is not None:
+                described, until = kept
+                if not described.closed and time.monotonic() < until:
+                    self._described.move_to_end(key)
+                    return described
+                del self._described[key]
         if not self.is_in_transaction():
             self._name_schema()
         statement = await self._guarded(
             super()._get_statement(query, timeout, named=named, use_cache=use_cache, **kw)  # type: ignore[misc]
         )
         if named is False and use_cache and not statement.name and not statement.prepared:
-            self._described[key] = statement
+            # The server does not check an unnamed statement's result type against an earlier one's:
+            # a description is used for a bounded time (and dropped at the statement's first failure).
+            self._described[key] = (statement, time.monotonic() + DESCRIBED_LIFETIME)
             if len(self._described) > DESCRIBED_STATEMENTS:
                 self._described.popitem(last=False)
         return statement
@@ -249,6 +263,8 @@ class TransactionPooledConnection(asyncpg.Connection):
 
 #: How many statement descriptions a pooled connection keeps (the bus runs fewer distinct statements).
 DESCRIBED_STATEMENTS = 512
+#: How long a pooled connection uses a statement's description (seconds) before it asks for it again.
+DESCRIBED_LIFETIME = 60.0
 #: Names the bus schema for the rest of the transaction it runs in, and returns no row (a row would be
 #: read as one of the next statement's). `$1` is the search_path value (`search_path(schema)`).
 SCHEMA_FOR_TRANSACTION = "SELECT WHERE pg_catalog.set_config('search_path', $1, true) IS NULL"
