@@ -9,6 +9,9 @@ Through a transaction pooler (PgBouncer) nothing may live in the session:
 from __future__ import annotations
 
 import functools
+import struct
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeAlias
@@ -74,20 +77,50 @@ class TransactionPooledConnection(asyncpg.Connection):
 
     Such a pooler gives each transaction whichever server connection is free,
     so nothing may live in the session: no startup `search_path`, no session
-    `SET`, no named prepared statements (`statement_cache_size=0`). Every
-    statement therefore runs in a transaction that names the bus schema with
-    `SET LOCAL search_path`: a statement outside one gets its own (`BEGIN;
-    SET LOCAL ...`, the statement, `COMMIT`: asyncpg's unnamed statement is
-    parsed and executed under one server connection), and a transaction the
-    bus opens sets it right after its `BEGIN`. `bus_schema` is set on a
-    subclass per schema (`pooled_connection_class`).
+    `SET`, no named prepared statements (`statement_cache_size=0`: asyncpg
+    sends an unnamed statement's Parse again with each Bind), nothing to reset
+    when a pool takes a connection back. Every statement therefore runs in a
+    transaction that names the bus schema with a transaction-local
+    `search_path`, at no round trip of its own:
+
+    - a statement outside a transaction (asyncpg's extended protocol: Parse,
+      Bind, Execute up to a Sync) is preceded, in the same write, by
+      `SCHEMA_FOR_TRANSACTION` (Parse, Bind, Execute, no Sync): it runs in the
+      implicit transaction the statement's messages open, which ends at the
+      Sync, so both land on one server connection and the setting ends with
+      them. It returns no row, and its replies (ParseComplete, BindComplete,
+      CommandComplete) are ones asyncpg skips or overwrites there;
+    - a statement without parameters (the simple protocol) is sent as one
+      query string after the same setting;
+    - a transaction the bus opens sends `BEGIN; SET LOCAL ...` as one query.
+
+    A statement's description (its parameter and column types, which asyncpg
+    asks for with a Parse and Describe of their own) is kept per connection
+    for `DESCRIBED_LIFETIME` and dropped when the statement fails, so a
+    statement run before costs one round trip, as directly. The server does
+    not check a re-parsed unnamed statement's columns against that
+    description: after a DDL that changes them (a migration of a newer
+    release), a statement may fail once before it is described again.
+    `bus_schema` is set on a subclass per schema (`pooled_connection_class`).
     """
 
     bus_schema = "bus"
+    #: The messages of `SCHEMA_FOR_TRANSACTION` for `bus_schema` (made by `pooled_connection_class`).
+    schema_messages = b""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Descriptions of unnamed statements by query, the most recently used last.
+        self._described: OrderedDict[tuple[str, Any, bool], tuple[Any, float]] = OrderedDict()
 
     def _set_local(self) -> str:
         # An identifier cannot be a bind parameter: the schema is validated (a plain identifier) and quoted.
         return f"SET LOCAL search_path TO {search_path(self.bus_schema)}"
+
+    def get_reset_query(self) -> str:
+        """Nothing to reset: the pooler lends another server connection to each transaction (an open
+        transaction is still rolled back by asyncpg's reset)."""
+        return ""
 
     async def execute(
         self,
@@ -99,11 +132,55 @@ class TransactionPooledConnection(asyncpg.Connection):
         if args or self.is_in_transaction():
             return await run(query, *args, timeout=timeout)
         if query.lstrip()[:5].upper() in ("BEGIN", "START"):  # a transaction's start (asyncpg's Transaction)
-            status = await run(query, timeout=timeout)
-            await run(self._set_local(), timeout=timeout)
-            return status
-        result: str = await self._in_transaction(run(query, timeout=timeout))
-        return result
+            return await run(f"{query.rstrip().rstrip(';')}; {self._set_local()}", timeout=timeout)
+        # One implicit transaction block: the setting holds for the statements after it, and ends with them.
+        return await run(
+            f"{SCHEMA_FOR_SIMPLE_QUERY.format(search_path(self.bus_schema))}\n{query}", timeout=timeout
+        )
+
+    async def _get_statement(
+        self,
+        query: str,
+        timeout: Any,  # noqa: ASYNC109 - asyncpg's signature
+        *,
+        named: Any = False,
+        use_cache: bool = True,
+        ignore_custom_codec: bool = False,
+        record_class: Any = None,
+    ) -> Any:
+        # asyncpg's one way to a statement's description (before a Bind, an executemany, a cursor).
+        kw = {"ignore_custom_codec": ignore_custom_codec, "record_class": record_class}
+        key = self._described_key(query, kw)
+        if named is False and use_cache:
+            kept = self._described.get(key)
+            if kept is not None:
+                described, until = kept
+                if not described.closed and time.monotonic() < until:
+                    self._described.move_to_end(key)
+                    return described
+                del self._described[key]
+        if not self.is_in_transaction():
+            self._name_schema()
+        statement = await self._guarded(
+            super()._get_statement(query, timeout, named=named, use_cache=use_cache, **kw)  # type: ignore[misc]
+        )
+        if named is False and use_cache and not statement.name and not statement.prepared:
+            # The server does not check an unnamed statement's result type against an earlier one's:
+            # a description is used for a bounded time (and dropped at the statement's first failure).
+            self._described[key] = (statement, time.monotonic() + DESCRIBED_LIFETIME)
+            if len(self._described) > DESCRIBED_STATEMENTS:
+                self._described.popitem(last=False)
+        return statement
+
+    def _described_key(self, query: str, kw: dict[str, Any]) -> tuple[str, Any, bool]:
+        record_class = kw.get("record_class") or self._protocol.get_record_class()  # type: ignore[attr-defined]
+        return (query, record_class, bool(kw.get("ignore_custom_codec")))
+
+    def _drop_local_statement_cache(self) -> None:
+        # asyncpg drops its statements when types or codecs change (reload_schema_state, set_type_codec):
+        # the descriptions kept here hold the codecs of then.
+        super()._drop_local_statement_cache()  # type: ignore[misc]
+        self._described.clear()
 
     async def _do_execute(
         self,
@@ -114,10 +191,58 @@ class TransactionPooledConnection(asyncpg.Connection):
         **kw: Any,
     ) -> Any:
         # asyncpg's one path for statements with parameters (fetch, fetchrow, fetchval, execute, executemany).
+        try:
+            return await self._execute_on_schema(query, executor, timeout, retry, **kw)
+        except BaseException:
+            # A description kept from before a migration or a type's change could be what failed:
+            # the next use describes the statement again.
+            self._described.pop(self._described_key(query, kw), None)
+            raise
+
+    async def _execute_on_schema(
+        self,
+        query: str,
+        executor: Any,
+        timeout: Any,  # noqa: ASYNC109 - asyncpg's signature
+        retry: bool,
+        **kw: Any,
+    ) -> Any:
         run = super()._do_execute  # type: ignore[misc]
         if self.is_in_transaction():
             return await run(query, executor, timeout, retry, **kw)
-        return await self._in_transaction(run(query, executor, timeout, retry, **kw))
+        if self._protocol._is_cancelling():  # type: ignore[attr-defined]
+            # A cancelled statement's replies are still on their way: nothing may be written before they
+            # are read, so this one waits in a transaction of its own (asyncpg waits out the cancellation).
+            return await self._in_transaction(run(query, executor, timeout, retry, **kw))
+
+        async def with_schema(statement: Any, timeout: Any) -> Any:  # noqa: ASYNC109
+            # asyncpg parses an unnamed statement again with its Bind (it may meet another server
+            # connection): the schema is named in that transaction too.
+            if not statement.prepared:
+                self._name_schema()
+            return await self._guarded(executor(statement, timeout))
+
+        return await run(query, with_schema, timeout, retry, **kw)
+
+    def _name_schema(self) -> None:
+        """Write `SCHEMA_FOR_TRANSACTION` ahead of the statement asyncpg sends next, in this same step.
+
+        Only when the connection is free to write: not closed, and no cancelled statement's replies
+        pending (asyncpg then waits them out before writing, and this would go ahead of that).
+        """
+        if self.is_closed() or self._protocol._is_cancelling():  # type: ignore[attr-defined]
+            return
+        self._transport.write(self.schema_messages)  # type: ignore[attr-defined]
+
+    async def _guarded(self, step: Any) -> Any:
+        try:
+            return await step
+        except asyncpg.InterfaceError as exc:
+            if "another operation is in progress" in str(exc):
+                # Two callers on one connection: the setting written for this one went in among the
+                # other's messages, whose replies can no longer be read in order. The connection goes.
+                self.terminate()
+            raise
 
     async def _simple(self, sql: str) -> None:
         await self._protocol.query(sql, None)  # type: ignore[attr-defined]
@@ -138,6 +263,35 @@ class TransactionPooledConnection(asyncpg.Connection):
         return result
 
 
+#: How many statement descriptions a pooled connection keeps (the bus runs fewer distinct statements).
+DESCRIBED_STATEMENTS = 512
+#: How long a pooled connection uses a statement's description (seconds) before it asks for it again.
+DESCRIBED_LIFETIME = 60.0
+#: Names the bus schema for the rest of the transaction it runs in, and returns no row (a row would be
+#: read as one of the next statement's). `$1` is the search_path value (`search_path(schema)`).
+SCHEMA_FOR_TRANSACTION = "SELECT WHERE pg_catalog.set_config('search_path', $1, true) IS NULL"
+#: The same in a query string of the simple protocol (no parameters there): the quoted, validated schema.
+SCHEMA_FOR_SIMPLE_QUERY = "SELECT pg_catalog.set_config('search_path', '{}', true);"
+_TEXT_OID = 25
+
+
+def _message(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack("!i", len(body) + 4) + body
+
+
+def schema_setting_messages(schema: str) -> bytes:
+    """The extended-protocol messages that run SCHEMA_FOR_TRANSACTION for `schema`: Parse, Bind, Execute.
+
+    The unnamed statement and portal (the statement sent next replaces both), the value a text
+    parameter, no Sync: they join the implicit transaction of the messages that follow.
+    """
+    value = search_path(schema).encode()
+    parse = b"\0" + SCHEMA_FOR_TRANSACTION.encode() + b"\0" + struct.pack("!hi", 1, _TEXT_OID)
+    bind = b"\0\0" + struct.pack("!hhi", 0, 1, len(value)) + value + struct.pack("!h", 0)
+    execute = b"\0" + struct.pack("!i", 0)
+    return _message(b"P", parse) + _message(b"B", bind) + _message(b"E", execute)
+
+
 def through_transaction_pooler(conn: Any) -> bool:
     """Whether `conn` (a connection or a pool's proxy of one) goes through a transaction pooler."""
     return isinstance(getattr(conn, "_con", conn), TransactionPooledConnection)
@@ -148,7 +302,9 @@ def pooled_connection_class(schema: str) -> type[TransactionPooledConnection]:
     """The TransactionPooledConnection subclass of `schema` (one per schema, made once)."""
     validate_schema(schema)
     return type(
-        f"TransactionPooledConnection_{schema}", (TransactionPooledConnection,), {"bus_schema": schema}
+        f"TransactionPooledConnection_{schema}",
+        (TransactionPooledConnection,),
+        {"bus_schema": schema, "schema_messages": schema_setting_messages(schema)},
     )
 
 
