@@ -60,6 +60,7 @@ import asyncpg
 import bus
 from benchmarks.rawpeers import create_pool, drop_schema
 from benchmarks.result import Result
+from benchmarks.xmin import print_table
 
 SCENARIO = "deadtuples"
 QUEUE = "bench.dead.jobs"
@@ -457,18 +458,6 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     return rows
 
 
-def print_table(rows: list[Result]) -> None:
-    """The per-round table."""
-    cells: list[list[str]] = rows[0].extra["table"]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    for r in cells:
-        print(
-            "  ".join(
-                c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            )
-        )
-
-
 if __name__ == "__main__":
     import sys
 
@@ -476,4 +465,4 @@ if __name__ == "__main__":
 
     target = os.environ.get("BUS_DSN") or ensure_server().dsn
     result = asyncio.run(run(target, quick="--quick" in sys.argv))
-    print_table(result)
+    print_table(result, labels=2)

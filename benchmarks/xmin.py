@@ -424,13 +424,16 @@ async def run(dsn: str, quick: bool) -> list[Result]:
     return rows
 
 
-def print_table(rows: list[Result]) -> None:
-    """The free / held / after table."""
+def print_table(rows: list[Result], labels: int = 1) -> None:
+    """The table of the first row's `extra["table"]`: its first `labels` columns left-aligned."""
     cells: list[list[str]] = rows[0].extra["table"]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     for r in cells:
         print(
-            "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+            "  ".join(
+                c.rjust(w) if i >= labels else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
         )
     print("publish errors:", rows[0].extra["errors"])
     print(
