@@ -113,6 +113,7 @@ class Bus:
             create_topic=self.create_topic,
             publish_many=self.publish_many,
             group_system=self._group_system,
+            resolve=lambda name: self.publisher.resolve(name),
         )
         self.channels = self.context.channels
         # The publish pipeline: topic and partition lookups (cached), preparation and the write.

@@ -68,6 +68,7 @@ class BusContext:
         create_topic: TopicCreate,
         publish_many: PublishMany,
         group_system: Callable[[], Awaitable[GroupSystem]],
+        resolve: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.dsn = dsn
         self.config = config
@@ -77,6 +78,9 @@ class BusContext:
         self.topic = topic
         self.create_topic = create_topic
         self.publish_many = publish_many
+        # Look a topic and its first partition up now (cached): before a transaction on one of the
+        # pool's connections publishes to it, so that the publish needs no second connection.
+        self.resolve = resolve
         self.group_system = group_system
         self.system: GroupSystem | None = None
         # The Bus's one time source: its actors' timers wait on it and its lease and expiry statements

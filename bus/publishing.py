@@ -256,6 +256,18 @@ class Publisher:
             shared.add_done_callback(lambda _: self._lookups.pop(key, None))
         return await asyncio.shield(shared)
 
+    async def resolve(self, topic: str, partition: str = "0") -> None:
+        """Look `topic` and its `partition` up now (cached, dynamic partitions created).
+
+        A publish on a caller's connection (`connection=`) looks up what it does not know yet on
+        the pool: a caller that holds one of the Bus's own connections in a transaction while
+        doing so needs a second one, and many such callers at once can hold every connection of
+        the pool while each waits for one more. Resolving first takes that lookup out of the
+        transaction.
+        """
+        info = await self.shared_topic(topic)
+        await self._partition_ids_of(info, [partition])
+
     async def shared_topic(self, topic: str) -> TopicInfo:
         """`topic(topic)`, looked up once for every concurrent caller (publishes keep their call order)."""
         validate_name(topic, "topic name")  # before the cache: an unhashable value is bad input too

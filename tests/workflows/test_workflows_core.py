@@ -262,3 +262,22 @@ async def test_bad_input_raises_a_typed_error_and_writes_nothing(b: bus.Bus) -> 
     with pytest.raises(TimeoutError):
         await b.workflow_result("waits", timeout=0.3)
     assert (await b.admin.workflow("waits")).status == "pending"
+
+
+async def test_concurrent_starts_of_one_run_never_need_more_connections_than_the_pool_has(
+    dsn: str, schema: str
+) -> None:
+    # Each start inserts the run and publishes its job in one transaction on a pool connection; the
+    # starts that lose the race wait for the winner's insert on theirs. Had the winner still to look
+    # the job's partition up on the pool, it would wait for a connection the losers hold: for ever.
+    async with bus.connect(dsn, schema=schema, pool_min_size=1, pool_max_size=4, cleaner_interval=0) as b:
+
+        @b.workflow("tiny")
+        async def tiny(ctx: bus.WorkflowContext) -> int:
+            return 1
+
+        starts = [b.start_workflow("tiny", workflow_id="only-one") for _ in range(12)]
+        handles = await asyncio.wait_for(asyncio.gather(*starts), timeout=60)
+        assert {h.workflow_id for h in handles} == {"only-one"}
+        assert await handles[0].result(timeout=60) == 1
+        assert [w.workflow_id for w in await b.admin.workflows(name="tiny")] == ["only-one"]
