@@ -273,7 +273,15 @@ class SchemaPool:
             pool = cls(dsn, await conn.fetchval(_FINGERPRINT, name, _SEGMENT), await pool_rows(conn, name))
         finally:
             await conn.close()
-        if not await pool._reset(name):  # its first segment goes: the hand-out makes one
+        for attempt in range(10):
+            try:
+                reset = await pool._reset(name)  # its first segment goes: the hand-out makes one
+                break
+            except asyncpg.LockNotAvailableError:  # the reset's 200 ms lock timeout met a busy catalog
+                if attempt == 9:
+                    raise
+                await asyncio.sleep(0.2)
+        if not reset:
             raise AssertionError(f"schema {name} just migrated does not look like itself")
         pool._ready.append(name)
         if background:
