@@ -68,7 +68,7 @@ class BusContext:
         create_topic: TopicCreate,
         publish_many: PublishMany,
         group_system: Callable[[], Awaitable[GroupSystem]],
-        resolve: Callable[[str], Awaitable[None]] | None = None,
+        resolve: Callable[[str], Awaitable[None]],
     ) -> None:
         self.dsn = dsn
         self.config = config

@@ -207,10 +207,9 @@ class Engine:
     async def _queue(self, queue: str) -> None:
         if queue not in self._queues:
             await self.ctx.create_topic(queue, partitions=1, semantics="queue")
-            if self.ctx.resolve is not None:
-                # A run's job is published in the transaction that creates the run, on a pool
-                # connection: its partition must be known before (no second connection inside).
-                await self.ctx.resolve(queue)
+            # A run's job is published in the transaction that creates the run, on a pool
+            # connection: its partition must be known before (no second connection inside).
+            await self.ctx.resolve(queue)
             self._queues.add(queue)
 
     async def create(
