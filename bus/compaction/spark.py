@@ -27,6 +27,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,8 +139,6 @@ def submit_command(
     job_args: list[str], *, master: str = "local[*]", jdbc_jar_path: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) to run the job with the pyspark package's own `spark-submit`."""
-    import sys
-
     import pyspark
 
     spark_home = str(Path(pyspark.__file__).parent)
@@ -250,6 +249,11 @@ def spark_session(
         .config("spark.driver.extraJavaOptions", driver_java_options())
         .config("spark.sql.parquet.compression.codec", "snappy")
     )
+    if (master or "local").startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        # Local Python workers run this interpreter (with pyspark and the bus installed), not the
+        # first python3 on PATH (pyspark reads the variable when the context starts); on a
+        # cluster the executors' own Python is the deployer's choice.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     executor_memory = os.environ.get("BUS_SPARK_EXECUTOR_MEMORY")
     if executor_memory:
         # On a cluster each executor asks its worker for this much (Spark's default 1g).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -99,6 +100,12 @@ async def _assert_matches_model(
     keys = [(r["partition_id"], r["offset"]) for r in got]
     assert [k for k, n in Counter(keys).items() if n > 1] == []  # no archived row twice
     assert {(r["partition_id"], r["offset"]): r["digest"] for r in got} == expected.archived
+
+
+def test_a_local_session_runs_its_python_workers_on_this_interpreter(spark: Any) -> None:
+    # not the first python3 on PATH, which may lack pyspark and the bus
+    ran_on = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()
+    assert ran_on == [sys.executable]
 
 
 async def test_compaction_matches_the_reference_model_for_both_policies(
