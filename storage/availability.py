@@ -18,7 +18,9 @@ when the cause is the server being away (other causes stay).
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import time
 import weakref
 from collections.abc import Callable
@@ -27,7 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from storage.errors import StorageUnavailableError
+from storage.errors import BusError, StorageUnavailableError
 from storage.logs import get_logger
 
 log = get_logger(__name__)
@@ -37,12 +39,35 @@ log = get_logger(__name__)
 _UNAVAILABLE_STATES = ("08", "57P01", "57P02", "57P03")
 
 
+# What a socket says when the server or the way to it is away: refused, reset, unreachable, a name
+# that does not resolve (a service's DNS entry during a failover), a unix socket's file gone with the
+# server that made it. Other OSErrors (a permission, a full disk) are the caller's own.
+_UNAVAILABLE_ERRNOS = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.ENOTCONN,
+        errno.ESHUTDOWN,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.ENETRESET,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.ETIMEDOUT,
+        errno.ENOENT,
+    }
+)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` means the server is away (or its connection was lost), as opposed to a bug.
 
-    A StorageUnavailableError, a socket error (a refused or reset connection; not a bare timeout),
-    a connection or shutdown SQLSTATE, or asyncpg's own "connection is closed", directly or as the cause
-    of what was raised.
+    A StorageUnavailableError, a socket error of a server that is away (refused, reset,
+    unreachable, unresolvable; not a bare timeout), a connection or shutdown SQLSTATE, or asyncpg's
+    own "connection is closed"; directly, as the cause of what was raised, or as what the driver or
+    the bus was handling when it raised (a bug raised while handling an outage stays a bug).
     """
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -50,15 +75,34 @@ def is_unavailable(exc: BaseException) -> bool:
         seen.add(id(current))
         if _unavailable_itself(current):
             return True
-        current = current.__cause__ or current.__context__
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif _wraps_what_it_handled(current):
+            current = current.__context__
+        else:
+            current = None
     return False
+
+
+def _wraps_what_it_handled(exc: BaseException) -> bool:
+    """The driver's and the bus's own errors stand for what they were raised while handling."""
+    if exc.__suppress_context__:
+        return False
+    return isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | BusError)
 
 
 def _unavailable_itself(exc: BaseException) -> bool:
     if isinstance(exc, StorageUnavailableError | asyncpg.ConnectionDoesNotExistError):
         return True
-    if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+    if isinstance(exc, socket.gaierror):
         return True
+    if isinstance(exc, ConnectionError):
+        return True
+    if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+        if exc.errno is None:
+            # asyncio's connect to a name with several addresses: every attempt failed
+            return str(exc).startswith("Multiple exceptions")
+        return exc.errno in _UNAVAILABLE_ERRNOS
     if isinstance(exc, asyncpg.PostgresError):
         state = getattr(exc, "sqlstate", None) or ""
         return state.startswith(_UNAVAILABLE_STATES)
