@@ -48,6 +48,19 @@ DELETE FROM messages WHERE partition_id IN (SELECT id FROM partitions WHERE topi
 
 DELETE_TOPIC = "DELETE FROM topics WHERE name = $1 RETURNING name"
 
+# A deletion first locks the heads of the topic's partitions, in partition id order as a
+# publish moves them: a publish that moved a head finishes (its insert's key check of the
+# partition row comes after its head move) before the deletion takes the partition rows, and
+# a publish that had not moved one waits for the deletion and finds the topic gone. Without
+# it the two could each wait on the other (a head, a partition row) until the server's
+# deadlock check aborted one.
+LOCK_TOPIC_HEADS = """
+SELECT h.partition_id FROM log_heads h
+WHERE h.partition_id IN (SELECT p.id FROM partitions p WHERE p.topic = $1)
+ORDER BY h.partition_id, h.generation
+FOR UPDATE OF h
+"""
+
 ENSURE_PARTITION = """
 WITH ins AS (
     INSERT INTO partitions (topic, name) VALUES ($1, $2)
@@ -127,6 +140,7 @@ async def list_topics(
 
 async def delete_topic(conn: asyncpg.Connection | PoolConnectionProxy, name: str) -> bool:
     async with conn.transaction():
+        await conn.execute(LOCK_TOPIC_HEADS, name)
         await conn.execute(DELETE_TOPIC_MESSAGES, name)
         await idempotency.delete_topic_keys(conn, name)
         return await conn.fetchval(DELETE_TOPIC, name) is not None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
+import asyncpg
 import pytest
 
 import bus
+from bus.testing import eventually
 
 
 async def test_fixed_topic_has_partitions_named_zero_to_n_minus_one(b: bus.Bus) -> None:
@@ -135,3 +138,30 @@ async def test_a_topic_deleted_and_recreated_elsewhere_is_seen_fresh(connect) ->
     rec = await one.publish("orders", b"new")
     assert rec.offset == 0
     assert [m.payload for m in await two.read("orders")] == [b"new"]
+
+
+async def test_a_deletion_waits_for_a_publish_that_moved_a_head_instead_of_deadlocking_with_it(
+    b: bus.Bus, dsn: str, schema: str
+) -> None:
+    # A publish moves its partition's head first and touches the partition row after (a queue
+    # job's key check, a claimed partition's wake-up). A deletion that took the partition rows
+    # first would then wait on the head while the publish waits on the partition row.
+    await b.create_topic("orders", partitions=2)
+    await b.publish("orders", b"x", partition="0")
+    pid = await b.pool.fetchval("SELECT min(id) FROM partitions WHERE topic = 'orders'")
+    publish = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        async with publish.transaction():
+            await publish.execute("UPDATE log_heads SET appends = appends WHERE partition_id = $1", pid)
+            deleting = asyncio.ensure_future(b.delete_topic("orders"))
+            blocker = publish.get_server_pid()
+            await eventually(  # the deletion waits on the publish
+                lambda: b.pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", blocker
+                ),
+            )
+            await publish.fetchval("SELECT id FROM partitions WHERE id = $1 FOR NO KEY UPDATE", pid)
+        await deleting  # no deadlock was detected on either side
+    finally:
+        await publish.close()
+    assert [t.name for t in await b.list_topics()] == []
