@@ -107,6 +107,9 @@ class TransactionPooledConnection(asyncpg.Connection):
     bus_schema = "bus"
     #: The messages of `SCHEMA_FOR_TRANSACTION` for `bus_schema` (made by `pooled_connection_class`).
     schema_messages = b""
+    #: {statement: the call of its function} for the statements installed as routines in `bus_schema`
+    #: (storage/routines.py; set by the migrator): the server keeps their plans between calls.
+    routine_calls: dict[str, str] = {}  # noqa: RUF012 - replaced whole, per schema's class
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -191,6 +194,16 @@ class TransactionPooledConnection(asyncpg.Connection):
         **kw: Any,
     ) -> Any:
         # asyncpg's one path for statements with parameters (fetch, fetchrow, fetchval, execute, executemany).
+        call = self.routine_calls.get(query)
+        if call is not None:
+            try:
+                return await self._do_execute(call, executor, timeout, retry, **kw)
+            except asyncpg.UndefinedFunctionError:
+                # Not on this server (a role that may not create functions, a schema dropped and made
+                # again): the statement itself, from now on.
+                if self.is_in_transaction():
+                    raise
+                type(self).routine_calls = {q: c for q, c in self.routine_calls.items() if q != query}
         try:
             return await self._execute_on_schema(query, executor, timeout, retry, **kw)
         except BaseException:

@@ -129,7 +129,22 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
         await _raise_min_release(
             conn, versions.LIBRARY_RELEASE if not rows else versions.MIN_COMPATIBLE_RELEASE
         )
+        await _install_routines(conn, schema)
     return applied_now
+
+
+async def _install_routines(conn: asyncpg.Connection, schema: str) -> None:
+    """The functions of the statements a transaction pooler runs as routines (storage/routines.py)."""
+    # The statements are registered by the modules that run them (storage.queues), imported by
+    # every caller of the migrator (the Bus, `bus migrate`).
+    from storage import routines
+    from storage.connections import pooled_connection_class, through_transaction_pooler
+
+    made = await routines.install(conn, schema)
+    if made:
+        log.debug("routines_installed", schema=schema, count=len(made))
+    if through_transaction_pooler(conn):
+        pooled_connection_class(schema).routine_calls = await routines.installed(conn, schema)
 
 
 async def _raise_min_release(conn: asyncpg.Connection, floor: str) -> str:

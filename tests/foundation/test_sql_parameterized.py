@@ -1,8 +1,9 @@
 """Invariant 8: only parameters reach SQL.
 
 Every statement the bus runs is a constant string; values travel as $n
-parameters. The only identifier ever interpolated is the validated schema
-name in storage/migrate.py (CREATE SCHEMA during migrations).
+parameters. The only identifiers ever interpolated are the validated schema
+name in storage/migrate.py (CREATE SCHEMA during migrations) and the digest
+names of the routines of constant statements (storage/routines.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ SQL_WORDS = re.compile(
 ALLOWED = {
     ("storage/migrate.py", 'CREATE SCHEMA IF NOT EXISTS "{schema}"'),
     ("storage/migrate.py", 'DROP SCHEMA IF EXISTS "{schema}" CASCADE'),  # validate_schema() just before
+    # A routine's call: the digest name of a registered constant statement and $n placeholders.
+    ("storage/routines.py", "SELECT * FROM {name_of(sql)}({placeholders})"),
 }
 
 

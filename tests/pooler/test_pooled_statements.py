@@ -8,6 +8,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+import bus
+from storage import queues, routines
+
 
 async def test_a_lone_statement_runs_in_the_bus_schema_and_leaves_no_search_path_behind(
     pooled: Any, bouncer_dsn: str, schema: str
@@ -93,3 +96,46 @@ async def test_a_column_whose_type_changed_is_described_again(pooled: Any) -> No
         except (BufferError, asyncpg.InterfaceError, asyncpg.PostgresError, ValueError):
             value = await conn.fetchval(query, False)
         assert value == 2**40
+
+
+async def _take_logged(b: Any, topic: str, n: int) -> tuple[list[Any], bytes]:
+    """A take on a pooled connection of `b`, and what its connection wrote to the pooler."""
+    sent: list[bytes] = []
+    async with b.pool.acquire() as conn:
+        transport = conn._con._transport
+        write = transport.write
+        transport.write = lambda data: (sent.append(bytes(data)), write(data))[1]
+        try:
+            taken = await queues.take(conn, topic, n, 30.0, "pooled-taker", ordered=False)
+        finally:
+            transport.write = write
+    return taken, b"".join(sent)
+
+
+async def test_a_pooled_take_runs_as_the_function_of_its_statement_whose_plan_the_server_keeps(
+    pooled: Any, dsn: str, schema: str
+) -> None:
+    b = await pooled()
+    await b.create_topic("jobs", partitions=2, semantics="queue")
+    await b.publish_many("jobs", [bus.Outgoing(str(i).encode(), partition=str(i % 2)) for i in range(6)])
+    taken, sent = await _take_logged(b, "jobs", 4)
+    assert len(taken) == 4
+    assert routines.name_of(queues.TAKE).encode() in sent
+    assert queues.TAKE.encode() not in sent
+    direct = await asyncpg.connect(dsn)
+    try:
+        body = await direct.fetchval(
+            "SELECT prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = $1 AND p.proname = $2",
+            schema,
+            routines.name_of(queues.TAKE),
+        )
+        assert queues.TAKE.strip() in body  # the function is the statement's own text
+        # Gone from the server (a schema made again by a role that may not create functions):
+        # the statement itself runs, from then on.
+        await direct.execute(f'DROP FUNCTION "{schema}".{routines.name_of(queues.TAKE)}')
+    finally:
+        await direct.close()
+    taken, sent = await _take_logged(b, "jobs", 4)
+    assert len(taken) == 2
+    assert queues.TAKE.encode() in sent

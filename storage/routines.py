@@ -1,0 +1,131 @@
+"""Statements the server keeps planned for a transaction pooler: each a PL/pgSQL function of its text.
+
+Through a pooler in transaction mode (PgBouncer before 1.21, or without
+`max_prepared_statements`) a client cannot keep a prepared statement: the
+next transaction may run on another server connection. Every statement is
+then parsed and planned again at each call, which costs little for a short
+statement and most of the time of a queue take (a statement of a few dozen
+CTEs: about 6 ms planned each time against 1.9 ms prepared, for 100 jobs).
+
+A PL/pgSQL function keeps the plans of its statements per server connection,
+with the choice between a custom and a generic plan a prepared statement
+makes. So each statement registered here (`register`) is installed as a
+function whose body is `RETURN QUERY` of the statement's own text
+(`$1`..`$n` are the function's parameters there), named by a digest of that
+text: a release finds the functions of exactly its statements, two releases
+running on one schema during a rolling upgrade each find their own, and a
+statement whose text changes gets a new function, never a stale one. The
+migrator installs the missing ones (`install`); a connection through a
+transaction pooler then sends a short call with the same parameters instead
+of the statement (`installed`: the call of each statement found). A role
+that may not create functions in the schema installs none, and its
+statements run as they are. Direct connections prepare the statement
+itself, as always.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import asyncpg
+
+from storage.logs import get_logger
+
+log = get_logger(__name__)
+
+#: The statements to install, in registration order.
+_REGISTERED: list[str] = []
+_PREFIX = "bus_stmt_"
+_QUOTE = "$bus_stmt$"
+
+
+def register(*statements: str) -> None:
+    """Have the migrator install each of `statements` as a function (see the module docstring)."""
+    for sql in statements:
+        if _QUOTE in sql:
+            raise ValueError(f"a statement installed as a routine may not contain {_QUOTE}")
+        if sql not in _REGISTERED:
+            _REGISTERED.append(sql)
+
+
+def registered() -> list[str]:
+    return list(_REGISTERED)
+
+
+def name_of(sql: str) -> str:
+    """The function name of `sql`: the prefix and a digest of its text (a plain identifier)."""
+    return _PREFIX + hashlib.sha256(sql.encode()).hexdigest()[:32]
+
+
+FIND = """
+SELECT p.proname, p.pronargs FROM pg_catalog.pg_proc p
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = $1 AND p.proname = ANY($2::text[])
+"""
+
+TYPE_NAMES = (
+    "SELECT pg_catalog.format_type(t, NULL) FROM unnest($1::oid[]) WITH ORDINALITY AS u(t, i) ORDER BY i"
+)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def _definition(conn: asyncpg.Connection, schema: str, sql: str) -> str:
+    """CREATE FUNCTION of `sql` in `schema`, its parameter and column types as the server infers them."""
+    statement = await conn.prepare(sql)
+    params = list(statement.get_parameters())
+    columns = list(statement.get_attributes())
+    types = await conn.fetchval(
+        "SELECT array_agg(x) FROM (" + TYPE_NAMES + ") AS s(x)",
+        [t.oid for t in params] + [c.type.oid for c in columns],
+    )
+    args = ", ".join(f"p{i + 1} {types[i]}" for i in range(len(params)))
+    outs = ", ".join(f"{_ident(c.name)} {types[len(params) + i]}" for i, c in enumerate(columns))
+    # Only the schema (validated by the caller), the digest name, the server's type names and the
+    # statement's own column names are formatted in; the body is the registered text.
+    return (
+        f"CREATE FUNCTION {_ident(schema)}.{name_of(sql)}({args}) RETURNS TABLE ({outs})\n"
+        f"LANGUAGE plpgsql AS {_QUOTE}\n#variable_conflict use_column\nBEGIN\n"
+        f"RETURN QUERY {sql.strip().rstrip(';')};\nEND\n{_QUOTE}"
+    )
+
+
+async def install(conn: asyncpg.Connection, schema: str) -> list[str]:
+    """Create the functions of the registered statements missing from `schema`: their names.
+
+    Run by the migrator in its transaction (its lock, its search_path). A function the role may
+    not create is skipped, leaving that statement to run as it is.
+    """
+    wanted = {name_of(sql): sql for sql in _REGISTERED}
+    present = {r["proname"] for r in await conn.fetch(FIND, schema, list(wanted))}
+    made: list[str] = []
+    for name, sql in wanted.items():
+        if name in present:
+            continue
+        try:
+            async with conn.transaction():
+                await conn.execute(await _definition(conn, schema, sql))
+        except asyncpg.InsufficientPrivilegeError as exc:
+            log.debug("routine_not_installed", schema=schema, routine=name, error=str(exc))
+            continue
+        except asyncpg.PostgresError as exc:
+            # The statement runs as it is; a server that cannot make its function is worth a word.
+            log.warning("routine_not_installed", schema=schema, routine=name, error=str(exc))
+            continue
+        made.append(name)
+    return made
+
+
+async def installed(conn: asyncpg.Connection, schema: str) -> dict[str, str]:
+    """{statement: the call that runs it} for each registered statement whose function is in `schema`."""
+    by_name = {name_of(sql): sql for sql in _REGISTERED}
+    calls: dict[str, str] = {}
+    for r in await conn.fetch(FIND, schema, list(by_name)):
+        sql = by_name[r["proname"]]
+        # The digest name of one of the registered statements (not the server's text) and $n
+        # placeholders: the values go as the statement's own parameters.
+        placeholders = ", ".join(f"${i + 1}" for i in range(r["pronargs"]))
+        calls[sql] = f"SELECT * FROM {name_of(sql)}({placeholders})"
+    return calls
