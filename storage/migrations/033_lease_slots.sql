@@ -8,7 +8,7 @@
 -- it. Now:
 --
 -- * `queue_leases` is list-partitioned by `slot`: the time of the inserting
---   transaction picks one of three slots, ten seconds each. Nothing deletes a
+--   transaction picks one of two slots, ten seconds each in turn. Nothing deletes a
 --   lease when its jobs are acked. `queue_leases_rotate()` empties a slot the
 --   clock has left: under the slot's ACCESS EXCLUSIVE lock (never waited for
 --   more than a moment: a slot it cannot lock is tried again at the next
@@ -35,11 +35,12 @@ ALTER INDEX queue_leases_range RENAME TO queue_leases_before_slots_range;
 CREATE SEQUENCE queue_leases_ids;
 SELECT setval('queue_leases_ids', COALESCE((SELECT max(id) FROM queue_leases_before_slots), 0) + 1, false);
 
--- The slot of leases inserted now: ten seconds each, three in turn.
+-- The slot of leases inserted at `at`: ten seconds each, two in turn (each read of a frontier
+-- probes every slot's index, and one slot being written while the other is emptied suffices).
 CREATE FUNCTION queue_leases_slot_at(at timestamptz) RETURNS smallint
 LANGUAGE sql STABLE
 AS $$
-    SELECT (floor(extract(epoch FROM at) / 10)::bigint % 3)::smallint
+    SELECT (floor(extract(epoch FROM at) / 10)::bigint % 2)::smallint
 $$;
 
 CREATE TABLE queue_leases (
@@ -56,7 +57,6 @@ ALTER SEQUENCE queue_leases_ids OWNED BY queue_leases.id;
 
 CREATE TABLE queue_leases_0 PARTITION OF queue_leases FOR VALUES IN (0);
 CREATE TABLE queue_leases_1 PARTITION OF queue_leases FOR VALUES IN (1);
-CREATE TABLE queue_leases_2 PARTITION OF queue_leases FOR VALUES IN (2);
 
 INSERT INTO queue_leases (id, topic, partition_id, first_offset, last_offset, leased_by, visible_at)
 SELECT id, topic, partition_id, first_offset, last_offset, leased_by, visible_at FROM queue_leases_before_slots;
@@ -127,7 +127,7 @@ BEGIN
 END
 $$;
 
--- Empty the slots the clock has left (`current`: the slot leases go to now; NULL: by the
+-- Empty the slot the clock has left (`current`: the slot leases go to now; NULL: by the
 -- server's clock). Per slot: its leases that still hold a job and each partition's newest
 -- lease (the partition's frontier) are copied to the current slot, then the slot is
 -- truncated, all under the slot's lock, which is waited for at most `lock_timeout` (a take
@@ -153,7 +153,7 @@ BEGIN
        OR NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '.queue_leases_rotate')) THEN
         RETURN 0;
     END IF;
-    FOR s IN 0..2 LOOP
+    FOR s IN 0..1 LOOP
         CONTINUE WHEN s = cur;
         SELECT count(*) INTO seen FROM queue_leases l WHERE l.slot = s;
         CONTINUE WHEN seen = 0;

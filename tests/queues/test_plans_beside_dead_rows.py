@@ -193,8 +193,8 @@ async def test_a_head_is_found_from_the_end_of_its_index_in_a_table_a_held_snaps
         await hold.close()
         await conn.close()
     # a few index pages and the head's own (the frontier also probes the index of each of the
-    # lease table's three slots, two pages each): a bitmap plan read all of the pages above
-    assert all(max(runs[1:]) <= (21 if name == "frontier" else 15) for name, runs in touched.items()), (
+    # lease table's two slots, two pages each): a bitmap plan read all of the pages above
+    assert all(max(runs[1:]) <= (19 if name == "frontier" else 15) for name, runs in touched.items()), (
         pages,
         touched,
     )
