@@ -310,6 +310,24 @@ WHERE (SELECT limited AND NOT paused FROM g)""",
     7,
 )
 
+# The keys of the range-leased jobs in flight of the keys that `{keys}` (a SELECT of one column)
+# lists, one row per job: jobs of such a key below their partition's frontier (the key's index
+# read up to it, not the key's fresh jobs past it), not detached, whose range lease has not run
+# out. Found from the jobs, not the leases: a lease stays in its slot after its jobs are acked
+# (migration 033), so the leases not run out are every take's of the last visibility timeout.
+# Only a constant is formatted in, never a value.
+_RANGED_IN_FLIGHT = """SELECT e.key
+        FROM ({keys}) AS kk(key)
+        CROSS JOIN (SELECT f.partition_id, f.frontier AS at FROM queue_frontiers f WHERE f.topic = $1) AS fz
+        CROSS JOIN LATERAL (
+            SELECT e.key, e."offset" FROM queue_jobs e
+            WHERE e.topic = $1 AND e.key = kk.key AND e.partition_id = fz.partition_id
+              AND e."offset" < fz.at AND NOT e.detached
+        ) AS e
+        WHERE (SELECT l.last_offset >= e."offset" AND l.visible_at > statement_timestamp()
+               FROM queue_leases l WHERE l.partition_id = fz.partition_id AND l.first_offset <= e."offset"
+               ORDER BY l.first_offset DESC LIMIT 1)"""
+
 # The take of a queue with a per-key or rate limit, with TAKE's parameters: its fresh jobs stay
 # in range leases, unwritten, as in TAKE. Limited takes of every process run one at a time,
 # each seeing what the previous ones committed, which makes the counts exact:
@@ -354,23 +372,16 @@ TAKE_WITHIN_LIMITS = _judged_at(
 """,
         stop="paused OR NOT (SELECT ok FROM lim)",
         total="(SELECT cap.n FROM cap)",
-        gate="""
+        gate=(
+            """
 ), dk AS (
     -- the keys the deal would hand out, with how many jobs each
     SELECT n.key, count(*) AS n FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
     WHERE n.rn <= (SELECT cap.n FROM cap) AND n.key IS NOT NULL AND (SELECT per_key FROM lim) IS NOT NULL
     GROUP BY n.key
 ), roomy AS (
-    -- every dealt key stays within its limit even if all the jobs in flight were its own (a
-    -- range lease counted by its span): then the count per key is not needed
-    SELECT (SELECT COALESCE(sum(l.last_offset - l.first_offset + 1), 0) FROM queue_leases l
-            WHERE l.topic = $1 AND l.visible_at > statement_timestamp()
-              AND EXISTS (SELECT 1 FROM queue_jobs e
-                          WHERE e.partition_id = l.partition_id AND NOT e.detached
-                            AND e."offset" BETWEEN l.first_offset AND l.last_offset))
-         + (SELECT count(*) FROM queue_jobs e
-            WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp() AND e.leased_by IS NOT NULL)
-         + (SELECT COALESCE(max(dk.n), 0) FROM dk) <= (SELECT per_key FROM lim) AS ok
+    -- no key dealt (or no per-key limit): the count per key is not needed
+    SELECT NOT EXISTS (SELECT 1 FROM dk) AS ok
 ), busy AS (
     -- their jobs in flight (as TAKE_LIMITED counts them): detached ones leased and not run
     -- out, and those of range leases not run out
@@ -379,17 +390,15 @@ TAKE_WITHIN_LIMITS = _judged_at(
         WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp()
           AND e.leased_by IS NOT NULL AND e.key IN (SELECT dk.key FROM dk)
         UNION ALL
-        SELECT e.key FROM queue_leases l
-        JOIN queue_jobs e ON e.partition_id = l.partition_id
-                         AND e."offset" BETWEEN l.first_offset AND l.last_offset AND NOT e.detached
-        WHERE l.topic = $1 AND l.visible_at > statement_timestamp() AND e.key IN (SELECT dk.key FROM dk)
+        {ranged}
     ) AS f
     WHERE NOT (SELECT ok FROM roomy)
     GROUP BY f.key
 ), gate AS (
     SELECT (SELECT ok FROM roomy) IS TRUE
         OR NOT EXISTS (SELECT 1 FROM dk LEFT JOIN busy ON busy.key = dk.key
-                       WHERE dk.n + COALESCE(busy.n, 0) > (SELECT per_key FROM lim)) AS ok""",
+                       WHERE dk.n + COALESCE(busy.n, 0) > (SELECT per_key FROM lim)) AS ok"""
+        ).replace("{ranged}", _RANGED_IN_FLIGHT.format(keys="SELECT dk.key FROM dk")),
         deal_if="\n    WHERE n.rn <= (SELECT cap.n FROM cap) AND (SELECT ok FROM gate)",
         move_if=" AND (SELECT ok FROM gate)",
         log=""", tl AS (
@@ -554,10 +563,9 @@ TAKE_LIMITED = _judged_at(
         WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp()
           AND e.leased_by IS NOT NULL AND e.key IS NOT NULL
         UNION ALL
-        SELECT e.key FROM queue_leases l
-        JOIN queue_jobs e ON e.partition_id = l.partition_id
-                         AND e."offset" BETWEEN l.first_offset AND l.last_offset AND NOT e.detached
-        WHERE l.topic = $1 AND l.visible_at > statement_timestamp() AND e.key IS NOT NULL
+        """
+    + _RANGED_IN_FLIGHT.format(keys="SELECT DISTINCT c.key FROM c WHERE c.key IS NOT NULL")
+    + """
     ) AS f
     WHERE (SELECT per_key FROM s) IS NOT NULL
     GROUP BY f.key

@@ -122,3 +122,16 @@ async def test_while_the_previous_release_may_run_no_slot_is_truncated(b: bus.Bu
         assert await queue_sql.rotate_leases(b.pool, await _other_slot(b)) == 0
         assert await b.pool.fetchval("SELECT count(*) FROM queue_leases") == 2
         assert await b.pool.fetchval("SELECT next_offset FROM queue_frontiers WHERE topic = 'jobs'") == 2
+
+
+async def test_a_per_key_limit_counts_the_jobs_still_held_not_the_leases_left_behind(b: bus.Bus) -> None:
+    await b.create_topic("jobs", partitions=1, semantics="queue", max_in_flight_per_key=2)
+    await b.publish_many("jobs", [bus.Outgoing({"n": i}, key="hot") for i in range(6)])
+    async with b.queue_consumer("jobs") as q:
+        for round_ in range(3):
+            got = await q.take(max_messages=2, timeout=0)  # within the limit: a range lease
+            assert [m.value(dict)["n"] for m in got] == [2 * round_, 2 * round_ + 1]
+            await q.ack_many(got)
+            # The leases stay, not run out, holding nothing: the key is not at its limit.
+            assert await b.pool.fetchval("SELECT count(*) FROM queue_leases") == round_ + 1
+        assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs WHERE detached") == 0
