@@ -131,7 +131,8 @@ $$;
 -- server's clock). Per slot: its leases that still hold a job and each partition's newest
 -- lease (the partition's frontier) are copied to the current slot, then the slot is
 -- truncated, all under the slot's lock, which is waited for at most `lock_timeout` (a take
--- waits behind that wait). The slot is looked at first without the lock; under it, only the
+-- waits behind that wait; the takes that hold it now end within it) and not asked for while a
+-- transaction older than a second holds the slot. The slot is looked at first without the lock; under it, only the
 -- leases found holding a job then are looked at again (a lease that holds none never holds
 -- one again), and the slot is left as it is if a lease was added meanwhile. One rotation at
 -- a time per schema (an advisory lock; a rotation that finds it taken does nothing). The
@@ -164,6 +165,14 @@ BEGIN
                          AND j."offset" BETWEEN l.first_offset AND l.last_offset)
                OR NOT EXISTS (SELECT 1 FROM queue_leases n
                               WHERE n.partition_id = l.partition_id AND n.first_offset > l.first_offset));
+        -- A transaction that holds the slot for more than a moment (a report that read the lease
+        -- table and stays open) would hold the lock's wait, and every take behind it, to the end
+        -- of the timeout at each rotation: such a slot is left alone without asking for the lock.
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM pg_locks k JOIN pg_stat_activity a ON a.pid = k.pid
+            WHERE k.locktype = 'relation' AND k.granted AND k.pid <> pg_backend_pid()
+              AND k.relation = to_regclass(quote_ident('queue_leases_' || s))
+              AND a.xact_start < clock_timestamp() - interval '1 second');
         BEGIN
             EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', 'queue_leases_' || s);
             IF (SELECT count(*) FROM queue_leases l WHERE l.slot = s) = seen THEN

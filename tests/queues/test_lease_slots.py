@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import pytest
 
 import bus
 from bus.testing import Clock
@@ -81,8 +82,10 @@ async def test_a_lease_copied_by_a_rotation_still_runs_out_and_fences_its_holder
     assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs") == 0
 
 
+# Held a moment (the lock's wait times out) and held longer (the lock is not asked for).
+@pytest.mark.parametrize("held_for", [0.0, 1.2])
 async def test_a_slot_a_transaction_holds_is_left_as_it_is_and_takes_go_on(
-    b: bus.Bus, dsn: str, schema: str
+    b: bus.Bus, dsn: str, schema: str, held_for: float
 ) -> None:
     await _away_from_a_slot_switch(b)
     await b.create_topic("jobs", partitions=1, semantics="queue")
@@ -95,6 +98,7 @@ async def test_a_slot_a_transaction_holds_is_left_as_it_is_and_takes_go_on(
             tx = holder.transaction(isolation="repeatable_read")
             await tx.start()
             assert await holder.fetchval("SELECT count(*) FROM queue_leases") == 1  # holds every slot
+            await asyncio.sleep(held_for)
             # The rotation does not wait for the holder (a moment at most), and truncates nothing.
             assert await asyncio.wait_for(queue_sql.rotate_leases(b.pool, current), 5) == 0
             assert await b.pool.fetchval("SELECT count(*) FROM queue_leases") == 1
