@@ -134,7 +134,7 @@ $$;
 -- waits behind that wait; the takes that hold it now end within it) and not asked for while a
 -- transaction older than a second holds the slot. The slot is looked at first without the lock; under it, only the
 -- leases found holding a job then are looked at again (a lease that holds none never holds
--- one again), and the slot is left as it is if a lease was added meanwhile. One rotation at
+-- one again), and the slot is left as it is if a lease it did not see was added meanwhile. One rotation at
 -- a time per schema (an advisory lock; a rotation that finds it taken does nothing). The
 -- number of slots truncated.
 CREATE FUNCTION queue_leases_rotate(current smallint DEFAULT NULL) RETURNS integer
@@ -146,7 +146,7 @@ AS $$
 DECLARE
     cur smallint := COALESCE(current, queue_leases_slot_at(clock_timestamp()));
     s smallint;
-    seen bigint;
+    seen bigint[];
     keep bigint[];
     truncated integer := 0;
 BEGIN
@@ -156,8 +156,8 @@ BEGIN
     END IF;
     FOR s IN 0..1 LOOP
         CONTINUE WHEN s = cur;
-        SELECT count(*) INTO seen FROM queue_leases l WHERE l.slot = s;
-        CONTINUE WHEN seen = 0;
+        SELECT array_agg(l.id) INTO seen FROM queue_leases l WHERE l.slot = s;
+        CONTINUE WHEN seen IS NULL;
         SELECT array_agg(l.id) INTO keep FROM queue_leases l
         WHERE l.slot = s
           AND (EXISTS (SELECT 1 FROM queue_jobs j
@@ -175,7 +175,8 @@ BEGIN
               AND a.xact_start < clock_timestamp() - interval '1 second');
         BEGIN
             EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', 'queue_leases_' || s);
-            IF (SELECT count(*) FROM queue_leases l WHERE l.slot = s) = seen THEN
+            IF NOT EXISTS (SELECT 1 FROM queue_leases l
+                           WHERE l.slot = s AND l.id NOT IN (SELECT unnest(seen))) THEN
                 INSERT INTO queue_leases (id, topic, partition_id, first_offset, last_offset, leased_by,
                                           visible_at, slot)
                 SELECT l.id, l.topic, l.partition_id, l.first_offset, l.last_offset, l.leased_by,
