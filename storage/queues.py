@@ -323,6 +323,7 @@ _RANGED_IN_FLIGHT = """SELECT e.key
             SELECT e.key, e."offset" FROM queue_jobs e
             WHERE e.topic = $1 AND e.key = kk.key AND e.partition_id = fz.partition_id
               AND e."offset" < fz.at AND NOT e.detached
+            OFFSET 0  -- a range of the key's index per partition, not a join of all its jobs
         ) AS e
         WHERE (SELECT l.last_offset >= e."offset" AND l.visible_at > statement_timestamp()
                FROM queue_leases l WHERE l.partition_id = fz.partition_id AND l.first_offset <= e."offset"
