@@ -41,10 +41,12 @@ SKIP_SCAN = datetime(9999, 1, 1, tzinfo=UTC)
 class ExpiryBound:
     """Where a consumer's takes start looking for range leases that ran out: below it none is left.
 
-    An ack deletes its lease; while a long transaction holds the xmin horizon
-    the deleted leases cannot be pruned, and a scan from the topic's start
-    (index `queue_leases_expiry`) visits each of them before the first live
-    one. The bound starts the scan past them. It moves up only after a take
+    A lease whose jobs were acked stays in its slot of the lease table,
+    holding nothing, until a rotation truncates the slot (and the previous
+    release's acks delete theirs, which a long transaction holding the xmin
+    horizon keeps): a scan from the topic's start (index
+    `queue_leases_expiry`) visits each of them before the first that still
+    holds a job. The bound starts the scan past them. It moves up only after a take
     whose scan, from the bound up to the time it judged leases by, reclaimed
     fewer than EXPIRY_BATCH leases (so none it could see was left): to that
     time less EXPIRY_MARGIN. The first take, one every `full_every` seconds

@@ -187,6 +187,8 @@ class _QueueWriter:
         # Per topic, below which its range leases were reclaimed: where the takes' scans for leases
         # that ran out start (every take of a topic from this Bus is written here).
         self._expiry: dict[str, ExpiryBound] = {}
+        # When this Bus next empties the lease slots the clock has left (rotate_leases).
+        self._rotate_due = monotonic() + sql.ROTATE_EVERY
 
     def expiry(self, topic: str) -> ExpiryBound:
         """The bound of `topic`'s scans for range leases that ran out (the first take scans fully)."""
@@ -266,6 +268,20 @@ class _QueueWriter:
         for (_, _, future), mine in zip(batch, dealt, strict=True):
             if not future.done():
                 future.set_result(mine)
+        if self._monotonic() >= self._rotate_due:
+            await self._rotate_leases()
+
+    async def _rotate_leases(self) -> None:
+        """Truncate the lease slots no take writes to now (the takes it delayed already have their jobs).
+
+        A rotation that fails changes nothing (one transaction): the slots keep their leases
+        until the next one, ROTATE_EVERY seconds on.
+        """
+        self._rotate_due = self._monotonic() + sql.ROTATE_EVERY
+        try:
+            await sql.rotate_leases(self._lender)
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.warning("queue_rotate_leases_failed", error=repr(exc))
 
 
 def _writer_of(ctx: BusContext) -> _QueueWriter:

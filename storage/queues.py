@@ -3,8 +3,12 @@
 Publishing to a queue topic appends to the log exactly like pubsub and, in the
 same statement, inserts the message's job row (so a job exists if and only if
 its message does and is not acked). Fresh jobs are leased by range: a take
-moves its partition's frontier (`queue_frontiers`) past the jobs it gets and
-writes one `queue_leases` row per run, without touching the job rows. Jobs
+moves its partition's frontier past the jobs it gets by writing one
+`queue_leases` row per run, without touching the job rows (a frontier is the
+end of its partition's newest lease, or its head row if that is further).
+Leases are written once: an ack deletes only its jobs, and a lease whose jobs
+are all gone or detached holds nothing and stays in its slot of the lease
+table until `rotate_leases` truncates the slot (migration 033). Jobs
 that were nacked, given back, or whose range lease ran out are `detached`:
 their own row says their lease (`visible_at` pushed by the visibility
 timeout, taken with FOR UPDATE SKIP LOCKED), as every job's did before
@@ -112,19 +116,22 @@ WITH r AS (
         LIMIT 100
         FOR UPDATE SKIP LOCKED)
 ), x AS (
-    -- from the caller's bound on (see ExpiryBound): the leases below it were reclaimed, and
-    -- an index scan from the topic's start would visit each deleted lease a held snapshot keeps
-    SELECT l.id, l.partition_id, l.first_offset, l.last_offset, l.leased_by, l.visible_at, l.ctid AS at
+    -- from the caller's bound on (see ExpiryBound): the leases below it were reclaimed. Only
+    -- the leases still holding a job: nothing deletes a lease whose jobs were acked or detached
+    -- (migration 033), it stays in its slot until the slot is truncated
+    SELECT l.id, l.partition_id, l.first_offset, l.last_offset, l.leased_by, l.visible_at
     FROM queue_leases l
     WHERE l.topic = $1 AND l.visible_at >= COALESCE({bound}::timestamptz, '-infinity'::timestamptz)
       AND l.visible_at <= statement_timestamp()
+      AND EXISTS (SELECT 1 FROM queue_jobs e
+                  WHERE e.partition_id = l.partition_id AND NOT e.detached
+                    AND e."offset" BETWEEN l.first_offset AND l.last_offset)
     ORDER BY l.visible_at
     LIMIT 16  -- EXPIRY_BATCH
     FOR UPDATE SKIP LOCKED
 ), xd AS (
-    -- by the row addresses x locked (migration 025: a join with x may be planned as a walk of the
-    -- whole lease index, which visits every lease a held snapshot keeps); read by the SCANNED row
-    SELECT queue_leases_delete(ARRAY(SELECT x.at FROM x)) AS deleted
+    -- how many leases the scan reclaims (read by the SCANNED row); they stay, holding no job
+    SELECT count(*)::integer AS deleted FROM x
 ), xj AS (
     UPDATE queue_jobs j
     SET detached = true, attempts = 1, leased_by = x.leased_by, visible_at = x.visible_at
@@ -238,15 +245,19 @@ _TAKE_FRESH = (
 ), fu AS (
     -- each locked frontier moves to its first fresh job not dealt; when all were dealt, past
     -- the last, or to the partition's end if no other fresh job is there (detached ones left
-    -- behind it are taken through c)
+    -- behind it are taken through c). A frontier is also the end of its partition's newest
+    -- lease (migration 033): a move to the end of the lease this take inserts writes nothing
+    -- more, unless the previous release may run (it reads the frontier's row)
     -- (a plain SELECT: the final statement reads it, see the last branch)
     SELECT queue_frontier_move(m.partition_id, m.next_offset) AS moved
     FROM (SELECT lk.partition_id, lk.next_offset AS at,
                  COALESCE(fa.undealt,
-                          CASE WHEN COALESCE(fa.got, 0) < need.n THEN f0.stop ELSE fa.last + 1 END) AS next_offset
+                          CASE WHEN COALESCE(fa.got, 0) < need.n THEN f0.stop ELSE fa.last + 1 END) AS next_offset,
+                 (SELECT max(fk.last_offset) + 1 FROM fk WHERE fk.partition_id = lk.partition_id) AS leased
           FROM lk JOIN f0 ON f0.partition_id = lk.partition_id CROSS JOIN need
           LEFT JOIN fa ON fa.partition_id = lk.partition_id) AS m
     WHERE m.next_offset > m.at{move_if}
+      AND (m.leased IS DISTINCT FROM m.next_offset OR previous_release_may_run())
 ), li AS (
     INSERT INTO queue_leases (topic, partition_id, first_offset, last_offset, leased_by, visible_at)
     SELECT $1, fk.partition_id, fk.first_offset, fk.last_offset, fk.consumer,
@@ -299,6 +310,25 @@ WHERE (SELECT limited AND NOT paused FROM g)""",
     7,
 )
 
+# The keys of the range-leased jobs in flight of the keys that `{keys}` (a SELECT of one column)
+# lists, one row per job: jobs of such a key below their partition's frontier (the key's index
+# read up to it, not the key's fresh jobs past it), not detached, whose range lease has not run
+# out. Found from the jobs, not the leases: a lease stays in its slot after its jobs are acked
+# (migration 033), so the leases not run out are every take's of the last visibility timeout.
+# Only a constant is formatted in, never a value.
+_RANGED_IN_FLIGHT = """SELECT e.key
+        FROM ({keys}) AS kk(key)
+        CROSS JOIN (SELECT f.partition_id, f.frontier AS at FROM queue_frontiers f WHERE f.topic = $1) AS fz
+        CROSS JOIN LATERAL (
+            SELECT e.key, e."offset" FROM queue_jobs e
+            WHERE e.topic = $1 AND e.key = kk.key AND e.partition_id = fz.partition_id
+              AND e."offset" < fz.at AND NOT e.detached
+            OFFSET 0  -- a range of the key's index per partition, not a join of all its jobs
+        ) AS e
+        WHERE (SELECT l.last_offset >= e."offset" AND l.visible_at > statement_timestamp()
+               FROM queue_leases l WHERE l.partition_id = fz.partition_id AND l.first_offset <= e."offset"
+               ORDER BY l.first_offset DESC LIMIT 1)"""
+
 # The take of a queue with a per-key or rate limit, with TAKE's parameters: its fresh jobs stay
 # in range leases, unwritten, as in TAKE. Limited takes of every process run one at a time,
 # each seeing what the previous ones committed, which makes the counts exact:
@@ -343,20 +373,16 @@ TAKE_WITHIN_LIMITS = _judged_at(
 """,
         stop="paused OR NOT (SELECT ok FROM lim)",
         total="(SELECT cap.n FROM cap)",
-        gate="""
+        gate=(
+            """
 ), dk AS (
     -- the keys the deal would hand out, with how many jobs each
     SELECT n.key, count(*) AS n FROM n JOIN r ON n.rn > r.after AND n.rn <= r.upto
     WHERE n.rn <= (SELECT cap.n FROM cap) AND n.key IS NOT NULL AND (SELECT per_key FROM lim) IS NOT NULL
     GROUP BY n.key
 ), roomy AS (
-    -- every dealt key stays within its limit even if all the jobs in flight were its own (a
-    -- range lease counted by its span): then the count per key is not needed
-    SELECT (SELECT COALESCE(sum(l.last_offset - l.first_offset + 1), 0) FROM queue_leases l
-            WHERE l.topic = $1 AND l.visible_at > statement_timestamp())
-         + (SELECT count(*) FROM queue_jobs e
-            WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp() AND e.leased_by IS NOT NULL)
-         + (SELECT COALESCE(max(dk.n), 0) FROM dk) <= (SELECT per_key FROM lim) AS ok
+    -- no key dealt (or no per-key limit): the count per key is not needed
+    SELECT NOT EXISTS (SELECT 1 FROM dk) AS ok
 ), busy AS (
     -- their jobs in flight (as TAKE_LIMITED counts them): detached ones leased and not run
     -- out, and those of range leases not run out
@@ -365,17 +391,15 @@ TAKE_WITHIN_LIMITS = _judged_at(
         WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp()
           AND e.leased_by IS NOT NULL AND e.key IN (SELECT dk.key FROM dk)
         UNION ALL
-        SELECT e.key FROM queue_leases l
-        JOIN queue_jobs e ON e.partition_id = l.partition_id
-                         AND e."offset" BETWEEN l.first_offset AND l.last_offset AND NOT e.detached
-        WHERE l.topic = $1 AND l.visible_at > statement_timestamp() AND e.key IN (SELECT dk.key FROM dk)
+        {ranged}
     ) AS f
     WHERE NOT (SELECT ok FROM roomy)
     GROUP BY f.key
 ), gate AS (
     SELECT (SELECT ok FROM roomy) IS TRUE
         OR NOT EXISTS (SELECT 1 FROM dk LEFT JOIN busy ON busy.key = dk.key
-                       WHERE dk.n + COALESCE(busy.n, 0) > (SELECT per_key FROM lim)) AS ok""",
+                       WHERE dk.n + COALESCE(busy.n, 0) > (SELECT per_key FROM lim)) AS ok"""
+        ).replace("{ranged}", _RANGED_IN_FLIGHT.format(keys="SELECT dk.key FROM dk")),
         deal_if="\n    WHERE n.rn <= (SELECT cap.n FROM cap) AND (SELECT ok FROM gate)",
         move_if=" AND (SELECT ok FROM gate)",
         log=""", tl AS (
@@ -540,10 +564,9 @@ TAKE_LIMITED = _judged_at(
         WHERE e.topic = $1 AND e.detached AND e.visible_at > statement_timestamp()
           AND e.leased_by IS NOT NULL AND e.key IS NOT NULL
         UNION ALL
-        SELECT e.key FROM queue_leases l
-        JOIN queue_jobs e ON e.partition_id = l.partition_id
-                         AND e."offset" BETWEEN l.first_offset AND l.last_offset AND NOT e.detached
-        WHERE l.topic = $1 AND l.visible_at > statement_timestamp() AND e.key IS NOT NULL
+        """
+    + _RANGED_IN_FLIGHT.format(keys="SELECT DISTINCT c.key FROM c WHERE c.key IS NOT NULL")
+    + """
     ) AS f
     WHERE (SELECT per_key FROM s) IS NOT NULL
     GROUP BY f.key
@@ -637,15 +660,14 @@ DELETE FROM queue_jobs WHERE partition_id = $1 AND "offset" = $2 AND lease_epoch
 RETURNING "offset"
 """
 
-# The lists come as bigint[] literals (`db.int_array`). Each job, and each range lease, is
-# looked up by its key in a lateral subquery that locks it (FOR UPDATE: the row as the last
-# writer left it, still of the acking lease's epoch), which cannot become a join: a primary-key
-# probe per job whatever the planner thinks of the table. That matters when a snapshot held
-# elsewhere fills the table with dead rows: a scan of it, which a plan made for a table of few
-# live rows picks, reads every one of them. The locked jobs are then deleted by their row
-# address. $4: the range leases the jobs came from; a lease none of whose jobs is left is
-# deleted here (its jobs left in the range equal to those this statement deletes; a lease
-# another statement has locked is left to the take that reclaims it when it runs out).
+# The lists come as bigint[] literals (`db.int_array`). Each job is looked up by its key in a
+# lateral subquery that locks it (FOR UPDATE: the row as the last writer left it, still of the
+# acking lease's epoch), which cannot become a join: a primary-key probe per job whatever the
+# planner thinks of the table. That matters when a snapshot held elsewhere fills the table with
+# dead rows: a scan of it, which a plan made for a table of few live rows picks, reads every one
+# of them. The locked jobs are then deleted by their row address. The range leases the jobs
+# came from are left as they are: a lease whose jobs are gone holds nothing, and goes with its
+# slot (migration 033).
 ACK_MANY = """
 WITH lk AS (
     SELECT k.ctid AS at
@@ -653,27 +675,9 @@ WITH lk AS (
     CROSS JOIN LATERAL (SELECT q.ctid FROM queue_jobs q
                         WHERE q.partition_id = a.pid AND q."offset" = a.off AND q.lease_epoch = a.epoch
                         FOR UPDATE) AS k
-), d AS (
-    DELETE FROM queue_jobs j WHERE j.ctid = ANY(ARRAY(SELECT lk.at FROM lk))
-    RETURNING j.partition_id, j."offset", j.detached
-), ll AS (
-    SELECT k.ctid AS at, k.partition_id, k.first_offset, k.last_offset
-    FROM unnest($4::text::bigint[]) AS x(id)
-    CROSS JOIN LATERAL (SELECT q.ctid, q.partition_id, q.first_offset, q.last_offset FROM queue_leases q
-                        WHERE q.id = x.id FOR UPDATE SKIP LOCKED) AS k
-), e AS (
-    -- only the row addresses in the condition: a plan has nothing to weigh against reading them
-    DELETE FROM queue_leases l
-    WHERE l.ctid = ANY(ARRAY(
-        SELECT ll.at FROM ll
-        WHERE (SELECT count(*) FROM queue_jobs j
-               WHERE j.partition_id = ll.partition_id AND j."offset" BETWEEN ll.first_offset AND ll.last_offset
-                 AND NOT j.detached)
-            = (SELECT count(*) FROM d
-               WHERE d.partition_id = ll.partition_id AND d."offset" BETWEEN ll.first_offset AND ll.last_offset
-                 AND NOT d.detached)))
 )
-SELECT partition_id, "offset" FROM d
+DELETE FROM queue_jobs j WHERE j.ctid = ANY(ARRAY(SELECT lk.at FROM lk))
+RETURNING j.partition_id, j."offset"
 """
 
 # A job of a range lease gets its own state here (its attempt, the first, is
@@ -726,9 +730,12 @@ FROM (
     UNION ALL
     SELECT min(visible_at), false FROM queue_jobs WHERE topic = $1 AND cancelled
     UNION ALL
-    SELECT min(visible_at), true FROM queue_leases
-    WHERE $5 AND topic = $1 AND visible_at >= COALESCE($3::timestamptz, '-infinity'::timestamptz)
-      AND visible_at <= COALESCE($2::timestamptz, clock_timestamp()) + COALESCE($4::float8, 1e9) * interval '1 second'
+    SELECT min(l.visible_at), true FROM queue_leases l
+    WHERE $5 AND l.topic = $1 AND l.visible_at >= COALESCE($3::timestamptz, '-infinity'::timestamptz)
+      AND l.visible_at <= COALESCE($2::timestamptz, clock_timestamp()) + COALESCE($4::float8, 1e9) * interval '1 second'
+      AND EXISTS (SELECT 1 FROM queue_jobs e
+                  WHERE e.partition_id = l.partition_id AND NOT e.detached
+                    AND e."offset" BETWEEN l.first_offset AND l.last_offset)
     UNION ALL
     SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second', false FROM queue_frontiers f
     WHERE f.topic = $1
@@ -1087,16 +1094,34 @@ async def ack_many(
 ) -> set[tuple[int, int]]:
     """Delete the jobs (partition_id, offset, epoch) still held by these leases; those deleted.
 
-    `leases`: the range leases the jobs came from, deleted once no job of theirs is left.
+    `leases`: the range leases the jobs came from. Nothing is done with them: a lease whose
+    jobs are gone holds nothing and is emptied with its slot (`rotate_leases`).
     """
+    del leases  # a lease stays in its slot once its jobs are gone (migration 033)
     rows = await conn.fetch(
         ACK_MANY,
         db.int_array([j[0] for j in jobs]),
         db.int_array([j[1] for j in jobs]),
         db.int_array([j[2] for j in jobs]),
-        db.int_array(leases),
     )
     return {(r[0], r[1]) for r in rows}
+
+
+# Empty the slots of the lease table that the clock has left (see migration 033): the number of
+# slots truncated. $1: the slot leases go to now (NULL: by the server's clock).
+ROTATE_LEASES = "SELECT queue_leases_rotate($1::smallint)"
+# Seconds between a Bus's rotations of the lease slots (each slot takes ten seconds of leases).
+ROTATE_EVERY = 5.0
+
+
+async def rotate_leases(conn: Conn, current: int | None = None) -> int:
+    """Truncate the lease slots no take writes to now, keeping the leases that hold a job; how many.
+
+    Never waits more than a moment for a slot's lock: a slot that a transaction holds (one
+    that read the lease table and is still open) keeps its rows until a later rotation.
+    `current`: the slot leases go to now (None: by the server's clock).
+    """
+    return int(await conn.fetchval(ROTATE_LEASES, current))
 
 
 async def detach_fresh(conn: Conn, topic: str) -> None:

@@ -41,8 +41,15 @@ async def _server_now(conn: asyncpg.Connection) -> datetime:
     return value
 
 
+# The range leases that still hold a job (a lease stays in its slot, holding nothing, once its
+# jobs are acked or detached: migration 033).
+HOLDING = """SELECT first_offset, last_offset FROM queue_leases l WHERE EXISTS (
+    SELECT 1 FROM queue_jobs j WHERE j.partition_id = l.partition_id AND NOT j.detached
+      AND j."offset" BETWEEN l.first_offset AND l.last_offset)"""
+
+
 async def _leases(conn: asyncpg.Connection) -> list[tuple[int, int]]:
-    rows = await conn.fetch("SELECT first_offset, last_offset FROM queue_leases ORDER BY first_offset")
+    rows = await conn.fetch(HOLDING + " ORDER BY first_offset")
     return [(r[0], r[1]) for r in rows]
 
 
@@ -255,7 +262,7 @@ async def test_a_consumer_reclaims_a_lease_past_its_bound_by_the_bus_clock(b: bu
         again = await q.take(max_messages=10, timeout=0)
         assert sorted((m.value(dict)["n"], m.attempt) for m in again) == [(0, 2), (1, 2), (2, 2), (3, 2)]
         await q.ack_many(again)
-    assert await b.pool.fetchval("SELECT count(*) FROM queue_leases") == 0
+    assert await b.pool.fetch(HOLDING) == []
 
 
 def _buffers(plan: Any, relation: str) -> tuple[int, int]:
@@ -264,7 +271,7 @@ def _buffers(plan: Any, relation: str) -> tuple[int, int]:
     stack = [plan]
     while stack:
         node = stack.pop()
-        if node.get("Relation Name") == relation:
+        if str(node.get("Relation Name", "")).startswith(relation):  # a table or its partitions
             buffers += node["Shared Hit Blocks"] + node["Shared Read Blocks"]
             scans += 1
         stack.extend(node.get("Plans", []))
@@ -330,7 +337,8 @@ async def test_with_a_snapshot_held_a_bounded_scan_skips_the_leases_acks_deleted
                 await _explain(conn, queue_sql.SECONDS_UNTIL_VISIBLE, "jobs", None, bound, None, True),
                 "queue_leases",
             )
-            assert until_full >= pages and until_bounded * 10 <= until_full, (
+            # (each slot of the lease table costs the bounded look an index probe of its own)
+            assert until_full >= pages and until_bounded + pages <= until_full, (
                 pages,
                 until_full,
                 until_bounded,
