@@ -149,6 +149,95 @@ FROM bumped b CROSS JOIN ts
 """
 
 
+# On the Producer's own connections (`PLANNED_SETTINGS`): the head's move in the
+# statement itself, no function around it. One UPDATE moves the newest head of
+# every partition of the flush (in id order: a nested loop over $6, the only
+# join those settings leave), closes one that takes its 64th move and rotates
+# it (the next generation inserted, the one before deleted), as
+# log_take_offsets_many does (migration 029). A head that does not move here
+# (a rotation committed while the statement waited for it, a partition gone or
+# without a head, the previous release may run) makes log_heads_moved fail the
+# statement (SQLSTATE PBH01), or the statement moves nothing and answers no
+# row: nothing is written either way, and `append_planned` writes the flush
+# again with APPEND. log_heads_moved also wakes the claimed partitions'
+# cursors (migration 035). Parameters as APPEND's.
+_MOVE_HEADS = """
+WITH moved AS (
+    UPDATE log_heads h
+    SET next_offset = h.next_offset + c.n, appends = h.appends + 1, closed = h.appends + 1 >= 64
+    FROM unnest({pids}, {counts}) AS c(pid, n)
+    WHERE h.partition_id = c.pid
+      AND h.generation = (SELECT max(x.generation) FROM log_heads x WHERE x.partition_id = c.pid)
+      AND NOT h.closed
+      AND COALESCE((SELECT string_to_array(r.min_release, '.')::integer[] >= ARRAY[0, 2, 0]
+                    FROM bus_schema_release r), false)
+    RETURNING h.partition_id AS id, h.next_offset - c.n AS base, h.generation AS gen, h.closed AS closing, c.n
+), rotated AS (
+    INSERT INTO log_heads (partition_id, generation, next_offset) SELECT id, gen + 1, base + n FROM moved WHERE closing
+), dropped AS (
+    DELETE FROM log_heads d USING moved o WHERE o.closing AND d.partition_id = o.id AND d.generation = o.gen - 1
+), checked AS (
+    SELECT log_heads_moved(array_agg(o.id ORDER BY o.id), {expected}) AS ok FROM moved o
+), ts AS (
+    SELECT clock_timestamp() AS at
+)"""
+
+APPEND_PLANNED = (
+    _MOVE_HEADS.format(pids="$6::bigint[]", counts="$7::bigint[]", expected="cardinality($6::bigint[])")
+    + """, m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT u.pid, b.base + u.i, u.k, u.h::jsonb, u.p, ts.at
+    FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[]) AS u(pid, k, h, p, i)
+    JOIN moved b ON b.id = u.pid CROSS JOIN ts
+)
+SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
+FROM moved b CROSS JOIN ts CROSS JOIN checked
+"""
+)
+
+# APPEND_PLANNED for one partition: parameters as APPEND_ONE's.
+APPEND_ONE_PLANNED = (
+    _MOVE_HEADS.format(
+        pids="ARRAY[$1::bigint]", counts="ARRAY[cardinality($4::bytea[])::bigint]", expected="1"
+    )
+    + """, m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT $1, p.base + u.i - 1, u.k, u.h::jsonb, u.p, ts.at
+    FROM moved p CROSS JOIN ts CROSS JOIN unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, i)
+)
+SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved p CROSS JOIN ts CROSS JOIN checked
+"""
+)
+
+# APPEND_PLANNED for one message: parameters as APPEND_SINGLE's.
+APPEND_SINGLE_PLANNED = (
+    _MOVE_HEADS.format(pids="ARRAY[$1::bigint]", counts="ARRAY[1::bigint]", expected="1")
+    + """, m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT $1, p.base, $2::text, $3::text::jsonb, $4::bytea, ts.at FROM moved p CROSS JOIN ts
+)
+SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved p CROSS JOIN ts CROSS JOIN checked
+"""
+)
+
+#: The session settings of a connection that runs the APPEND_*_PLANNED statements: each plan
+#: made once (generic), by the heads' primary key whatever the planner makes of the heads
+#: table's size (a snapshot held elsewhere grows it with versions its statistics do not show;
+#: migrations 024 to 027), joins as nested loops (the heads move in the order of the flush's
+#: partition ids), and no JIT compilation of plans priced that way. Nothing else runs there.
+PLANNED_SETTINGS = {
+    "enable_seqscan": "off",
+    "enable_bitmapscan": "off",
+    "enable_hashjoin": "off",
+    "enable_mergejoin": "off",
+    "jit": "off",
+    "plan_cache_mode": "force_generic_plan",
+}
+
+# log_heads_moved's SQLSTATE: a head did not move in the statement, which wrote nothing.
+HEADS_MOVED_AWAY = "PBH01"
+
+
 class AppendStatements(NamedTuple):
     """The statements `append` runs: in the bus schema (`IN_BUS_SCHEMA`), or named in a schema (`in_schema`)."""
 
@@ -342,10 +431,10 @@ class Batch:
         return out
 
     async def append(
-        self, conn: Target, notify: str | None = None, now: datetime | None = None
+        self, conn: Target, notify: str | None = None, now: datetime | None = None, planned: bool = False
     ) -> list[Placed | None]:
-        """Write this batch: `append(conn, self, notify=notify, now=now)`."""
-        return await append(conn, self, notify=notify, now=now)
+        """Write this batch: `append(conn, self, notify=notify, now=now, planned=planned)`."""
+        return await append(conn, self, notify=notify, now=now, planned=planned)
 
 
 async def _append(
@@ -358,18 +447,33 @@ async def _append(
     notify: str | None,
     timing: Timing | None = None,
     sql: AppendStatements = IN_BUS_SCHEMA,
+    planned: bool = False,
 ) -> list[Placed | None]:
-    """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
+    """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition.
+
+    `planned`: `conn` is one connection with PLANNED_SETTINGS, outside a transaction; a batch of
+    topics that are not queues is first written with APPEND_*_PLANNED.
+    """
     # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
     # asyncpg's array encoder checks every element.
     keys_arg = None if keys.count(None) == len(keys) else keys
     headers_arg = None if headers.count(None) == len(headers) else headers
+    planned = planned and not queue and timing is None
     if not queue and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
+        row = None
         if len(partition_ids) == 1:
-            row = await conn.fetchrow(sql.single, pid, keys[0], headers[0], payloads[0], notify)
+            args: list[object] = [pid, keys[0], headers[0], payloads[0], notify]
+            if planned:
+                row = await _planned_row(conn, APPEND_SINGLE_PLANNED, args)
+            if row is None:
+                row = await conn.fetchrow(sql.single, *args)
         else:
-            row = await conn.fetchrow(sql.one, pid, keys_arg, headers_arg, payloads, notify)
+            args = [pid, keys_arg, headers_arg, payloads, notify]
+            if planned:
+                row = await _planned_row(conn, APPEND_ONE_PLANNED, args)
+            if row is None:
+                row = await conn.fetchrow(sql.one, *args)
         if row is None:  # the partition no longer exists
             return [None] * len(partition_ids)
         first, at = row[0], row[1]
@@ -378,7 +482,7 @@ async def _append(
     index = [next(counters[pid]) for pid in partition_ids]
     # In partition id order: the heads move in that order (no deadlock between two flushes).
     counts = {pid: next(counters[pid]) for pid in sorted(counters)}
-    args: list[object] = [
+    args = [
         db.int_array(partition_ids),
         keys_arg,
         headers_arg,
@@ -392,7 +496,9 @@ async def _append(
     if timing is not None:
         statement = sql.queue_timed
         args += [timing.delays, timing.times, timing.priorities]
-    rows = await conn.fetch(statement, *args)
+    rows = await _planned_rows(conn, APPEND_PLANNED, args) if planned else []
+    if not rows:
+        rows = await conn.fetch(statement, *args)
     base = {r[0]: r[1] for r in rows}
     if not rows:
         return [None] * len(partition_ids)
@@ -406,8 +512,28 @@ async def _append(
     return placed
 
 
+async def _planned_rows(conn: Target, statement: str, args: list[object]) -> list[asyncpg.Record]:
+    """The rows of an APPEND_*_PLANNED statement; none when a head did not move in it (it wrote nothing)."""
+    try:
+        return list(await conn.fetch(statement, *args))
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != HEADS_MOVED_AWAY:
+            raise
+        return []
+
+
+async def _planned_row(conn: Target, statement: str, args: list[object]) -> asyncpg.Record | None:
+    rows = await _planned_rows(conn, statement, args)
+    return rows[0] if rows else None
+
+
 async def append(
-    conn: Target, batch: Batch, *, notify: str | None = None, now: datetime | None = None
+    conn: Target,
+    batch: Batch,
+    *,
+    notify: str | None = None,
+    now: datetime | None = None,
+    planned: bool = False,
 ) -> list[Placed | None]:
     """Append a batch of messages to any partitions in one statement; per message where it landed.
 
@@ -419,12 +545,22 @@ async def append(
     is when the windows are judged and start (None: the server's clock).
     Wake-ups are the caller's (after commit; see actors/announcer.py), unless
     `notify` names the channel to NOTIFY in the same statement (its commit sends
-    them: one per partition written).
+    them: one per partition written). `planned`: `conn` is a connection of the
+    Producer's, with PLANNED_SETTINGS (a batch without idempotency keys may then
+    be written with APPEND_*_PLANNED).
     """
     ikeys = batch.ikeys
     if ikeys is None:
         return await _append(
-            conn, batch.queue, batch.pids, batch.keys, batch.headers, batch.payloads, notify, batch.timing
+            conn,
+            batch.queue,
+            batch.pids,
+            batch.keys,
+            batch.headers,
+            batch.payloads,
+            notify,
+            batch.timing,
+            planned=planned,
         )
     assert not isinstance(conn, asyncpg.Pool), "keyed appends need one connection inside a transaction"
     first: dict[tuple[str, str], int] = {}
