@@ -13,7 +13,11 @@ While the previous release may run on the schema (until `bus migrate
 --finalize`), a publish also moves `partitions.next_offset`, which that release
 reads and moves itself. On a caller's own connection (the outbox) the same
 statements run with the bus's tables named by schema (`in_schema`), one
-statement of the caller's transaction.
+statement of the caller's transaction. On the Producer's own connections,
+whose session settings keep every plan by key (`PLANNED_SETTINGS`), a flush
+moves the heads in its own statement (`APPEND_PLANNED`) rather than through
+the head functions of migration 029, which cost more than the statement that
+calls them; a head that does not move there sends the flush through them.
 """
 
 from __future__ import annotations
