@@ -126,9 +126,20 @@ async def test_publishes_of_several_partitions_plan_the_heads_statements_once_pe
     async with bus.connect(dsn, schema="plans") as b:
         await b.create_topic("orders", partitions=12)
         await b.publish("orders", Order(0), key="warm")
-        await stockpg.reset_statements(stock_dsn)
-        for i in range(40):
-            await b.publish_many("orders", [bus.Outgoing(Order(i), key=f"c-{i}-{k}") for k in range(6)])
+        # On a caller's connection (the outbox) a flush of several partitions goes through
+        # log_take_offsets_many, whatever the connection's settings.
+        user = await asyncpg.connect(dsn)
+        try:
+            await stockpg.reset_statements(stock_dsn)
+            for i in range(40):
+                async with user.transaction():
+                    await b.publish_many(
+                        "orders",
+                        [bus.Outgoing(Order(i), key=f"c-{i}-{k}") for k in range(6)],
+                        connection=user,
+                    )
+        finally:
+            await user.close()
 
     conn = await asyncpg.connect(dsn)
     try:
