@@ -156,15 +156,21 @@ FROM bumped b CROSS JOIN ts
 # On the Producer's own connections (`PLANNED_SETTINGS`): the head's move in the
 # statement itself, no function around it. One UPDATE moves the newest head of
 # every partition of the flush (in id order: a nested loop over $6, the only
-# join those settings leave), closes one that takes its 64th move and rotates
-# it (the next generation inserted, the one before deleted), as
-# log_take_offsets_many does (migration 029). A head that does not move here
+# join those settings leave) and closes one that takes its 64th move, which
+# log_heads_moved then rotates (the next generation inserted, the one before
+# deleted), as log_take_offsets_many does (migration 029). The statement itself
+# writes nothing but the head and the log, so that it starts as quickly as the
+# UPDATE and INSERT it is. A head that does not move here
 # (a rotation committed while the statement waited for it, a partition gone or
 # without a head, the previous release may run) makes log_heads_moved fail the
-# statement (SQLSTATE PBH01), or the statement moves nothing and answers no
-# row: nothing is written either way, and `append_planned` writes the flush
-# again with APPEND. log_heads_moved also wakes the claimed partitions'
-# cursors (migration 035). Parameters as APPEND's.
+# statement (SQLSTATE PBH01; the message insert, which runs to its end whatever
+# the answer, asks for the check first): nothing is written, and the flush is
+# written again with APPEND. log_heads_moved also wakes the claimed partitions' cursors (migration
+# 035), reading the claims with a snapshot of its own; it is called only when
+# some head did not move, or one moved is claimed in this statement's snapshot,
+# or was moved by someone else since that snapshot was taken (a claim's first
+# cursors move it before they are made: a statement that waited for them, or
+# began before they committed, sees it moved). Parameters as APPEND's.
 _MOVE_HEADS = """
 WITH moved AS (
     UPDATE log_heads h
@@ -175,13 +181,18 @@ WITH moved AS (
       AND NOT h.closed
       AND COALESCE((SELECT string_to_array(r.min_release, '.')::integer[] >= ARRAY[0, 2, 0]
                     FROM bus_schema_release r), false)
-    RETURNING h.partition_id AS id, h.next_offset - c.n AS base, h.generation AS gen, h.closed AS closing, c.n
-), rotated AS (
-    INSERT INTO log_heads (partition_id, generation, next_offset) SELECT id, gen + 1, base + n FROM moved WHERE closing
-), dropped AS (
-    DELETE FROM log_heads d USING moved o WHERE o.closing AND d.partition_id = o.id AND d.generation = o.gen - 1
+    RETURNING h.partition_id AS id, h.next_offset - c.n AS base, h.generation AS gen, h.closed AS closing, c.n,
+              -- the head as this statement's snapshot shows it: moved by someone else since?
+              h.appends IS DISTINCT FROM 1 + (SELECT s.appends FROM log_heads s
+                                              WHERE s.partition_id = h.partition_id AND s.generation = h.generation)
+              OR (SELECT p.claimed FROM partitions p WHERE p.id = h.partition_id) AS wake
 ), checked AS (
-    SELECT log_heads_moved(array_agg(o.id ORDER BY o.id), {expected}) AS ok FROM moved o
+    SELECT CASE WHEN count(*) = {expected} AND NOT bool_or(o.wake OR o.closing) THEN true
+                ELSE log_heads_moved(array_agg(o.id ORDER BY o.id), {expected},
+                                     array_agg(o.gen ORDER BY o.id) FILTER (WHERE o.closing),
+                                     array_agg(o.id ORDER BY o.id) FILTER (WHERE o.closing),
+                                     array_agg(o.base + o.n ORDER BY o.id) FILTER (WHERE o.closing)) END AS ok
+    FROM moved o
 ), ts AS (
     SELECT clock_timestamp() AS at
 )"""
@@ -193,9 +204,10 @@ APPEND_PLANNED = (
     SELECT u.pid, b.base + u.i, u.k, u.h::jsonb, u.p, ts.at
     FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[]) AS u(pid, k, h, p, i)
     JOIN moved b ON b.id = u.pid CROSS JOIN ts
+    WHERE (SELECT ok FROM checked)
 )
 SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
-FROM moved b CROSS JOIN ts CROSS JOIN checked
+FROM moved b CROSS JOIN ts
 """
 )
 
@@ -208,8 +220,9 @@ APPEND_ONE_PLANNED = (
     INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
     SELECT $1, p.base + u.i - 1, u.k, u.h::jsonb, u.p, ts.at
     FROM moved p CROSS JOIN ts CROSS JOIN unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, i)
+    WHERE (SELECT ok FROM checked)
 )
-SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved p CROSS JOIN ts CROSS JOIN checked
+SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved p CROSS JOIN ts
 """
 )
 
@@ -219,8 +232,9 @@ APPEND_SINGLE_PLANNED = (
     + """, m AS (
     INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
     SELECT $1, p.base, $2::text, $3::text::jsonb, $4::bytea, ts.at FROM moved p CROSS JOIN ts
+    WHERE (SELECT ok FROM checked)
 )
-SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved p CROSS JOIN ts CROSS JOIN checked
+SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved p CROSS JOIN ts
 """
 )
 
