@@ -14,8 +14,9 @@ While the previous release may run on the schema (until `bus migrate
 reads and moves itself. On a caller's own connection (the outbox) the same
 statements run with the bus's tables named by schema (`in_schema`), one
 statement of the caller's transaction. On the Producer's own connections,
-whose session settings keep every plan by key (`PLANNED_SETTINGS`), a flush
-moves the heads in its own statement (`APPEND_PLANNED`) rather than through
+whose session settings keep every plan by key (`PLANNED_SETTINGS`), a flush of
+several partitions moves the heads in its own statement (`APPEND_PLANNED`)
+rather than through
 the head functions of migration 029, which cost more than the statement that
 calls them; a head that does not move there sends the flush through them.
 """
@@ -211,34 +212,7 @@ FROM moved b CROSS JOIN ts
 """
 )
 
-# APPEND_PLANNED for one partition: parameters as APPEND_ONE's.
-APPEND_ONE_PLANNED = (
-    _MOVE_HEADS.format(
-        pids="ARRAY[$1::bigint]", counts="ARRAY[cardinality($4::bytea[])::bigint]", expected="1"
-    )
-    + """, m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
-    SELECT $1, p.base + u.i - 1, u.k, u.h::jsonb, u.p, ts.at
-    FROM moved p CROSS JOIN ts CROSS JOIN unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, i)
-    WHERE (SELECT ok FROM checked)
-)
-SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved p CROSS JOIN ts
-"""
-)
-
-# APPEND_PLANNED for one message: parameters as APPEND_SINGLE's.
-APPEND_SINGLE_PLANNED = (
-    _MOVE_HEADS.format(pids="ARRAY[$1::bigint]", counts="ARRAY[1::bigint]", expected="1")
-    + """, m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
-    SELECT $1, p.base, $2::text, $3::text::jsonb, $4::bytea, ts.at FROM moved p CROSS JOIN ts
-    WHERE (SELECT ok FROM checked)
-)
-SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved p CROSS JOIN ts
-"""
-)
-
-#: The session settings of a connection that runs the APPEND_*_PLANNED statements: each plan
+#: The session settings of a connection that runs APPEND_PLANNED: each plan
 #: made once (generic), by the heads' primary key whatever the planner makes of the heads
 #: table's size (a snapshot held elsewhere grows it with versions its statistics do not show;
 #: migrations 024 to 027), joins as nested loops (the heads move in the order of the flush's
@@ -470,7 +444,8 @@ async def _append(
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition.
 
     `planned`: `conn` is one connection with PLANNED_SETTINGS, outside a transaction; a batch of
-    topics that are not queues is first written with APPEND_*_PLANNED.
+    several partitions of topics that are not queues is first written with APPEND_PLANNED (for
+    one partition the head functions cost no more than the statement that moves the head itself).
     """
     # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
     # asyncpg's array encoder checks every element.
@@ -479,19 +454,10 @@ async def _append(
     planned = planned and not queue and timing is None
     if not queue and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
-        row = None
         if len(partition_ids) == 1:
-            args: list[object] = [pid, keys[0], headers[0], payloads[0], notify]
-            if planned:
-                row = await _planned_row(conn, APPEND_SINGLE_PLANNED, args)
-            if row is None:
-                row = await conn.fetchrow(sql.single, *args)
+            row = await conn.fetchrow(sql.single, pid, keys[0], headers[0], payloads[0], notify)
         else:
-            args = [pid, keys_arg, headers_arg, payloads, notify]
-            if planned:
-                row = await _planned_row(conn, APPEND_ONE_PLANNED, args)
-            if row is None:
-                row = await conn.fetchrow(sql.one, *args)
+            row = await conn.fetchrow(sql.one, pid, keys_arg, headers_arg, payloads, notify)
         if row is None:  # the partition no longer exists
             return [None] * len(partition_ids)
         first, at = row[0], row[1]
@@ -500,7 +466,7 @@ async def _append(
     index = [next(counters[pid]) for pid in partition_ids]
     # In partition id order: the heads move in that order (no deadlock between two flushes).
     counts = {pid: next(counters[pid]) for pid in sorted(counters)}
-    args = [
+    args: list[object] = [
         db.int_array(partition_ids),
         keys_arg,
         headers_arg,
@@ -531,18 +497,13 @@ async def _append(
 
 
 async def _planned_rows(conn: Target, statement: str, args: list[object]) -> list[asyncpg.Record]:
-    """The rows of an APPEND_*_PLANNED statement; none when a head did not move in it (it wrote nothing)."""
+    """The rows of APPEND_PLANNED; none when a head did not move in it (it wrote nothing)."""
     try:
         return list(await conn.fetch(statement, *args))
     except asyncpg.PostgresError as exc:
         if exc.sqlstate != HEADS_MOVED_AWAY:
             raise
         return []
-
-
-async def _planned_row(conn: Target, statement: str, args: list[object]) -> asyncpg.Record | None:
-    rows = await _planned_rows(conn, statement, args)
-    return rows[0] if rows else None
 
 
 async def append(
@@ -565,7 +526,7 @@ async def append(
     `notify` names the channel to NOTIFY in the same statement (its commit sends
     them: one per partition written). `planned`: `conn` is a connection of the
     Producer's, with PLANNED_SETTINGS (a batch without idempotency keys may then
-    be written with APPEND_*_PLANNED).
+    be written with APPEND_PLANNED).
     """
     ikeys = batch.ikeys
     if ikeys is None:

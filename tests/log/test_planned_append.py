@@ -1,7 +1,7 @@
-"""The Producer's own statements (storage/messages.py, APPEND_*_PLANNED): the heads moved in the flush's statement.
+"""The Producer's own statement (storage/messages.py, APPEND_PLANNED): the heads moved in the flush's statement.
 
-On the Producer's connections (session settings `PLANNED_SETTINGS`) a flush without idempotency
-keys moves its partitions' heads in its own statement. A head that does not move there (a
+On the Producer's connections (session settings `PLANNED_SETTINGS`) a flush of several partitions
+without idempotency keys moves its partitions' heads in its own statement. A head that does not move there (a
 rotation committed while the statement waited for it) fails the statement, which wrote nothing,
 and the flush runs again through log_take_offsets_many: offsets stay dense and visible in order
 (invariant 1). The plans go by the heads' primary key whatever the planner makes of the table.
@@ -37,32 +37,36 @@ def one(pid: int, payload: bytes) -> log_sql.Batch:
     return log_sql.Batch.of([pid], ["0"], [None], [None], [payload])
 
 
-async def test_a_planned_flush_that_waited_for_a_rotation_is_written_once_at_the_next_offset(
+async def test_a_planned_flush_that_waited_for_a_rotation_is_written_once_at_the_next_offsets(
     dsn: str, schema: str, b: bus.Bus
 ) -> None:
-    await b.create_topic("t", partitions=1)
-    pid = await b.pool.fetchval(PID, "t")
-    for _ in range(63):  # generation 0 then takes one more publish before it closes
-        await b.publish("t", b"x")
+    await b.create_topic("t", partitions=2)
+    first, second = [r["id"] for r in await b.pool.fetch(PID, "t")]
+    for _ in range(63):  # generation 0 of the first partition then takes one more publish before it closes
+        await b.publish("t", b"x", partition="0")
     rotating, waiting = await db.connect(dsn, schema), await planned_connection(dsn, schema)
+    flush = log_sql.Batch.of([first, second], ["0", "1"], [None] * 2, [None] * 2, [b"65th", b"first"])
     try:
         tx = rotating.transaction()
         await tx.start()
         # The 64th publish closes generation 0 and inserts generation 1, uncommitted for now.
-        assert await rotating.fetchval(log_sql.APPEND_SINGLE, pid, None, None, b"64th", None) == 63
-        behind = asyncio.create_task(log_sql.append(waiting, one(pid, b"65th"), planned=True))
+        assert await rotating.fetchval(log_sql.APPEND_SINGLE, first, None, None, b"64th", None) == 63
+        behind = asyncio.create_task(log_sql.append(waiting, flush, planned=True))
         await asyncio.sleep(0.2)
         assert not behind.done()  # it waits on the head row the rotation holds
         await tx.commit()
-        # Its statement found the head closed and wrote nothing; written again, at the next offset.
-        ((_, offset, _, _),) = await asyncio.wait_for(behind, 5)  # type: ignore[misc]
-        assert offset == 64
+        # Its statement found that head closed and wrote nothing (not even the second partition's
+        # message); written again, at the next offsets.
+        placed = await asyncio.wait_for(behind, 5)
+        assert [p[:2] for p in placed if p is not None] == [(first, 64), (second, 0)]
     finally:
         await rotating.close()
         await waiting.close()
-    assert [tuple(r) for r in await b.pool.fetch(HEADS, pid)] == [(0, 64, 64), (1, 65, 1)]
-    assert [r["offset"] for r in await b.pool.fetch(STORED, pid)] == list(range(65))
+    assert [tuple(r) for r in await b.pool.fetch(HEADS, first)] == [(0, 64, 64), (1, 65, 1)]
+    assert [tuple(r) for r in await b.pool.fetch(HEADS, second)] == [(0, 1, 1)]
+    assert [r["offset"] for r in await b.pool.fetch(STORED, first)] == list(range(65))
     assert [m.payload for m in await b.read("t", partition=0, offset=63)] == [b"64th", b"65th"]
+    assert [m.payload for m in await b.read("t", partition=1)] == [b"first"]
 
 
 async def test_planned_and_function_publishers_across_rotations_get_dense_offsets_visible_in_order(
@@ -110,33 +114,23 @@ async def test_planned_and_function_publishers_across_rotations_get_dense_offset
         assert len(await b.pool.fetch(HEADS, pid)) <= 2  # rotated; the newest two generations left
 
 
-async def test_the_planned_statements_move_the_heads_by_key_on_a_small_analyzed_heads_table(
+async def test_the_planned_statement_moves_the_heads_by_key_on_a_small_analyzed_heads_table(
     dsn: str, schema: str, b: bus.Bus
 ) -> None:
     await b.create_topic("t", partitions=4)
     await b.publish_many("t", [bus.Outgoing(b"x", partition=str(i % 4)) for i in range(8)])
     await b.pool.execute("ANALYZE log_heads")  # one page: a planner left alone scans it whole
+    args = ["{1,2}", None, None, [b"x", b"y"], "{0,0}", [1, 2], [1, 1], None]
     conn = await planned_connection(dsn, schema)
     try:
-        plans = {
-            "single": [1, None, None, b"x", None],
-            "one": [1, None, None, [b"x", b"y"], None],
-            "plain": ["{1,2}", None, None, [b"x", b"y"], "{0,0}", [1, 2], [1, 1], None],
-        }
-        statements = {
-            "single": log_sql.APPEND_SINGLE_PLANNED,
-            "one": log_sql.APPEND_ONE_PLANNED,
-            "plain": log_sql.APPEND_PLANNED,
-        }
-        for name, args in plans.items():
-            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + statements[name], *args))
-            assert "Seq Scan on log_heads" not in plan, (name, plan)
-            assert "Hash Join" not in plan and "Merge Join" not in plan, (name, plan)
-            assert "Index Scan using log_heads_pkey on log_heads h" in plan, (name, plan)
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + log_sql.APPEND_PLANNED, *args))
+        assert "Seq Scan on log_heads" not in plan, plan
+        assert "Hash Join" not in plan and "Merge Join" not in plan, plan
+        assert "Index Scan using log_heads_pkey on log_heads h" in plan, plan
     finally:
         await conn.close()
-    # The same statements on a connection without the settings: what the settings are for.
-    plan = "\n".join(r[0] for r in await b.pool.fetch("EXPLAIN " + log_sql.APPEND_PLANNED, *plans["plain"]))
+    # The same statement on a connection without the settings: what the settings are for.
+    plan = "\n".join(r[0] for r in await b.pool.fetch("EXPLAIN " + log_sql.APPEND_PLANNED, *args))
     assert "Seq Scan on log_heads" in plan or "Hash Join" in plan
 
 
