@@ -105,6 +105,7 @@ class Producer(Actor[Publish]):
         stats: ProducerStats | None = None,
         channel: str | None = None,
         now: Callable[[], datetime | None] = lambda: None,
+        planned: bool = False,
     ) -> None:
         # Connections of its own, not the pool's: a pool connection costs a reset round trip on
         # every release, which would be one more round trip per flush.
@@ -115,6 +116,9 @@ class Producer(Actor[Publish]):
         self._channel = channel
         self._settings = settings
         self._now = now  # when idempotency windows are judged (None from it: the server's clock)
+        # Its connections have storage.messages.PLANNED_SETTINGS: flushes without idempotency keys
+        # move the heads in their own statement.
+        self._planned = planned
         self.stats = stats if stats is not None else ProducerStats()
         self._pending: deque[Publish] = deque()
         self._pending_messages = 0
@@ -349,7 +353,7 @@ class Producer(Actor[Publish]):
                 async with conn.transaction():
                     placed = await merged.append(conn, notify, self._now())
             else:
-                placed = await merged.append(conn, notify)
+                placed = await merged.append(conn, notify, planned=self._planned)
         except _LOST as exc:
             # Nothing to isolate: every call's outcome is equally unknown; each caller retries (with its key).
             self._fail(calls, _unavailable(exc))

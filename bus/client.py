@@ -246,14 +246,18 @@ class Bus:
         self.producer_stats = stats = ProducerStats()
         dsn, schema, announce, channel = self.dsn, c.schema, system.announce, self.channels.messages
         pooler = cast("db.Pooler", c.pooler)
+        # Directly, its connections plan the statements that move the heads themselves (see
+        # storage/messages.py, APPEND_PLANNED); a pooler takes no session settings.
+        planned = log_sql.PLANNED_SETTINGS if pooler is None else None
         self._producer = system.root.spawn(
             lambda: Producer(
-                lambda: db.connect(dsn, schema, pooler=pooler),
+                lambda: db.connect(dsn, schema, pooler=pooler, settings=planned),
                 announce,
                 settings,
                 stats,
                 channel,
                 now=lambda: self.context.now(),  # a test's Clock moves the idempotency windows
+                planned=planned is not None,
             ),
             "producer",
         )

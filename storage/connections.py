@@ -424,11 +424,19 @@ async def create_service_pool(dsn: str, *, max_size: int, pooler: Pooler = None)
     return pool
 
 
-async def connect(dsn: str, schema: str, *, pooler: Pooler = None, **kwargs: Any) -> asyncpg.Connection:
-    """One connection that runs bus statements in `schema` (listeners, migrations, the Producer)."""
+async def connect(
+    dsn: str, schema: str, *, pooler: Pooler = None, settings: dict[str, str] | None = None, **kwargs: Any
+) -> asyncpg.Connection:
+    """One connection that runs bus statements in `schema` (listeners, migrations, the Producer).
+
+    `settings`: more session settings, sent at startup (directly only: a pooler takes none).
+    """
     check_dsn(dsn)
+    connect_kwargs = _connect_kwargs(schema, pooler)
+    if settings and pooler is None:
+        connect_kwargs["server_settings"] = {**connect_kwargs["server_settings"], **settings}
     try:
-        conn: asyncpg.Connection = await asyncpg.connect(dsn, **_connect_kwargs(schema, pooler), **kwargs)
+        conn: asyncpg.Connection = await asyncpg.connect(dsn, **connect_kwargs, **kwargs)
     except (OSError, asyncpg.PostgresError) as exc:
         raise _unavailable(exc, pooler) from exc
     except (asyncpg.ClientConfigurationError, ValueError) as exc:

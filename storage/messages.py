@@ -13,7 +13,12 @@ While the previous release may run on the schema (until `bus migrate
 --finalize`), a publish also moves `partitions.next_offset`, which that release
 reads and moves itself. On a caller's own connection (the outbox) the same
 statements run with the bus's tables named by schema (`in_schema`), one
-statement of the caller's transaction.
+statement of the caller's transaction. On the Producer's own connections,
+whose session settings keep every plan by key (`PLANNED_SETTINGS`), a flush of
+several partitions moves the heads in its own statement (`APPEND_PLANNED`)
+rather than through
+the head functions of migration 029, which cost more than the statement that
+calls them; a head that does not move there sends the flush through them.
 """
 
 from __future__ import annotations
@@ -147,6 +152,82 @@ WITH bumped AS (
 SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
 FROM bumped b CROSS JOIN ts
 """
+
+
+# On the Producer's own connections (`PLANNED_SETTINGS`): the head's move in the
+# statement itself, no function around it. One UPDATE moves the newest head of
+# every partition of the flush (in id order: a nested loop over $6, the only
+# join those settings leave) and closes one that takes its 64th move, which
+# log_heads_moved then rotates (the next generation inserted, the one before
+# deleted), as log_take_offsets_many does (migration 029). The statement itself
+# writes nothing but the head and the log, so that it starts as quickly as the
+# UPDATE and INSERT it is. A head that does not move here
+# (a rotation committed while the statement waited for it, a partition gone or
+# without a head, the previous release may run) makes log_heads_moved fail the
+# statement (SQLSTATE PBH01; the message insert, which runs to its end whatever
+# the answer, asks for the check first): nothing is written, and the flush is
+# written again with APPEND. log_heads_moved also wakes the claimed partitions' cursors (migration
+# 035), reading the claims with a snapshot of its own; it is called only when
+# some head did not move, or one moved is claimed in this statement's snapshot,
+# or was moved by someone else since that snapshot was taken (a claim's first
+# cursors move it before they are made: a statement that waited for them, or
+# began before they committed, sees it moved). Parameters as APPEND's.
+_MOVE_HEADS = """
+WITH moved AS (
+    UPDATE log_heads h
+    SET next_offset = h.next_offset + c.n, appends = h.appends + 1, closed = h.appends + 1 >= 64
+    FROM unnest({pids}, {counts}) AS c(pid, n)
+    WHERE h.partition_id = c.pid
+      AND h.generation = (SELECT max(x.generation) FROM log_heads x WHERE x.partition_id = c.pid)
+      AND NOT h.closed
+      AND COALESCE((SELECT string_to_array(r.min_release, '.')::integer[] >= ARRAY[0, 2, 0]
+                    FROM bus_schema_release r), false)
+    RETURNING h.partition_id AS id, h.next_offset - c.n AS base, h.generation AS gen, h.closed AS closing, c.n,
+              -- the head as this statement's snapshot shows it: moved by someone else since?
+              h.appends IS DISTINCT FROM 1 + (SELECT s.appends FROM log_heads s
+                                              WHERE s.partition_id = h.partition_id AND s.generation = h.generation)
+              OR (SELECT p.claimed FROM partitions p WHERE p.id = h.partition_id) AS wake
+), checked AS (
+    SELECT CASE WHEN count(*) = {expected} AND NOT bool_or(o.wake OR o.closing) THEN true
+                ELSE log_heads_moved(array_agg(o.id ORDER BY o.id), {expected},
+                                     array_agg(o.gen ORDER BY o.id) FILTER (WHERE o.closing),
+                                     array_agg(o.id ORDER BY o.id) FILTER (WHERE o.closing),
+                                     array_agg(o.base + o.n ORDER BY o.id) FILTER (WHERE o.closing)) END AS ok
+    FROM moved o
+), ts AS (
+    SELECT clock_timestamp() AS at
+)"""
+
+APPEND_PLANNED = (
+    _MOVE_HEADS.format(pids="$6::bigint[]", counts="$7::bigint[]", expected="cardinality($6::bigint[])")
+    + """, m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT u.pid, b.base + u.i, u.k, u.h::jsonb, u.p, ts.at
+    FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[]) AS u(pid, k, h, p, i)
+    JOIN moved b ON b.id = u.pid CROSS JOIN ts
+    WHERE (SELECT ok FROM checked)
+)
+SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
+FROM moved b CROSS JOIN ts
+"""
+)
+
+#: The session settings of a connection that runs APPEND_PLANNED: each plan
+#: made once (generic), by the heads' primary key whatever the planner makes of the heads
+#: table's size (a snapshot held elsewhere grows it with versions its statistics do not show;
+#: migrations 024 to 027), joins as nested loops (the heads move in the order of the flush's
+#: partition ids), and no JIT compilation of plans priced that way. Nothing else runs there.
+PLANNED_SETTINGS = {
+    "enable_seqscan": "off",
+    "enable_bitmapscan": "off",
+    "enable_hashjoin": "off",
+    "enable_mergejoin": "off",
+    "jit": "off",
+    "plan_cache_mode": "force_generic_plan",
+}
+
+# log_heads_moved's SQLSTATE: a head did not move in the statement, which wrote nothing.
+HEADS_MOVED_AWAY = "PBH01"
 
 
 class AppendStatements(NamedTuple):
@@ -342,10 +423,10 @@ class Batch:
         return out
 
     async def append(
-        self, conn: Target, notify: str | None = None, now: datetime | None = None
+        self, conn: Target, notify: str | None = None, now: datetime | None = None, planned: bool = False
     ) -> list[Placed | None]:
-        """Write this batch: `append(conn, self, notify=notify, now=now)`."""
-        return await append(conn, self, notify=notify, now=now)
+        """Write this batch: `append(conn, self, notify=notify, now=now, planned=planned)`."""
+        return await append(conn, self, notify=notify, now=now, planned=planned)
 
 
 async def _append(
@@ -358,12 +439,19 @@ async def _append(
     notify: str | None,
     timing: Timing | None = None,
     sql: AppendStatements = IN_BUS_SCHEMA,
+    planned: bool = False,
 ) -> list[Placed | None]:
-    """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition."""
+    """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition.
+
+    `planned`: `conn` is one connection with PLANNED_SETTINGS, outside a transaction; a batch of
+    several partitions of topics that are not queues is first written with APPEND_PLANNED (for
+    one partition the head functions cost no more than the statement that moves the head itself).
+    """
     # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
     # asyncpg's array encoder checks every element.
     keys_arg = None if keys.count(None) == len(keys) else keys
     headers_arg = None if headers.count(None) == len(headers) else headers
+    planned = planned and not queue and timing is None
     if not queue and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
         if len(partition_ids) == 1:
@@ -392,7 +480,9 @@ async def _append(
     if timing is not None:
         statement = sql.queue_timed
         args += [timing.delays, timing.times, timing.priorities]
-    rows = await conn.fetch(statement, *args)
+    rows = await _planned_rows(conn, APPEND_PLANNED, args) if planned else []
+    if not rows:
+        rows = await conn.fetch(statement, *args)
     base = {r[0]: r[1] for r in rows}
     if not rows:
         return [None] * len(partition_ids)
@@ -406,8 +496,23 @@ async def _append(
     return placed
 
 
+async def _planned_rows(conn: Target, statement: str, args: list[object]) -> list[asyncpg.Record]:
+    """The rows of APPEND_PLANNED; none when a head did not move in it (it wrote nothing)."""
+    try:
+        return list(await conn.fetch(statement, *args))
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != HEADS_MOVED_AWAY:
+            raise
+        return []
+
+
 async def append(
-    conn: Target, batch: Batch, *, notify: str | None = None, now: datetime | None = None
+    conn: Target,
+    batch: Batch,
+    *,
+    notify: str | None = None,
+    now: datetime | None = None,
+    planned: bool = False,
 ) -> list[Placed | None]:
     """Append a batch of messages to any partitions in one statement; per message where it landed.
 
@@ -419,12 +524,22 @@ async def append(
     is when the windows are judged and start (None: the server's clock).
     Wake-ups are the caller's (after commit; see actors/announcer.py), unless
     `notify` names the channel to NOTIFY in the same statement (its commit sends
-    them: one per partition written).
+    them: one per partition written). `planned`: `conn` is a connection of the
+    Producer's, with PLANNED_SETTINGS (a batch without idempotency keys may then
+    be written with APPEND_PLANNED).
     """
     ikeys = batch.ikeys
     if ikeys is None:
         return await _append(
-            conn, batch.queue, batch.pids, batch.keys, batch.headers, batch.payloads, notify, batch.timing
+            conn,
+            batch.queue,
+            batch.pids,
+            batch.keys,
+            batch.headers,
+            batch.payloads,
+            notify,
+            batch.timing,
+            planned=planned,
         )
     assert not isinstance(conn, asyncpg.Pool), "keyed appends need one connection inside a transaction"
     first: dict[tuple[str, str], int] = {}

@@ -107,3 +107,53 @@ async def test_the_stock_server_bench_compares_each_row_with_jit_off(stock_dsn: 
         assert row.baseline_name == "same server, jit=off"
         assert row.extra["jit_functions"] == 0
         assert "PostgreSQL 15" in row.name
+
+
+async def test_publishes_of_several_partitions_plan_the_heads_statements_once_per_session(
+    stock_dsn: str,
+) -> None:
+    # The head functions run with sequential scans off; a statement of theirs with an array
+    # parameter (the flush's partitions) would otherwise be planned again at every call.
+    await stockpg.prepare_databases(stock_dsn)
+    admin = await asyncpg.connect(stockpg.database_dsn(stock_dsn, stockpg.DEFAULT_DB))
+    try:
+        await admin.execute(
+            f'ALTER DATABASE "{stockpg.DEFAULT_DB}" SET pg_stat_statements.track_planning = on'
+        )
+    finally:
+        await admin.close()
+    dsn = stockpg.database_dsn(stock_dsn, stockpg.DEFAULT_DB)
+    async with bus.connect(dsn, schema="plans") as b:
+        await b.create_topic("orders", partitions=12)
+        await b.publish("orders", Order(0), key="warm")
+        # On a caller's connection (the outbox) a flush of several partitions goes through
+        # log_take_offsets_many, whatever the connection's settings.
+        user = await asyncpg.connect(dsn)
+        try:
+            await stockpg.reset_statements(stock_dsn)
+            for i in range(40):
+                async with user.transaction():
+                    await b.publish_many(
+                        "orders",
+                        [bus.Outgoing(Order(i), key=f"c-{i}-{k}") for k in range(6)],
+                        connection=user,
+                    )
+        finally:
+            await user.close()
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            """SELECT s.query, s.calls, s.plans FROM pg_stat_statements s
+               JOIN pg_database d ON d.oid = s.dbid
+               WHERE d.datname = $1 AND NOT s.toplevel AND s.calls >= 40
+                 AND s.query ~ '(log_heads|partitions)'""",
+            stockpg.DEFAULT_DB,
+        )
+    finally:
+        await conn.close()
+    assert rows, "no statement of the head functions was counted"
+    replanned = [(r["query"], r["calls"], r["plans"]) for r in rows if r["plans"] > r["calls"] // 4]
+    assert replanned == [], "planned at (nearly) every call:\n" + "\n".join(
+        f"{plans} plans over {calls} calls: {query[:200]}" for query, calls, plans in replanned
+    )
