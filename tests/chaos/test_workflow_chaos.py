@@ -92,7 +92,12 @@ async def test_every_workflow_run_finishes_once_under_kills_and_lost_connections
 
         async def start_during_the_faults() -> None:
             for n in range(RUNS):  # spread over the faults, so that they land on runs in flight
-                await b.start_workflow("chaosflow", n, workflow_id=f"chaos-{n}")
+                while True:  # a start whose connection the faults cut is started again (same id: once)
+                    try:
+                        await b.start_workflow("chaosflow", n, workflow_id=f"chaos-{n}")
+                        break
+                    except bus.StorageUnavailableError:
+                        await asyncio.sleep(0.1)
                 await asyncio.sleep(FAULT_SECONDS * 0.8 / RUNS)
 
         starting = asyncio.create_task(start_during_the_faults())
