@@ -135,8 +135,6 @@ async def _migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
 
 async def _install_routines(conn: asyncpg.Connection, schema: str) -> None:
     """The functions of the statements a transaction pooler runs as routines (storage/routines.py)."""
-    # The statements are registered by the modules that run them (storage.queues), imported by
-    # every caller of the migrator (the Bus, `bus migrate`).
     from storage import routines
     from storage.connections import pooled_connection_class, through_transaction_pooler
 

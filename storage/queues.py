@@ -32,7 +32,7 @@ from typing import TypeAlias, cast
 import asyncpg
 import msgspec
 
-from storage import db, routines
+from storage import db
 from storage.db import Conn
 from storage.expiry import ExpiryBound
 
@@ -1155,4 +1155,4 @@ async def delete_job(conn: Conn, partition_id: int, offset: int, epoch: int) -> 
 
 # Through a transaction pooler the takes run as functions of their text, whose plans the server
 # keeps (storage/routines.py): planned at each call, a take of 100 jobs costs about three times as much.
-routines.register(TAKE, TAKE_ORDERED, TAKE_FAIR, TAKE_WITHIN_LIMITS, TAKE_LIMITED)
+ROUTINES = (TAKE, TAKE_ORDERED, TAKE_FAIR, TAKE_WITHIN_LIMITS, TAKE_LIMITED)

@@ -9,7 +9,7 @@ CTEs: about 6 ms planned each time against 1.9 ms prepared, for 100 jobs).
 
 A PL/pgSQL function keeps the plans of its statements per server connection,
 with the choice between a custom and a generic plan a prepared statement
-makes. So each statement registered here (`register`) is installed as a
+makes. So each statement listed by the modules named here (`ROUTINES`) is installed as a
 function whose body is `RETURN QUERY` of the statement's own text
 (`$1`..`$n` are the function's parameters there), named by a digest of that
 text: a release finds the functions of exactly its statements, two releases
@@ -26,6 +26,7 @@ itself, as always.
 from __future__ import annotations
 
 import hashlib
+import importlib
 
 import asyncpg
 
@@ -33,23 +34,23 @@ from storage.logs import get_logger
 
 log = get_logger(__name__)
 
-#: The statements to install, in registration order.
-_REGISTERED: list[str] = []
 _PREFIX = "bus_stmt_"
 _QUOTE = "$bus_stmt$"
-
-
-def register(*statements: str) -> None:
-    """Have the migrator install each of `statements` as a function (see the module docstring)."""
-    for sql in statements:
-        if _QUOTE in sql:
-            raise ValueError(f"a statement installed as a routine may not contain {_QUOTE}")
-        if sql not in _REGISTERED:
-            _REGISTERED.append(sql)
+#: The modules whose `ROUTINES` (a tuple of statements) are installed. Imported when asked for, not
+#: here: they import the storage layer this module is part of.
+_MODULES = ("storage.queues",)
 
 
 def registered() -> list[str]:
-    return list(_REGISTERED)
+    """The statements installed as routines, in order."""
+    found: list[str] = []
+    for module in _MODULES:
+        for sql in importlib.import_module(module).ROUTINES:
+            if _QUOTE in sql:
+                raise ValueError(f"a statement installed as a routine may not contain {_QUOTE}")
+            if sql not in found:
+                found.append(sql)
+    return found
 
 
 def name_of(sql: str) -> str:
@@ -98,7 +99,7 @@ async def install(conn: asyncpg.Connection, schema: str) -> list[str]:
     Run by the migrator in its transaction (its lock, its search_path). A function the role may
     not create is skipped, leaving that statement to run as it is.
     """
-    wanted = {name_of(sql): sql for sql in _REGISTERED}
+    wanted = {name_of(sql): sql for sql in registered()}
     present = {r["proname"] for r in await conn.fetch(FIND, schema, list(wanted))}
     made: list[str] = []
     for name, sql in wanted.items():
@@ -120,7 +121,7 @@ async def install(conn: asyncpg.Connection, schema: str) -> list[str]:
 
 async def installed(conn: asyncpg.Connection, schema: str) -> dict[str, str]:
     """{statement: the call that runs it} for each registered statement whose function is in `schema`."""
-    by_name = {name_of(sql): sql for sql in _REGISTERED}
+    by_name = {name_of(sql): sql for sql in registered()}
     calls: dict[str, str] = {}
     for r in await conn.fetch(FIND, schema, list(by_name)):
         sql = by_name[r["proname"]]

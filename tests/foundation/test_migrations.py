@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 import bus
-from storage import db
+from storage import db, routines
 
 
 @pytest.fixture
@@ -147,5 +147,13 @@ async def test_five_processes_connecting_to_a_new_schema_at_once_all_succeed(
         rows = await conn.fetch("SELECT version FROM bus_migrations ORDER BY version")
         assert [r[0] for r in rows] == [v for v, _, _ in db.migrations()]
         assert await conn.fetchval("SELECT count(*) FROM topics") == 1
+        # processes that imported nothing but `bus` installed the routines of every listed statement
+        made = await conn.fetch(
+            "SELECT proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = $1 AND proname LIKE 'bus_stmt_%'",
+            name,
+        )
+        assert sorted(r[0] for r in made) == sorted(routines.name_of(sql) for sql in routines.registered())
+        assert len(made) == 5
     finally:
         await conn.close()
