@@ -432,5 +432,5 @@ class LagUpdater(Actor[UpdateLag]):
     async def receive(self, message: UpdateLag) -> None:
         try:
             await update_lag(self._pool, self._groups, scope=self._scope)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError) as exc:
             self._log.warning("lag_update_failed", error=str(exc))

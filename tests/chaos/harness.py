@@ -494,7 +494,8 @@ class ChaosRun:
             await conn.fetchval("SELECT count(*) FROM offsets")  # the snapshot is taken here
             await asyncio.sleep(hold)
             await conn.execute("ROLLBACK")
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # a restart ended it early
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError) as exc:
+            # a restart or a terminated backend ended it early (asyncpg may answer that with either error)
             detail += f", ended early: {exc!r}"
         finally:
             await conn.close()
