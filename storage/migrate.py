@@ -175,7 +175,10 @@ async def finalize(conn: asyncpg.Connection, schema: str) -> str:
                 f"pgactorbus {versions.LIBRARY_RELEASE} or later"
             )
         floor = await _raise_min_release(conn, versions.LIBRARY_RELEASE)
-        log.info("schema_finalized", schema=schema, min_release=floor)
+        from storage import routines
+
+        dropped = await routines.drop_unlisted(conn, schema)
+        log.info("schema_finalized", schema=schema, min_release=floor, routines_dropped=len(dropped))
         return floor
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import re
 
 import asyncpg
 
@@ -57,6 +58,9 @@ def name_of(sql: str) -> str:
     """The function name of `sql`: the prefix and a digest of its text (a plain identifier)."""
     return _PREFIX + hashlib.sha256(sql.encode()).hexdigest()[:32]
 
+
+#: What a routine's name looks like (the prefix and a hex digest): nothing else is ever dropped.
+_NAME = re.compile(r"bus_stmt_[0-9a-f]{32}")
 
 FIND = """
 SELECT p.proname, p.pronargs FROM pg_catalog.pg_proc p
@@ -130,3 +134,28 @@ async def installed(conn: asyncpg.Connection, schema: str) -> dict[str, str]:
         placeholders = ", ".join(f"${i + 1}" for i in range(r["pronargs"]))
         calls[sql] = f"SELECT * FROM {name_of(sql)}({placeholders})"
     return calls
+
+
+OF_SCHEMA = """
+SELECT p.proname FROM pg_catalog.pg_proc p
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = $1 AND p.proname LIKE 'bus\\_stmt\\_%'
+"""
+
+
+async def drop_unlisted(conn: asyncpg.Connection, schema: str) -> list[str]:
+    """Drop the routines of `schema` that no statement of this release has (earlier releases'): their names.
+
+    For `bus migrate --finalize`, once every process runs this release. A process that still
+    called one (a later release's, started already) runs its statement as it is from then on.
+    """
+    listed = {name_of(sql) for sql in registered()}
+    dropped: list[str] = []
+    for r in await conn.fetch(OF_SCHEMA, schema):
+        name = r["proname"]
+        if name in listed or not _NAME.fullmatch(name):
+            continue
+        # The schema is validated by the caller and the name matched against _NAME just above.
+        await conn.execute(f"DROP FUNCTION IF EXISTS {_ident(schema)}.{name}")
+        dropped.append(name)
+    return dropped

@@ -36,6 +36,8 @@ ALLOWED = {
     ("storage/migrate.py", 'DROP SCHEMA IF EXISTS "{schema}" CASCADE'),  # validate_schema() just before
     # A routine's call: the digest name of a registered constant statement and $n placeholders.
     ("storage/routines.py", "SELECT * FROM {name_of(sql)}({placeholders})"),
+    # An earlier release's routine: the validated schema and a name matched against the digest pattern.
+    ("storage/routines.py", "DROP FUNCTION IF EXISTS {_ident(schema)}.{name}"),
 }
 
 

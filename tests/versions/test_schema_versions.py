@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 import bus
-from storage import db, versions
+from storage import db, routines, versions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,8 +175,19 @@ async def test_finalize_ends_a_rolling_deploy_and_waits_for_the_older_members_to
         assert "group(s) g" in refused.stdout + refused.stderr
         assert (await conn.fetchrow(versions.READ_RELEASE))["min_release"] == versions.MIN_COMPATIBLE_RELEASE
         await conn.execute("DELETE FROM members")
+        # An earlier release's routine (a statement this release no longer has) goes with the finalize.
+        earlier = "bus_stmt_" + "0" * 32
+        await conn.execute(
+            f'CREATE FUNCTION "{schema}".{earlier}() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$'
+        )
         done = _bus(dsn, schema, "--finalize")
         assert done.returncode == 0, done.stderr
+        left = await conn.fetch(
+            "SELECT proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = $1 AND proname LIKE 'bus_stmt_%'",
+            schema,
+        )
+        assert sorted(r[0] for r in left) == sorted(routines.name_of(sql) for sql in routines.registered())
         assert f"minimum release {versions.LIBRARY_RELEASE}" in done.stdout
         assert await db.finalize(conn, schema) == versions.LIBRARY_RELEASE  # again: nothing changes
         # The previous release now refuses to start on the schema.
