@@ -138,11 +138,9 @@ async def _install_routines(conn: asyncpg.Connection, schema: str) -> None:
     from storage import routines
     from storage.connections import pooled_connection_class, through_transaction_pooler
 
-    made = await routines.install(conn, schema)
-    if made:
-        log.debug("routines_installed", schema=schema, count=len(made))
+    calls = await routines.install(conn, schema)
     if through_transaction_pooler(conn):
-        pooled_connection_class(schema).routine_calls = await routines.installed(conn, schema)
+        pooled_connection_class(schema).routine_calls = calls
 
 
 async def _raise_min_release(conn: asyncpg.Connection, floor: str) -> str:

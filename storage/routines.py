@@ -17,7 +17,7 @@ running on one schema during a rolling upgrade each find their own, and a
 statement whose text changes gets a new function, never a stale one. The
 migrator installs the missing ones (`install`); a connection through a
 transaction pooler then sends a short call with the same parameters instead
-of the statement (`installed`: the call of each statement found). A role
+of the statement (`install` answers the call of each statement there). A role
 that may not create functions in the schema installs none, and its
 statements run as they are. Direct connections prepare the statement
 itself, as always.
@@ -31,6 +31,7 @@ import re
 
 import asyncpg
 
+from storage.connections import search_path
 from storage.logs import get_logger
 
 log = get_logger(__name__)
@@ -74,11 +75,13 @@ TYPE_NAMES = (
 
 
 def _ident(name: str) -> str:
+    """A column name as a quoted identifier (a statement's columns may be named `offset` or `?column?`)."""
     return '"' + name.replace('"', '""') + '"'
 
 
-async def _definition(conn: asyncpg.Connection, schema: str, sql: str) -> str:
-    """CREATE FUNCTION of `sql` in `schema`, its parameter and column types as the server infers them."""
+async def _definition(conn: asyncpg.Connection, schema: str, sql: str) -> tuple[str, int]:
+    """CREATE FUNCTION of `sql` in `schema` (its parameter and column types as the server infers
+    them), and how many parameters it takes."""
     statement = await conn.prepare(sql)
     params = list(statement.get_parameters())
     columns = list(statement.get_attributes())
@@ -90,50 +93,49 @@ async def _definition(conn: asyncpg.Connection, schema: str, sql: str) -> str:
     outs = ", ".join(f"{_ident(c.name)} {types[len(params) + i]}" for i, c in enumerate(columns))
     # Only the schema (validated by the caller), the digest name, the server's type names and the
     # statement's own column names are formatted in; the body is the registered text.
-    return (
-        f"CREATE FUNCTION {_ident(schema)}.{name_of(sql)}({args}) RETURNS TABLE ({outs})\n"
+    definition = (
+        f"CREATE FUNCTION {search_path(schema)}.{name_of(sql)}({args}) RETURNS TABLE ({outs})\n"
         f"LANGUAGE plpgsql AS {_QUOTE}\n#variable_conflict use_column\nBEGIN\n"
         f"RETURN QUERY {sql.strip().rstrip(';')};\nEND\n{_QUOTE}"
     )
+    return definition, len(params)
 
 
-async def install(conn: asyncpg.Connection, schema: str) -> list[str]:
-    """Create the functions of the registered statements missing from `schema`: their names.
+async def install(conn: asyncpg.Connection, schema: str) -> dict[str, str]:
+    """Create the functions of the listed statements missing from `schema`; the call of each one there.
 
     Run by the migrator in its transaction (its lock, its search_path). A function the role may
-    not create is skipped, leaving that statement to run as it is.
+    not create is skipped, leaving that statement to run as it is (it gets no call).
+    The answer is {statement: the call that runs it}.
     """
     wanted = {name_of(sql): sql for sql in registered()}
-    present = {r["proname"] for r in await conn.fetch(FIND, schema, list(wanted))}
-    made: list[str] = []
+    arity = {r["proname"]: r["pronargs"] for r in await conn.fetch(FIND, schema, list(wanted))}
+    made = 0
     for name, sql in wanted.items():
-        if name in present:
+        if name in arity:
             continue
         try:
             async with conn.transaction():
-                await conn.execute(await _definition(conn, schema, sql))
+                definition, arity[name] = await _definition(conn, schema, sql)
+                await conn.execute(definition)
         except asyncpg.InsufficientPrivilegeError as exc:
             log.debug("routine_not_installed", schema=schema, routine=name, error=str(exc))
+            arity.pop(name, None)
             continue
         except asyncpg.PostgresError as exc:
             # The statement runs as it is; a server that cannot make its function is worth a word.
             log.warning("routine_not_installed", schema=schema, routine=name, error=str(exc))
+            arity.pop(name, None)
             continue
-        made.append(name)
-    return made
-
-
-async def installed(conn: asyncpg.Connection, schema: str) -> dict[str, str]:
-    """{statement: the call that runs it} for each registered statement whose function is in `schema`."""
-    by_name = {name_of(sql): sql for sql in registered()}
-    calls: dict[str, str] = {}
-    for r in await conn.fetch(FIND, schema, list(by_name)):
-        sql = by_name[r["proname"]]
-        # The digest name of one of the registered statements (not the server's text) and $n
-        # placeholders: the values go as the statement's own parameters.
-        placeholders = ", ".join(f"${i + 1}" for i in range(r["pronargs"]))
-        calls[sql] = f"SELECT * FROM {name_of(sql)}({placeholders})"
-    return calls
+        made += 1
+    if made:
+        log.debug("routines_installed", schema=schema, count=made)
+    # The digest name of one of the listed statements (not the server's text) and $n placeholders:
+    # the values go as the statement's own parameters.
+    return {
+        wanted[name]: f"SELECT * FROM {name}({', '.join(f'${i + 1}' for i in range(n))})"
+        for name, n in arity.items()
+    }
 
 
 OF_SCHEMA = """
@@ -156,6 +158,6 @@ async def drop_unlisted(conn: asyncpg.Connection, schema: str) -> list[str]:
         if name in listed or not _NAME.fullmatch(name):
             continue
         # The schema is validated by the caller and the name matched against _NAME just above.
-        await conn.execute(f"DROP FUNCTION IF EXISTS {_ident(schema)}.{name}")
+        await conn.execute(f"DROP FUNCTION IF EXISTS {search_path(schema)}.{name}")
         dropped.append(name)
     return dropped

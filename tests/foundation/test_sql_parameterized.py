@@ -35,9 +35,12 @@ ALLOWED = {
     ("storage/migrate.py", 'CREATE SCHEMA IF NOT EXISTS "{schema}"'),
     ("storage/migrate.py", 'DROP SCHEMA IF EXISTS "{schema}" CASCADE'),  # validate_schema() just before
     # A routine's call: the digest name of a registered constant statement and $n placeholders.
-    ("storage/routines.py", "SELECT * FROM {name_of(sql)}({placeholders})"),
+    ("storage/routines.py", "SELECT * FROM {name}({', '.join(f'${i + 1}' for i in range(n))})"),
     # An earlier release's routine: the validated schema and a name matched against the digest pattern.
-    ("storage/routines.py", "DROP FUNCTION IF EXISTS {_ident(schema)}.{name}"),
+    ("storage/routines.py", "DROP FUNCTION IF EXISTS {search_path(schema)}.{name}"),
+    # A routine's definition: the validated schema, the digest name, the server's type names and the
+    # statement's quoted column names; its body is the constant statement.
+    ("storage/routines.py", "CREATE FUNCTION {search_path(schema)}.{name_of(sql)}({args})"),
 }
 
 
