@@ -14,11 +14,11 @@ While the previous release may run on the schema (until `bus migrate
 reads and moves itself. On a caller's own connection (the outbox) the same
 statements run with the bus's tables named by schema (`in_schema`), one
 statement of the caller's transaction. On the Producer's own connections,
-whose session settings keep every plan by key (`PLANNED_SETTINGS`), a flush of
-several partitions moves the heads in its own statement (`APPEND_PLANNED`)
-rather than through
-the head functions of migration 029, which cost more than the statement that
-calls them; a head that does not move there sends the flush through them.
+whose session settings keep every plan by key (`PLANNED_SETTINGS`), a flush
+moves its heads in its own statement (`APPEND_PLANNED`, `APPEND_ONE_PLANNED`,
+`APPEND_SINGLE_PLANNED`) rather than through the head functions of migration
+029, which cost more than the statement that calls them; a head that does not
+move there sends the flush through them.
 """
 
 from __future__ import annotations
@@ -180,8 +180,7 @@ WITH moved AS (
     WHERE h.partition_id = c.pid
       AND h.generation = (SELECT max(x.generation) FROM log_heads x WHERE x.partition_id = c.pid)
       AND NOT h.closed
-      AND COALESCE((SELECT string_to_array(r.min_release, '.')::integer[] >= ARRAY[0, 2, 0]
-                    FROM bus_schema_release r), false)
+      AND NOT previous_release_may_run()
     RETURNING h.partition_id AS id, h.next_offset - c.n AS base, h.generation AS gen, h.closed AS closing, c.n,
               -- the head as this statement's snapshot shows it: moved by someone else since?
               h.appends IS DISTINCT FROM 1 + (SELECT s.appends FROM log_heads s
@@ -209,6 +208,60 @@ APPEND_PLANNED = (
 )
 SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
 FROM moved b CROSS JOIN ts
+"""
+)
+
+# APPEND_PLANNED for a flush of one partition (APPEND_ONE's parameters; for one
+# message, APPEND_SINGLE's): the newest head is read once, in the statement's
+# snapshot, and moved by its key. A head moved by someone else since that
+# snapshot (seen as more than this statement's one move since), a claimed
+# partition and a head this move closes call log_heads_moved, which wakes the
+# cursors and rotates the head. No row when the head did not move (a rotation
+# committed while the statement waited for it, the partition gone or without a
+# head, the previous release may run): nothing was written, and the flush is
+# written again with APPEND_ONE or APPEND_SINGLE, whose head functions tell
+# those apart.
+_MOVE_HEAD = """
+WITH snap AS MATERIALIZED (
+    SELECT x.generation, x.appends FROM log_heads x WHERE x.partition_id = $1 ORDER BY x.generation DESC LIMIT 1
+), moved AS (
+    UPDATE log_heads h
+    SET next_offset = h.next_offset + {n}, appends = h.appends + 1, closed = h.appends + 1 >= 64
+    FROM snap
+    WHERE h.partition_id = $1 AND h.generation = snap.generation AND NOT h.closed
+      AND NOT previous_release_may_run()
+    RETURNING h.next_offset - {n} AS base, h.generation AS gen, h.closed AS closing,
+              h.appends <> snap.appends + 1 OR (SELECT p.claimed FROM partitions p WHERE p.id = $1) AS wake
+), ts AS (
+    SELECT clock_timestamp() AS at
+), checked AS (
+    SELECT NOT (o.wake OR o.closing)
+           OR log_heads_moved(ARRAY[$1::bigint], 1, CASE WHEN o.closing THEN ARRAY[o.gen] END,
+                              CASE WHEN o.closing THEN ARRAY[$1::bigint] END,
+                              CASE WHEN o.closing THEN ARRAY[o.base + {n}] END) AS ok
+    FROM moved o
+)"""
+
+APPEND_ONE_PLANNED = (
+    _MOVE_HEAD.format(n="cardinality($4::bytea[])")
+    + """, m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT $1, o.base + u.i - 1, u.k, u.h::jsonb, u.p, ts.at
+    FROM moved o CROSS JOIN ts CROSS JOIN unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS u(k, h, p, i)
+    WHERE (SELECT ok FROM checked)
+)
+SELECT o.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved o CROSS JOIN ts
+"""
+)
+
+APPEND_SINGLE_PLANNED = (
+    _MOVE_HEAD.format(n="1")
+    + """, m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT $1, o.base, $2::text, $3::text::jsonb, $4::bytea, ts.at FROM moved o CROSS JOIN ts
+    WHERE (SELECT ok FROM checked)
+)
+SELECT o.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL) FROM moved o CROSS JOIN ts
 """
 )
 
@@ -444,8 +497,8 @@ async def _append(
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition.
 
     `planned`: `conn` is one connection with PLANNED_SETTINGS, outside a transaction; a batch of
-    several partitions of topics that are not queues is first written with APPEND_PLANNED (for
-    one partition the head functions cost no more than the statement that moves the head itself).
+    topics that are not queues is first written with APPEND_PLANNED (one partition:
+    APPEND_ONE_PLANNED or APPEND_SINGLE_PLANNED), which move the heads in the statement itself.
     """
     # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
     # asyncpg's array encoder checks every element.
@@ -455,9 +508,13 @@ async def _append(
     if not queue and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
         if len(partition_ids) == 1:
-            row = await conn.fetchrow(sql.single, pid, keys[0], headers[0], payloads[0], notify)
+            args1: list[object] = [pid, keys[0], headers[0], payloads[0], notify]
+            statements = (APPEND_SINGLE_PLANNED, sql.single)
         else:
-            row = await conn.fetchrow(sql.one, pid, keys_arg, headers_arg, payloads, notify)
+            args1 = [pid, keys_arg, headers_arg, payloads, notify]
+            statements = (APPEND_ONE_PLANNED, sql.one)
+        rows = await _planned_rows(conn, statements[0], args1) if planned else []
+        row = rows[0] if rows else await conn.fetchrow(statements[1], *args1)
         if row is None:  # the partition no longer exists
             return [None] * len(partition_ids)
         first, at = row[0], row[1]

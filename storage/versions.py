@@ -62,6 +62,8 @@ READ_RELEASE = "SELECT min_release, written_by FROM bus_schema_release"
 WRITE_RELEASE = """INSERT INTO bus_schema_release (min_release, written_by) VALUES ($1, $2)
     ON CONFLICT (one) DO UPDATE SET min_release = EXCLUDED.min_release, written_by = EXCLUDED.written_by,
         updated_at = now()"""
+# previous_release_may_run()'s constant answer brought in line with the release now written.
+SYNC_RELEASE = "SELECT previous_release_may_run_sync()"
 # Live group members whose library records no group protocol: release 0.1.0 (migration 018).
 LIVE_OLDER_MEMBERS = """SELECT group_name, member_id FROM members
     WHERE protocol IS NULL AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)"""

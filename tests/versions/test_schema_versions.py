@@ -18,6 +18,8 @@ from storage import db, routines, versions
 
 ROOT = Path(__file__).resolve().parents[2]
 
+MAY_RUN = "SELECT previous_release_may_run()"
+
 # The tests migrate their schemas themselves and check what the migrations did.
 pytestmark = pytest.mark.fresh_schema
 
@@ -113,6 +115,10 @@ async def test_a_schema_migrated_before_checksums_gains_them(
         files = {v: sql for v, _, sql in db.migrations()}
         assert [r["checksum"] for r in rows] == [versions.checksum(files[r["version"]]) for r in rows]
         assert (await conn.fetchrow(versions.READ_RELEASE))["min_release"] == versions.MIN_COMPATIBLE_RELEASE
+        # The release table made again without its trigger: the migrator still answers for it.
+        assert await conn.fetchval(MAY_RUN) is True
+        await conn.execute(versions.WRITE_RELEASE, versions.LIBRARY_RELEASE, versions.LIBRARY_RELEASE)
+        assert await conn.fetchval(MAY_RUN) is False  # the trigger is back
     finally:
         await conn.close()
 
@@ -164,6 +170,8 @@ async def test_finalize_ends_a_rolling_deploy_and_waits_for_the_older_members_to
     try:
         await db.migrate(conn, schema)
         await conn.execute(versions.WRITE_RELEASE, versions.MIN_COMPATIBLE_RELEASE, "0.1.0")  # made by 0.1.0
+        # A constant of the schema, written again with the release (migration 036).
+        assert await conn.fetchval(MAY_RUN) is True
         await conn.execute("INSERT INTO groups (name, start_mode) VALUES ('g', 'earliest')")
         # A live member of release 0.1.0: it records no group protocol.
         await conn.execute(
@@ -190,6 +198,11 @@ async def test_finalize_ends_a_rolling_deploy_and_waits_for_the_older_members_to
         assert sorted(r[0] for r in left) == sorted(routines.name_of(sql) for sql in routines.registered())
         assert f"minimum release {versions.LIBRARY_RELEASE}" in done.stdout
         assert await db.finalize(conn, schema) == versions.LIBRARY_RELEASE  # again: nothing changes
+        assert await conn.fetchval(MAY_RUN) is False
+        volatility = (
+            "SELECT provolatile::text FROM pg_proc WHERE oid = 'previous_release_may_run()'::regprocedure"
+        )
+        assert await conn.fetchval(volatility) == "i"  # folded into the plans that call it
         # The previous release now refuses to start on the schema.
         with pytest.raises(bus.errors.SchemaVersionError):
             versions.check_library(

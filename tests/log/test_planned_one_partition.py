@@ -1,0 +1,149 @@
+"""A Producer's flush of one partition moves the head in its own statement (APPEND_ONE_PLANNED, APPEND_SINGLE_PLANNED).
+
+The newest head is read in the statement's snapshot and moved by its key. A head that does not move
+(a rotation committed while the statement waited for it) leaves nothing written and the flush goes
+through the head functions; a head someone else moved since the snapshot, or a claimed partition,
+wakes the partition's caught-up claim cursors. Offsets stay dense and visible in order (invariant 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+import bus
+from storage import db
+from storage import messages as log_sql
+
+HEADS = "SELECT generation, next_offset, appends FROM log_heads WHERE partition_id = $1 ORDER BY generation"
+PID = "SELECT id FROM partitions WHERE topic = $1 ORDER BY id"
+STORED = 'SELECT "offset" FROM messages WHERE partition_id = $1 ORDER BY 1'
+PENDING = "SELECT pending_since IS NOT NULL FROM offsets WHERE partition_id = $1 AND group_name = $2"
+
+
+async def planned_connection(dsn: str, schema: str) -> asyncpg.Connection:
+    return await db.connect(dsn, schema, settings=log_sql.PLANNED_SETTINGS)
+
+
+def flush(pid: int, payloads: list[bytes]) -> log_sql.Batch:
+    n = len(payloads)
+    return log_sql.Batch.of([pid] * n, ["0"] * n, [None] * n, [None] * n, payloads)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+async def test_a_planned_flush_of_one_partition_that_waited_for_a_rotation_lands_at_the_next_offsets(
+    dsn: str, schema: str, b: bus.Bus, size: int
+) -> None:
+    await b.create_topic("t", partitions=1)
+    (pid,) = [r["id"] for r in await b.pool.fetch(PID, "t")]
+    for _ in range(63):
+        await b.publish("t", b"x")
+    rotating, waiting = await db.connect(dsn, schema), await planned_connection(dsn, schema)
+    try:
+        tx = rotating.transaction()
+        await tx.start()
+        # The 64th publish closes generation 0 and inserts generation 1, uncommitted for now.
+        assert await rotating.fetchval(log_sql.APPEND_SINGLE, pid, None, None, b"64th", None) == 63
+        behind = asyncio.create_task(log_sql.append(waiting, flush(pid, [b"next"] * size), planned=True))
+        await asyncio.sleep(0.2)
+        assert not behind.done()  # it waits on the head row the rotation holds
+        await tx.commit()
+        placed = await asyncio.wait_for(behind, 5)
+        assert [p[:2] for p in placed if p is not None] == [(pid, 64 + i) for i in range(size)]
+    finally:
+        await rotating.close()
+        await waiting.close()
+    assert [tuple(r) for r in await b.pool.fetch(HEADS, pid)] == [(0, 64, 64), (1, 64 + size, 1)]
+    assert [r["offset"] for r in await b.pool.fetch(STORED, pid)] == list(range(64 + size))
+
+
+@pytest.mark.parametrize("size", [1, 3])
+async def test_a_planned_flush_of_one_partition_rotates_the_head_it_closes(
+    dsn: str, schema: str, b: bus.Bus, size: int
+) -> None:
+    await b.create_topic("t", partitions=1)
+    (pid,) = [r["id"] for r in await b.pool.fetch(PID, "t")]
+    conn = await planned_connection(dsn, schema)
+    try:
+        for _ in range(130):  # two rotations
+            assert None not in await log_sql.append(conn, flush(pid, [b"x"] * size), planned=True)
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in await b.pool.fetch(HEADS, pid)] == [(1, 128 * size, 64), (2, 130 * size, 2)]
+    assert [r["offset"] for r in await b.pool.fetch(STORED, pid)] == list(range(130 * size))
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["planned", "head-function"])
+async def test_a_single_publish_that_waited_for_a_claims_first_cursors_wakes_them(
+    dsn: str, schema: str, b: bus.Bus, planned: bool
+) -> None:
+    await b.create_topic("t", partitions=1)
+    (pid,) = [r["id"] for r in await b.pool.fetch(PID, "t")]
+    await b.publish("t", b"0")
+    claim = await b.claim("billing", topic="t", worker_id="w1")
+    assert claim is not None
+    await claim.ack()
+    assert await b.pool.fetchval(PENDING, pid, "billing") is False
+    # As before the group's first claim: the partition not claimed, its cursor caught up.
+    await b.pool.execute("UPDATE partitions SET claimed = false WHERE id = $1", pid)
+    claiming = await db.connect(dsn, schema)
+    publisher = await (planned_connection(dsn, schema) if planned else db.connect(dsn, schema))
+    try:
+        tx = claiming.transaction()
+        await tx.start()
+        # The creation of the first cursors: the head held (moved by no offset), the partition claimed.
+        await claiming.execute("SELECT log_head_hold($1)", pid)
+        await claiming.execute("UPDATE partitions SET claimed = true WHERE id = $1", pid)
+        # The publish's snapshot shows the partition not claimed; it waits for the head.
+        behind = asyncio.create_task(log_sql.append(publisher, flush(pid, [b"1"]), planned=planned))
+        await asyncio.sleep(0.2)
+        assert not behind.done()
+        await tx.commit()
+        placed = await asyncio.wait_for(behind, 5)
+        assert [p[:2] for p in placed if p is not None] == [(pid, 1)]
+    finally:
+        await claiming.close()
+        await publisher.close()
+    # It saw the head moved since its snapshot and read the claim again: the cursor is woken.
+    assert await b.pool.fetchval(PENDING, pid, "billing") is True
+
+
+async def test_a_planned_single_publish_wakes_the_caught_up_cursor_of_a_claimed_partition(
+    dsn: str, schema: str, b: bus.Bus
+) -> None:
+    await b.create_topic("t", partitions=1)
+    (pid,) = [r["id"] for r in await b.pool.fetch(PID, "t")]
+    await b.publish("t", b"0")
+    claim = await b.claim("billing", topic="t", worker_id="w1")
+    assert claim is not None
+    await claim.ack()
+    assert await b.pool.fetchval(PENDING, pid, "billing") is False
+    conn = await planned_connection(dsn, schema)
+    try:
+        await log_sql.append(conn, flush(pid, [b"1"]), planned=True)
+    finally:
+        await conn.close()
+    assert await b.pool.fetchval(PENDING, pid, "billing") is True
+
+
+@pytest.mark.parametrize("statement", ["APPEND_SINGLE_PLANNED", "APPEND_ONE_PLANNED"])
+async def test_the_planned_one_partition_statements_move_the_head_by_key_on_a_small_analyzed_heads_table(
+    dsn: str, schema: str, b: bus.Bus, statement: str
+) -> None:
+    await b.create_topic("t", partitions=4)
+    await b.publish_many("t", [bus.Outgoing(b"x", partition=str(i % 4)) for i in range(8)])
+    await b.pool.execute("ANALYZE log_heads")  # one page: a planner left alone scans it whole
+    (pid, *_) = [r["id"] for r in await b.pool.fetch(PID, "t")]
+    args: list[object] = [pid, None, None, b"x", None]
+    if statement == "APPEND_ONE_PLANNED":
+        args = [pid, None, None, [b"x", b"y"], None]
+    conn = await planned_connection(dsn, schema)
+    try:
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + getattr(log_sql, statement), *args))
+    finally:
+        await conn.close()
+    assert "Seq Scan on log_heads" not in plan, plan
+    assert "Index Scan using log_heads_pkey on log_heads h" in plan, plan
+    assert "log_heads_pkey on log_heads x" in plan, plan
