@@ -32,6 +32,18 @@ def flush(pid: int, payloads: list[bytes]) -> log_sql.Batch:
     return log_sql.Batch.of([pid] * n, ["0"] * n, [None] * n, [None] * n, payloads)
 
 
+async def caught_up_claimed_partition(b: bus.Bus) -> int:
+    """A one-partition topic whose group "billing" claimed and acked all there is: its cursor not pending."""
+    await b.create_topic("t", partitions=1)
+    (pid,) = [r["id"] for r in await b.pool.fetch(PID, "t")]
+    await b.publish("t", b"0")
+    claim = await b.claim("billing", topic="t", worker_id="w1")
+    assert claim is not None
+    await claim.ack()
+    assert await b.pool.fetchval(PENDING, pid, "billing") is False
+    return int(pid)
+
+
 @pytest.mark.parametrize("size", [1, 3])
 async def test_a_planned_flush_of_one_partition_that_waited_for_a_rotation_lands_at_the_next_offsets(
     dsn: str, schema: str, b: bus.Bus, size: int
@@ -79,13 +91,7 @@ async def test_a_planned_flush_of_one_partition_rotates_the_head_it_closes(
 async def test_a_single_publish_that_waited_for_a_claims_first_cursors_wakes_them(
     dsn: str, schema: str, b: bus.Bus, planned: bool
 ) -> None:
-    await b.create_topic("t", partitions=1)
-    (pid,) = [r["id"] for r in await b.pool.fetch(PID, "t")]
-    await b.publish("t", b"0")
-    claim = await b.claim("billing", topic="t", worker_id="w1")
-    assert claim is not None
-    await claim.ack()
-    assert await b.pool.fetchval(PENDING, pid, "billing") is False
+    pid = await caught_up_claimed_partition(b)
     # As before the group's first claim: the partition not claimed, its cursor caught up.
     await b.pool.execute("UPDATE partitions SET claimed = false WHERE id = $1", pid)
     claiming = await db.connect(dsn, schema)
@@ -113,13 +119,7 @@ async def test_a_single_publish_that_waited_for_a_claims_first_cursors_wakes_the
 async def test_a_planned_single_publish_wakes_the_caught_up_cursor_of_a_claimed_partition(
     dsn: str, schema: str, b: bus.Bus
 ) -> None:
-    await b.create_topic("t", partitions=1)
-    (pid,) = [r["id"] for r in await b.pool.fetch(PID, "t")]
-    await b.publish("t", b"0")
-    claim = await b.claim("billing", topic="t", worker_id="w1")
-    assert claim is not None
-    await claim.ack()
-    assert await b.pool.fetchval(PENDING, pid, "billing") is False
+    pid = await caught_up_claimed_partition(b)
     conn = await planned_connection(dsn, schema)
     try:
         await log_sql.append(conn, flush(pid, [b"1"]), planned=True)
