@@ -155,11 +155,11 @@ FROM bumped b CROSS JOIN ts
 
 
 # On the Producer's own connections (`PLANNED_SETTINGS`): the head's move in the
-# statement itself, no function around it. One UPDATE moves the newest head of
-# every partition of the flush (in id order: a nested loop over $6, the only
-# join those settings leave) and closes one that takes its 64th move, which
-# log_heads_moved then rotates (the next generation inserted, the one before
-# deleted), as log_take_offsets_many does (migration 029). The statement itself
+# statement itself, no function around it. Each partition's newest head is read
+# once (`snap`), and one UPDATE moves them by key (in id order: a nested loop
+# over $6, the only join those settings leave) and closes one that takes its
+# 64th move, which log_heads_moved then rotates (the next generation inserted,
+# the one before deleted), as log_take_offsets_many does (migration 029). The statement itself
 # writes nothing but the head and the log, so that it starts as quickly as the
 # UPDATE and INSERT it is. A head that does not move here
 # (a rotation committed while the statement waited for it, a partition gone or
@@ -173,19 +173,21 @@ FROM bumped b CROSS JOIN ts
 # cursors move it before they are made: a statement that waited for them, or
 # began before they committed, sees it moved). Parameters as APPEND's.
 _MOVE_HEADS = """
-WITH moved AS (
+WITH snap AS MATERIALIZED (
+    -- each partition's newest head as this statement's snapshot shows it, in the flush's id order
+    SELECT c.pid, c.n, s.generation, s.appends
+    FROM unnest({pids}, {counts}) AS c(pid, n)
+    CROSS JOIN LATERAL (SELECT x.generation, x.appends FROM log_heads x WHERE x.partition_id = c.pid
+                        ORDER BY x.generation DESC LIMIT 1) AS s
+), moved AS (
     UPDATE log_heads h
     SET next_offset = h.next_offset + c.n, appends = h.appends + 1, closed = h.appends + 1 >= 64
-    FROM unnest({pids}, {counts}) AS c(pid, n)
-    WHERE h.partition_id = c.pid
-      AND h.generation = (SELECT max(x.generation) FROM log_heads x WHERE x.partition_id = c.pid)
-      AND NOT h.closed
+    FROM snap c
+    WHERE h.partition_id = c.pid AND h.generation = c.generation AND NOT h.closed
       AND NOT previous_release_may_run()
     RETURNING h.partition_id AS id, h.next_offset - c.n AS base, h.generation AS gen, h.closed AS closing, c.n,
-              -- the head as this statement's snapshot shows it: moved by someone else since?
-              h.appends IS DISTINCT FROM 1 + (SELECT s.appends FROM log_heads s
-                                              WHERE s.partition_id = h.partition_id AND s.generation = h.generation)
-              OR (SELECT p.claimed FROM partitions p WHERE p.id = h.partition_id) AS wake
+              -- moved by someone else since the snapshot, or claimed in it
+              h.appends <> c.appends + 1 OR (SELECT p.claimed FROM partitions p WHERE p.id = h.partition_id) AS wake
 ), checked AS (
     SELECT CASE WHEN count(*) = {expected} AND NOT bool_or(o.wake OR o.closing) THEN true
                 ELSE log_heads_moved(array_agg(o.id ORDER BY o.id), {expected},

@@ -1,4 +1,4 @@
-"""A Producer's flush of one partition moves the head in its own statement (APPEND_ONE_PLANNED, APPEND_SINGLE_PLANNED).
+"""A Producer's flush moves its heads in its own statement (APPEND_ONE_PLANNED, APPEND_SINGLE_PLANNED, APPEND_PLANNED).
 
 The newest head is read in the statement's snapshot and moved by its key. A head that does not move
 (a rotation committed while the statement waited for it) leaves nothing written and the flush goes
@@ -87,11 +87,20 @@ async def test_a_planned_flush_of_one_partition_rotates_the_head_it_closes(
     assert [r["offset"] for r in await b.pool.fetch(STORED, pid)] == list(range(130 * size))
 
 
-@pytest.mark.parametrize("planned", [True, False], ids=["planned", "head-function"])
-async def test_a_single_publish_that_waited_for_a_claims_first_cursors_wakes_them(
-    dsn: str, schema: str, b: bus.Bus, planned: bool
+@pytest.mark.parametrize(
+    ("planned", "partitions"),
+    [(True, 1), (False, 1), (True, 2)],
+    ids=["planned", "head-function", "planned-two-partitions"],
+)
+async def test_a_publish_that_waited_for_a_claims_first_cursors_wakes_them(
+    dsn: str, schema: str, b: bus.Bus, planned: bool, partitions: int
 ) -> None:
     pid = await caught_up_claimed_partition(b)
+    await b.create_topic("u", partitions=1)
+    (other,) = [r["id"] for r in await b.pool.fetch(PID, "u")]
+    batch = flush(pid, [b"1"])
+    if partitions == 2:  # a flush of two partitions (APPEND_PLANNED)
+        batch = log_sql.Batch.of([pid, other], ["0", "0"], [None] * 2, [None] * 2, [b"1", b"u"])
     # As before the group's first claim: the partition not claimed, its cursor caught up.
     await b.pool.execute("UPDATE partitions SET claimed = false WHERE id = $1", pid)
     claiming = await db.connect(dsn, schema)
@@ -103,12 +112,12 @@ async def test_a_single_publish_that_waited_for_a_claims_first_cursors_wakes_the
         await claiming.execute("SELECT log_head_hold($1)", pid)
         await claiming.execute("UPDATE partitions SET claimed = true WHERE id = $1", pid)
         # The publish's snapshot shows the partition not claimed; it waits for the head.
-        behind = asyncio.create_task(log_sql.append(publisher, flush(pid, [b"1"]), planned=planned))
+        behind = asyncio.create_task(log_sql.append(publisher, batch, planned=planned))
         await asyncio.sleep(0.2)
         assert not behind.done()
         await tx.commit()
         placed = await asyncio.wait_for(behind, 5)
-        assert [p[:2] for p in placed if p is not None] == [(pid, 1)]
+        assert [p[:2] for p in placed if p is not None] == [(pid, 1), (other, 0)][:partitions]
     finally:
         await claiming.close()
         await publisher.close()
