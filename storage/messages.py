@@ -213,6 +213,30 @@ FROM moved b CROSS JOIN ts
 """
 )
 
+# APPEND_PLANNED for inputs that include queue topics (APPEND_QUEUE's
+# parameters, no delays or priorities): a message of a queue topic also gets its
+# job row, as APPEND_QUEUE writes it.
+APPEND_QUEUE_PLANNED = (
+    _MOVE_HEADS.format(pids="$6::bigint[]", counts="$7::bigint[]", expected="cardinality($6::bigint[])")
+    + """, rows AS (
+    SELECT u.pid, b.base + u.i AS off, u.k, u.h, u.p, p.topic, t.semantics = 'queue' AS queued, u.ord
+    FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[])
+         WITH ORDINALITY AS u(pid, k, h, p, i, ord)
+    JOIN moved b ON b.id = u.pid JOIN partitions p ON p.id = u.pid JOIN topics t ON t.name = p.topic
+    WHERE (SELECT ok FROM checked)
+), m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT r.pid, r.off, r.k, r.h::jsonb, r.p, ts.at FROM rows r CROSS JOIN ts
+), j AS (
+    -- in input order: a job is visible from its insert, and due jobs go in visible_at order
+    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
+    SELECT pid, off, topic, k FROM rows WHERE queued ORDER BY ord
+)
+SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
+FROM moved b CROSS JOIN ts
+"""
+)
+
 # APPEND_PLANNED for a flush of one partition (APPEND_ONE's parameters; for one
 # message, APPEND_SINGLE's): the newest head is read once, in the statement's
 # snapshot, and moved by its key. A head moved by someone else since that
@@ -498,15 +522,16 @@ async def _append(
 ) -> list[Placed | None]:
     """Run APPEND(_QUEUE) and place every input message: offsets follow input order within a partition.
 
-    `planned`: `conn` is one connection with PLANNED_SETTINGS, outside a transaction; a batch of
-    topics that are not queues is first written with APPEND_PLANNED (one partition:
-    APPEND_ONE_PLANNED or APPEND_SINGLE_PLANNED), which move the heads in the statement itself.
+    `planned`: `conn` is one connection with PLANNED_SETTINGS, outside a transaction; a batch
+    without delays or priorities is first written with APPEND_PLANNED (one partition of a topic
+    that is not a queue: APPEND_ONE_PLANNED or APPEND_SINGLE_PLANNED; queues: APPEND_QUEUE_PLANNED),
+    which move the heads in the statement itself.
     """
     # A list of nothing but None goes as NULL: unnest pads it with NULLs all the same, and
     # asyncpg's array encoder checks every element.
     keys_arg = None if keys.count(None) == len(keys) else keys
     headers_arg = None if headers.count(None) == len(headers) else headers
-    planned = planned and not queue and timing is None
+    planned = planned and timing is None
     if not queue and partition_ids and partition_ids.count(partition_ids[0]) == len(partition_ids):
         pid = partition_ids[0]
         if len(partition_ids) == 1:
@@ -539,7 +564,9 @@ async def _append(
     if timing is not None:
         statement = sql.queue_timed
         args += [timing.delays, timing.times, timing.priorities]
-    rows = await _planned_rows(conn, APPEND_PLANNED, args) if planned else []
+    rows = (
+        await _planned_rows(conn, APPEND_QUEUE_PLANNED if queue else APPEND_PLANNED, args) if planned else []
+    )
     if not rows:
         rows = await conn.fetch(statement, *args)
     base = {r[0]: r[1] for r in rows}

@@ -156,3 +156,56 @@ async def test_the_planned_one_partition_statements_move_the_head_by_key_on_a_sm
     assert "Seq Scan on log_heads" not in plan, plan
     assert "Index Scan using log_heads_pkey on log_heads h" in plan, plan
     assert "log_heads_pkey on log_heads x" in plan, plan
+
+
+async def test_a_planned_queue_flush_that_waited_for_a_rotation_writes_its_jobs_at_the_next_offsets(
+    dsn: str, schema: str, b: bus.Bus
+) -> None:
+    await b.create_topic("q", partitions=1, semantics="queue")
+    await b.create_topic("t", partitions=1)
+    (pid,) = [r["id"] for r in await b.pool.fetch(PID, "q")]
+    (other,) = [r["id"] for r in await b.pool.fetch(PID, "t")]
+    for _ in range(63):
+        await b.publish("q", b"x")
+    rotating, waiting = await db.connect(dsn, schema), await planned_connection(dsn, schema)
+    # Two jobs and a message of a pubsub topic: only the queue's messages get job rows.
+    batch = log_sql.Batch.of(
+        [pid, other, pid], ["0", "0", "0"], ["k1", None, "k2"], [None] * 3, [b"j1", b"m", b"j2"], queue=True
+    )
+    try:
+        tx = rotating.transaction()
+        await tx.start()
+        assert await rotating.fetchval(log_sql.APPEND_SINGLE, pid, None, None, b"64th", None) == 63
+        behind = asyncio.create_task(log_sql.append(waiting, batch, planned=True))
+        await asyncio.sleep(0.2)
+        assert not behind.done()
+        await tx.commit()
+        placed = await asyncio.wait_for(behind, 5)
+        assert [p[:2] for p in placed if p is not None] == [(pid, 64), (other, 0), (pid, 65)]
+    finally:
+        await rotating.close()
+        await waiting.close()
+    # (the 64th message was written without its job, by the statement for topics that are not queues)
+    jobs = 'SELECT "offset", key FROM queue_jobs WHERE partition_id = $1 AND "offset" >= 63 ORDER BY 1'
+    assert [tuple(r) for r in await b.pool.fetch(jobs, pid)] == [(64, "k1"), (65, "k2")]
+    assert await b.pool.fetchval("SELECT count(*) FROM queue_jobs WHERE partition_id = $1", other) == 0
+    async with b.queue_consumer("q") as q:
+        got = await q.take(max_messages=100, timeout=0)
+    assert len(got) == 65 and [m.payload for m in got[-2:]] == [b"j1", b"j2"]
+
+
+async def test_the_planned_queue_statement_moves_the_heads_by_key_on_a_small_analyzed_heads_table(
+    dsn: str, schema: str, b: bus.Bus
+) -> None:
+    await b.create_topic("q", partitions=4, semantics="queue")
+    await b.publish_many("q", [bus.Outgoing(b"x", partition=str(i % 4)) for i in range(8)])
+    await b.pool.execute("ANALYZE log_heads")
+    first, second, *_ = [r["id"] for r in await b.pool.fetch(PID, "q")]
+    args = [f"{{{first},{second}}}", None, None, [b"x", b"y"], "{0,0}", [first, second], [1, 1], None]
+    conn = await planned_connection(dsn, schema)
+    try:
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + log_sql.APPEND_QUEUE_PLANNED, *args))
+    finally:
+        await conn.close()
+    assert "Seq Scan on log_heads" not in plan, plan
+    assert "Index Scan using log_heads_pkey on log_heads h" in plan, plan
