@@ -97,6 +97,20 @@ SELECT p.base, ts.at, (SELECT pg_notify($5, $1::text) WHERE $5::text IS NOT NULL
 
 # APPEND for inputs that include queue topics: a message of a
 # `semantics='queue'` topic also gets its job row, in the same statement.
+# The end of APPEND_QUEUE and APPEND_QUEUE_PLANNED: `rows` (one per message, `queued`
+# for a queue topic's) written to the log and the queue, one answer per head in {heads}.
+_WRITE_ROWS_AND_JOBS = """, m AS (
+    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
+    SELECT r.pid, r.off, r.k, r.h::jsonb, r.p, ts.at FROM rows r CROSS JOIN ts
+), j AS (
+    -- in input order: a job is visible from its insert, and due jobs go in visible_at order
+    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
+    SELECT pid, off, topic, k FROM rows WHERE queued ORDER BY ord
+)
+SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
+FROM {heads} b CROSS JOIN ts
+"""
+
 APPEND_QUEUE = """
 WITH bumped AS (
     SELECT t.id, t.base, t.topic FROM log_take_offsets_many($6::bigint[], $7::bigint[]) AS t
@@ -107,17 +121,7 @@ WITH bumped AS (
     FROM unnest($1::text::bigint[], $2::text[], $3::text[], $4::bytea[], $5::text::int[])
          WITH ORDINALITY AS u(pid, k, h, p, i, ord)
     JOIN bumped b ON b.id = u.pid JOIN topics t ON t.name = b.topic
-), m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
-    SELECT r.pid, r.off, r.k, r.h::jsonb, r.p, ts.at FROM rows r CROSS JOIN ts
-), j AS (
-    -- in input order: a job is visible from its insert, and due jobs go in visible_at order
-    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
-    SELECT pid, off, topic, k FROM rows WHERE queued ORDER BY ord
-)
-SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
-FROM bumped b CROSS JOIN ts
-"""
+)""" + _WRITE_ROWS_AND_JOBS.format(heads="bumped")
 
 # APPEND_QUEUE for inputs with delayed or prioritized queue messages. $9..$11
 # (one element per message, NULL for a plain one): a delay in seconds, a
@@ -224,17 +228,8 @@ APPEND_QUEUE_PLANNED = (
          WITH ORDINALITY AS u(pid, k, h, p, i, ord)
     JOIN moved b ON b.id = u.pid JOIN partitions p ON p.id = u.pid JOIN topics t ON t.name = p.topic
     WHERE (SELECT ok FROM checked)
-), m AS (
-    INSERT INTO messages (partition_id, "offset", key, headers, payload, created_at)
-    SELECT r.pid, r.off, r.k, r.h::jsonb, r.p, ts.at FROM rows r CROSS JOIN ts
-), j AS (
-    -- in input order: a job is visible from its insert, and due jobs go in visible_at order
-    INSERT INTO queue_jobs (partition_id, "offset", topic, key)
-    SELECT pid, off, topic, k FROM rows WHERE queued ORDER BY ord
-)
-SELECT b.id, b.base, ts.at, (SELECT pg_notify($8, b.id::text) WHERE $8::text IS NOT NULL)
-FROM moved b CROSS JOIN ts
-"""
+)"""
+    + _WRITE_ROWS_AND_JOBS.format(heads="moved")
 )
 
 # APPEND_PLANNED for a flush of one partition (APPEND_ONE's parameters; for one
