@@ -152,8 +152,7 @@ async def _raise_min_release(conn: asyncpg.Connection, floor: str) -> str:
         await conn.execute(versions.WRITE_RELEASE, wanted, versions.LIBRARY_RELEASE)
     # The release table's trigger does this on every write; a table made again without it
     # (by hand, or a restore without triggers) is given it back here (migration 036).
-    if await conn.fetchval(versions.SYNC_EXISTS):
-        await conn.execute(versions.SYNC_RELEASE)
+    await conn.execute(versions.SYNC_RELEASE)
     return wanted
 
 

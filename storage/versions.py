@@ -62,10 +62,14 @@ READ_RELEASE = "SELECT min_release, written_by FROM bus_schema_release"
 WRITE_RELEASE = """INSERT INTO bus_schema_release (min_release, written_by) VALUES ($1, $2)
     ON CONFLICT (one) DO UPDATE SET min_release = EXCLUDED.min_release, written_by = EXCLUDED.written_by,
         updated_at = now()"""
-# previous_release_may_run()'s constant answer brought in line with the release now written.
-# (Only where migration 036 made it: a schema migrated part of the way has the table alone.)
-SYNC_RELEASE = "SELECT previous_release_may_run_sync()"
-SYNC_EXISTS = "SELECT to_regprocedure('previous_release_may_run_sync()') IS NOT NULL"
+# previous_release_may_run()'s constant answer brought in line with the release now written, in
+# one round trip. Only where migration 036 made the function: a schema migrated part of the way
+# has the release table alone.
+SYNC_RELEASE = """DO $$ BEGIN
+    IF to_regprocedure('previous_release_may_run_sync()') IS NOT NULL THEN
+        PERFORM previous_release_may_run_sync();
+    END IF;
+END $$"""
 # Live group members whose library records no group protocol: release 0.1.0 (migration 018).
 LIVE_OLDER_MEMBERS = """SELECT group_name, member_id FROM members
     WHERE protocol IS NULL AND last_heartbeat > clock_timestamp() - make_interval(secs => session_timeout)"""

@@ -4,12 +4,15 @@ log starts, a Bus on a schema of its own."""
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 import bus
 from bus.testing import eventually
@@ -77,3 +80,24 @@ async def bus_of_its_own(
             await drop_schema(conn, schema)
         finally:
             await conn.close()
+
+
+@contextmanager
+def stock_server(directory: Path) -> Iterator[str]:
+    """Debian's PostgreSQL 15 with its defaults (JIT on), started in `directory`: its DSN.
+
+    Without that server a test is skipped, or fails on CI, which installs it (scripts/ensure-pg15.sh).
+    """
+    from benchmarks import stockpg  # the script that starts it, part of the checkout
+
+    if not stockpg.available():
+        message = "needs Debian's PostgreSQL 15 (scripts/ensure-pg15.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    server = stockpg.StockServer(directory)
+    dsn = server.start()
+    try:
+        yield dsn
+    finally:
+        server.stop()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -13,6 +11,7 @@ import pytest
 import bus
 from benchmarks import stockpg
 from storage import queues, routines
+from tests.helpers import stock_server
 from tests.pooler.conftest import _bouncer
 
 _CALLS = (
@@ -23,19 +22,10 @@ _CALLS = (
 @pytest.fixture(scope="module")
 def stock_dsns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """Debian's PostgreSQL 15 (defaults kept: JIT on): the server, and a database through PgBouncer in transaction mode."""
-    if not stockpg.available():
-        message = "needs Debian's PostgreSQL 15 (scripts/ensure-pg15.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    server = stockpg.StockServer(Path(tmp_path_factory.mktemp("stockpg")))
-    dsn = server.start()
-    try:
+    with stock_server(tmp_path_factory.mktemp("stockpg")) as dsn:
         asyncio.run(stockpg.prepare_databases(dsn))
         for pooled in _bouncer(stockpg.database_dsn(dsn, stockpg.DEFAULT_DB), "transaction"):
             yield dsn, pooled
-    finally:
-        server.stop()
 
 
 async def test_takes_through_the_pooler_on_a_stock_server_compile_nothing(

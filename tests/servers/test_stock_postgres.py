@@ -8,9 +8,7 @@ server compiled for every statement the bus ran, nested ones included.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 import msgspec
@@ -18,21 +16,13 @@ import pytest
 
 import bus
 from benchmarks import stockpg
+from tests.helpers import stock_server
 
 
 @pytest.fixture(scope="module")
 def stock_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not stockpg.available():
-        message = "needs Debian's PostgreSQL 15 (scripts/ensure-pg15.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    server = stockpg.StockServer(Path(tmp_path_factory.mktemp("stockpg")))
-    dsn = server.start()
-    try:
+    with stock_server(tmp_path_factory.mktemp("stockpg")) as dsn:
         yield dsn
-    finally:
-        server.stop()
 
 
 class Order(msgspec.Struct):
