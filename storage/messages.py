@@ -172,10 +172,11 @@ FROM bumped b CROSS JOIN ts
 # the answer, asks for the check first): nothing is written, and the flush is
 # written again with APPEND. log_heads_moved also wakes the claimed partitions' cursors (migration
 # 035), reading the claims with a snapshot of its own; it is called only when
-# some head did not move, or one moved is claimed in this statement's snapshot,
-# or was moved by someone else since that snapshot was taken (a claim's first
-# cursors move it before they are made: a statement that waited for them, or
-# began before they committed, sees it moved). Parameters as APPEND's.
+# some head did not move, or one moved is claimed (the flag the head itself
+# carries, read from the version the statement wrote: migration 037), or was
+# moved by someone else since the statement's snapshot was taken (a claim's
+# first cursors move it before they are made: a statement that waited for
+# them, or began before they committed, sees it moved). Parameters as APPEND's.
 _MOVE_HEADS = """
 WITH snap AS MATERIALIZED (
     -- each partition's newest head as this statement's snapshot shows it, in the flush's id order
@@ -190,8 +191,8 @@ WITH snap AS MATERIALIZED (
     WHERE h.partition_id = c.pid AND h.generation = c.generation AND NOT h.closed
       AND NOT previous_release_may_run()
     RETURNING h.partition_id AS id, h.next_offset - c.n AS base, h.generation AS gen, h.closed AS closing, c.n,
-              -- moved by someone else since the snapshot, or claimed in it
-              h.appends <> c.appends + 1 OR (SELECT p.claimed FROM partitions p WHERE p.id = h.partition_id) AS wake
+              -- moved by someone else since the snapshot, or claimed (the head's flag, migration 037)
+              h.appends <> c.appends + 1 OR h.claimed AS wake
 ), checked AS (
     SELECT CASE WHEN count(*) = {expected} AND NOT bool_or(o.wake OR o.closing) THEN true
                 ELSE log_heads_moved(array_agg(o.id ORDER BY o.id), {expected},
@@ -236,7 +237,7 @@ APPEND_QUEUE_PLANNED = (
 # message, APPEND_SINGLE's): the newest head is read once, in the statement's
 # snapshot, and moved by its key. A head moved by someone else since that
 # snapshot (seen as more than this statement's one move since), a claimed
-# partition and a head this move closes call log_heads_moved, which wakes the
+# partition (the head's own flag) and a head this move closes call log_heads_moved, which wakes the
 # cursors and rotates the head. No row when the head did not move (a rotation
 # committed while the statement waited for it, the partition gone or without a
 # head, the previous release may run): nothing was written, and the flush is
@@ -252,7 +253,7 @@ WITH snap AS MATERIALIZED (
     WHERE h.partition_id = $1 AND h.generation = snap.generation AND NOT h.closed
       AND NOT previous_release_may_run()
     RETURNING h.next_offset - {n} AS base, h.generation AS gen, h.closed AS closing,
-              h.appends <> snap.appends + 1 OR (SELECT p.claimed FROM partitions p WHERE p.id = $1) AS wake
+              h.appends <> snap.appends + 1 OR h.claimed AS wake
 ), ts AS (
     SELECT clock_timestamp() AS at
 ), checked AS (

@@ -101,8 +101,9 @@ async def test_a_publish_that_waited_for_a_claims_first_cursors_wakes_them(
     batch = flush(pid, [b"1"])
     if partitions == 2:  # a flush of two partitions (APPEND_PLANNED)
         batch = log_sql.Batch.of([pid, other], ["0", "0"], [None] * 2, [None] * 2, [b"1", b"u"])
-    # As before the group's first claim: the partition not claimed, its cursor caught up.
+    # As before the group's first claim: the partition (and its head) not claimed, its cursor caught up.
     await b.pool.execute("UPDATE partitions SET claimed = false WHERE id = $1", pid)
+    await b.pool.execute("UPDATE log_heads SET claimed = false WHERE partition_id = $1", pid)
     claiming = await db.connect(dsn, schema)
     publisher = await (planned_connection(dsn, schema) if planned else db.connect(dsn, schema))
     try:
@@ -135,6 +136,50 @@ async def test_a_planned_single_publish_wakes_the_caught_up_cursor_of_a_claimed_
     finally:
         await conn.close()
     assert await b.pool.fetchval(PENDING, pid, "billing") is True
+
+
+async def test_the_heads_of_a_claimed_partition_carry_its_claim_across_rotations(
+    dsn: str, schema: str, b: bus.Bus
+) -> None:
+    pid = await caught_up_claimed_partition(b)
+    assert await b.pool.fetchval("SELECT bool_and(claimed) FROM log_heads WHERE partition_id = $1", pid)
+    conn = await planned_connection(dsn, schema)
+    try:
+        for i in range(130):  # two rotations: generations 1 and 2 are inserted by the flushes
+            await log_sql.append(conn, flush(pid, [b"%d" % i]), planned=True)
+        heads = await b.pool.fetch("SELECT generation, claimed FROM log_heads WHERE partition_id = $1", pid)
+        assert max(h["generation"] for h in heads) == 2 and all(h["claimed"] for h in heads)
+        # The cursor caught up again: the next planned publish, on the newest generation, wakes it.
+        await b.pool.execute(
+            "UPDATE offsets SET committed = 131, pending_since = NULL WHERE partition_id = $1", pid
+        )
+        await log_sql.append(conn, flush(pid, [b"last"]), planned=True)
+    finally:
+        await conn.close()
+    assert await b.pool.fetchval(PENDING, pid, "billing") is True
+
+
+@pytest.mark.fresh_schema  # made by the migrations before 037
+async def test_a_partition_claimed_before_the_heads_carried_the_claim_has_it_on_its_head(
+    dsn: str, schema: str, drop_schema: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every = db.migrations()
+    monkeypatch.setattr("storage.migrate.migrations", lambda: [m for m in every if m[0] < 37])
+    old = await bus.connect(dsn, schema=schema)
+    try:
+        await old.create_topic("t", partitions=2)
+        claimed, unclaimed = [r["id"] for r in await old.pool.fetch(PID, "t")]
+        # As a group's first claim cursors left it on that schema: the partition's row marked.
+        await old.pool.execute("UPDATE partitions SET claimed = true WHERE id = $1", claimed)
+    finally:
+        await old.close()
+    monkeypatch.undo()
+    new = await bus.connect(dsn, schema=schema)
+    try:
+        flags = await new.pool.fetch("SELECT partition_id, claimed FROM log_heads")
+        assert {r["partition_id"]: r["claimed"] for r in flags} == {claimed: True, unclaimed: False}
+    finally:
+        await new.close()
 
 
 @pytest.mark.parametrize("statement", ["APPEND_SINGLE_PLANNED", "APPEND_ONE_PLANNED"])
