@@ -197,12 +197,11 @@ _TAKE_FRESH = (
     FROM c
 ), f0 AS (
     SELECT s.partition_id, s.fresh, s.turn, s.stop, sum(s.fresh) OVER (ORDER BY s.turn) AS upto
-    FROM (SELECT f.partition_id, e.stop - e.at AS fresh, e.stop,
-                 (row_number() OVER (ORDER BY f.partition_id) + $6::bigint) % count(*) OVER () AS turn
-          FROM queue_frontiers f
-          JOIN partitions p ON p.id = f.partition_id
-          CROSS JOIN LATERAL (SELECT f.frontier AS at, p.log_end AS stop OFFSET 0) AS e
-          WHERE f.topic = $1 AND e.at < e.stop) AS s
+    -- each partition's frontier and end, read in one call (migration 038)
+    FROM (SELECT e.partition_id, e.stop - e.at AS fresh, e.stop,
+                 (row_number() OVER (ORDER BY e.partition_id) + $6::bigint) % count(*) OVER () AS turn
+          FROM queue_bounds($1) AS e(partition_id, at, stop)
+          WHERE e.at < e.stop) AS s
 ), lk AS (
     -- each frontier locked in id order, read as the take that held it before left it
     SELECT s.partition_id, queue_frontier_lock(s.partition_id) AS next_offset
@@ -737,10 +736,11 @@ FROM (
                   WHERE e.partition_id = l.partition_id AND NOT e.detached
                     AND e."offset" BETWEEN l.first_offset AND l.last_offset)
     UNION ALL
-    SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second', false FROM queue_frontiers f
-    WHERE f.topic = $1
+    SELECT COALESCE($2::timestamptz, statement_timestamp()) - interval '1 second', false
+    FROM queue_bounds($1) AS f(partition_id, at, stop)
+    WHERE f.at < f.stop
       AND (SELECT j."offset" FROM queue_jobs j
-           WHERE j.partition_id = f.partition_id AND j."offset" >= f.frontier AND NOT j.detached
+           WHERE j.partition_id = f.partition_id AND j."offset" >= f.at AND NOT j.detached
            ORDER BY j."offset" LIMIT 1) IS NOT NULL
 ) AS s
 WHERE NOT EXISTS (SELECT 1 FROM queue_settings q WHERE q.topic = $1 AND q.paused)
