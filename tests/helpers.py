@@ -16,7 +16,7 @@ import pytest
 
 import bus
 from bus.testing import eventually
-from storage.db import drop_schema
+from storage.db import drop_schema, migrations
 
 
 async def drain(consumers: list[Any], n: int, timeout: float = 20.0) -> list[Any]:  # noqa: ASYNC109 - a test helper: the deadline is the point
@@ -80,6 +80,24 @@ async def bus_of_its_own(
             await drop_schema(conn, schema)
         finally:
             await conn.close()
+
+
+@asynccontextmanager
+async def bus_on_schema_before(
+    dsn: str, schema: str, version: int, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[bus.Bus]:
+    """A Bus on `schema` migrated by the migrations before `version` only: the schema an earlier
+    release left (the test marks itself `fresh_schema`). The migrations are whole again after it."""
+    every = migrations()
+    monkeypatch.setattr("storage.migrate.migrations", lambda: [m for m in every if m[0] < version])
+    try:
+        old = await bus.connect(dsn, schema=schema)
+        try:
+            yield old
+        finally:
+            await old.close()
+    finally:
+        monkeypatch.undo()
 
 
 @contextmanager

@@ -16,6 +16,7 @@ import pytest
 import bus
 from storage import db
 from storage import messages as log_sql
+from tests.helpers import bus_on_schema_before
 
 HEADS = "SELECT generation, next_offset, appends FROM log_heads WHERE partition_id = $1 ORDER BY generation"
 PID = "SELECT id FROM partitions WHERE topic = $1 ORDER BY id"
@@ -163,17 +164,11 @@ async def test_the_heads_of_a_claimed_partition_carry_its_claim_across_rotations
 async def test_a_partition_claimed_before_the_heads_carried_the_claim_has_it_on_its_head(
     dsn: str, schema: str, drop_schema: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    every = db.migrations()
-    monkeypatch.setattr("storage.migrate.migrations", lambda: [m for m in every if m[0] < 37])
-    old = await bus.connect(dsn, schema=schema)
-    try:
+    async with bus_on_schema_before(dsn, schema, 37, monkeypatch) as old:
         await old.create_topic("t", partitions=2)
         claimed, unclaimed = [r["id"] for r in await old.pool.fetch(PID, "t")]
         # As a group's first claim cursors left it on that schema: the partition's row marked.
         await old.pool.execute("UPDATE partitions SET claimed = true WHERE id = $1", claimed)
-    finally:
-        await old.close()
-    monkeypatch.undo()
     new = await bus.connect(dsn, schema=schema)
     try:
         flags = await new.pool.fetch("SELECT partition_id, claimed FROM log_heads")

@@ -13,6 +13,7 @@ import bus
 from bus.testing import Clock
 from storage import db
 from storage import queues as queue_sql
+from tests.helpers import bus_on_schema_before
 
 # The range leases that still hold a job: a lease stays in its slot once its jobs are acked or
 # detached (migration 033), holding nothing.
@@ -240,10 +241,7 @@ INSERT INTO queue_jobs (partition_id, "offset", topic) SELECT partition_id, "off
 async def test_jobs_of_a_schema_made_before_range_leases_keep_their_state(
     dsn: str, schema: str, drop_schema: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    every = db.migrations()
-    monkeypatch.setattr("storage.migrate.migrations", lambda: [m for m in every if m[0] < 13])
-    old = await bus.connect(dsn, schema=schema)
-    try:
+    async with bus_on_schema_before(dsn, schema, 13, monkeypatch) as old:
         await old.create_topic("jobs", partitions=1, semantics="queue")
         # Written the way a release of that schema wrote them: the counter moved in the statement.
         await old.pool.execute(_PUBLISH_BEFORE_HEADS, [b"free", b"held", b"free too"])
@@ -252,9 +250,6 @@ async def test_jobs_of_a_schema_made_before_range_leases_keep_their_state(
             "UPDATE queue_jobs SET attempts = 1, lease_epoch = 1, leased_by = 'someone',"
             " visible_at = clock_timestamp() + interval '1 hour' WHERE \"offset\" = 1"
         )
-    finally:
-        await old.close()
-    monkeypatch.undo()
     new = await bus.connect(dsn, schema=schema)
     try:
         await new.publish("jobs", b"after")
