@@ -20,10 +20,8 @@ import statistics
 import sys
 import uuid
 
-import asyncpg
-
 import bus
-from storage import messages
+from storage import db, messages
 
 
 def _backend_cpu(pid: int) -> float:
@@ -43,11 +41,10 @@ async def main(dsn: str, count: int, rounds: int) -> dict[str, float]:
         await b.publish("q", b"x")
         pids = [r[0] for r in await b.pool.fetch("SELECT id FROM partitions WHERE topic = 't' ORDER BY id")]
         queue_pid = await b.pool.fetchval("SELECT id FROM partitions WHERE topic = 'q'")
-    conn = await asyncpg.connect(dsn)
+    # The bus's own connection, with the Producer's session settings where the release has them.
+    planned = getattr(messages, "PLANNED_SETTINGS", None)
+    conn = await (db.connect(dsn, schema, settings=planned) if planned else db.connect(dsn, schema))
     try:
-        await conn.execute(f'SET search_path TO "{schema}"')  # a name made above
-        for name, value in getattr(messages, "PLANNED_SETTINGS", {}).items():
-            await conn.execute(f"SET {name} = {value}")  # the release's own constants
         eight = pids[:8]
         many = [
             "{" + ",".join(map(str, eight)) + "}",
@@ -88,7 +85,7 @@ async def main(dsn: str, count: int, rounds: int) -> dict[str, float]:
             print(f"{name}: {value:.0f} µs per statement (median of {rounds} rounds)")
         return medians
     finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await db.drop_schema(conn, schema)
         await conn.close()
 
 
